@@ -1,0 +1,291 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
+)
+
+// Internal timings that are not worth a config key.
+const (
+	watchInterval     = 2 * time.Millisecond // commit detection: pickup latency vs. idle cost
+	heartbeatInterval = time.Second
+	staleAfter        = 6 * time.Second // a relay silent this long is dead
+)
+
+// app is a wired relay: database, broker, publisher, loop and HTTP.
+type app struct {
+	cfg      config.Config
+	log      *zap.Logger
+	metrics  *metrics.Metrics
+	embedded *publish.Embedded
+	natsURL  string
+	store    *claim.Store
+	conn     *publish.Conn
+	js       *publish.JetStream // nil in core mode
+	pub      relay.Publisher
+	relay    *relay.Relay
+}
+
+// openOptions vary what openApp does for the commands that share it.
+type openOptions struct {
+	createDB bool // create a missing database file (demo, bench)
+}
+
+// openApp wires everything the daemon needs; on error it closes what it opened.
+func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOptions) (a *app, err error) {
+	a = &app{cfg: cfg, log: log, metrics: metrics.New(version, buildCommit()), natsURL: cfg.NATS.URL}
+	defer func() {
+		if err != nil {
+			a.close()
+		}
+	}()
+	if cfg.NATS.URL == config.EmbeddedURL {
+		dir := cfg.NATS.Embedded.StoreDir
+		if dir == "" {
+			dir = cfg.Database.Path + ".nats"
+		}
+		if a.embedded, err = publish.StartEmbedded(cfg.NATS.Embedded.Listen, dir); err != nil {
+			return nil, err
+		}
+		a.natsURL = a.embedded.URL()
+		log.Info("started embedded jetstream server", zap.String("url", a.natsURL), zap.String("store_dir", dir))
+	}
+	if a.store, err = claim.Open(ctx, claim.Options{
+		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.createDB,
+	}); err != nil {
+		return nil, err
+	}
+	if err = applySchema(ctx, a.store, cfg.Schema.Mode, log); err != nil {
+		return nil, err
+	}
+	if a.conn, err = publish.Connect(ctx, a.natsURL, cfg.NATS, "outbox-relay", log.Named("nats")); err != nil {
+		return nil, err
+	}
+	if cfg.NATS.Mode == config.ModeCore {
+		log.Warn("nats.mode is core: fire-and-forget publishing with no broker dedup and no redelivery")
+		a.pub = publish.NewCore(a.conn, cfg.Relay.AckTimeout)
+	} else {
+		if a.js, err = publish.NewJetStream(a.conn, cfg.Stream.Name, cfg.Relay.MaxInFlight, cfg.Relay.AckTimeout); err != nil {
+			return nil, err
+		}
+		a.pub = a.js
+	}
+	a.relay = relay.New(a.store, a.pub, relay.Options{
+		SubjectPrefix:     cfg.Stream.SubjectPrefix,
+		BatchSize:         cfg.Relay.BatchSize,
+		MaxInFlight:       cfg.Relay.MaxInFlight,
+		PollInterval:      cfg.Relay.PollInterval,
+		WatchInterval:     watchInterval,
+		HeartbeatInterval: heartbeatInterval,
+		StaleAfter:        staleAfter,
+		Lease:             cfg.Relay.Lease,
+		MaxAttempts:       cfg.Relay.MaxAttempts,
+		ShutdownTimeout:   cfg.Relay.ShutdownTimeout,
+		Version:           version,
+		Ready:             a.brokerReady,
+		Metrics:           a.metrics,
+		Log:               log.Named("relay"),
+	})
+	return a, nil
+}
+
+// applySchema does what schema.mode says.
+func applySchema(ctx context.Context, s *claim.Store, mode string, log *zap.Logger) error {
+	switch mode {
+	case config.SchemaAuto:
+		applied, err := s.Migrate(ctx)
+		if err != nil {
+			return err
+		}
+		if len(applied) > 0 {
+			log.Info("applied schema migrations", zap.Ints("versions", applied), zap.String("table", s.Table()))
+		}
+	case config.SchemaVerify:
+		return s.Verify(ctx)
+	}
+	return nil
+}
+
+func (a *app) want() streamsync.Want {
+	s := a.cfg.Stream
+	return streamsync.Want{
+		Stream: s.Name, Subjects: s.Subjects, DuplicateWindow: s.DuplicateWindow,
+		Replicas: s.Replicas, Create: s.Create, SubjectPrefix: s.SubjectPrefix,
+	}
+}
+
+// brokerReady is the relay's outage probe: the broker is connected and, in
+// JetStream mode, the stream exists (created if allowed) and captures the
+// relay's subjects.
+func (a *app) brokerReady(ctx context.Context) error {
+	if err := a.pub.Ready(ctx); err != nil {
+		return err
+	}
+	if a.js == nil {
+		return nil
+	}
+	created, err := streamsync.Ensure(ctx, a.js.API(), a.want())
+	if err != nil {
+		return err
+	}
+	if created {
+		a.log.Info("created stream", zap.String("stream", a.cfg.Stream.Name), zap.Strings("subjects", a.cfg.Stream.Subjects),
+			zap.Duration("duplicate_window", a.cfg.Stream.DuplicateWindow))
+	}
+	return streamsync.Check(ctx, a.js.API(), a.want())
+}
+
+// ready is /readyz: the database answers, the broker is connected and the
+// stream takes the relay's subjects.
+func (a *app) ready(ctx context.Context) error {
+	if err := a.store.Ping(ctx); err != nil {
+		return err
+	}
+	if err := a.relay.Paused(); err != nil {
+		return err
+	}
+	if err := a.pub.Ready(ctx); err != nil {
+		return err
+	}
+	if a.js != nil {
+		return streamsync.Check(ctx, a.js.API(), a.want())
+	}
+	return nil
+}
+
+func (a *app) live(context.Context) error {
+	if !a.relay.Running() {
+		return errors.New("relay loops are not running")
+	}
+	return nil
+}
+
+// serveHTTP starts /metrics, /healthz and /readyz on metrics.listen (if
+// set) until stop is called; stop waits for the server to end.
+func (a *app) serveHTTP() (addr string, stop func(), err error) {
+	if a.cfg.Metrics.Listen == "" {
+		return "", func() {}, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	bound, wait, err := metrics.Serve(ctx, a.cfg.Metrics.Listen, a.metrics.Handler(a.live, a.ready))
+	if err != nil {
+		cancel()
+		return "", nil, fmt.Errorf("metrics.listen %s: %w", a.cfg.Metrics.Listen, err)
+	}
+	a.log.Info("serving metrics", zap.Stringer("listen", bound))
+	return bound.String(), func() { cancel(); wait() }, nil
+}
+
+// run serves HTTP and runs the relay until ctx ends.
+func (a *app) run(ctx context.Context) error {
+	_, stop, err := a.serveHTTP()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
+		zap.String("nats", publish.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
+		zap.String("instance", a.store.Instance()), zap.String("version", version))
+	return a.relay.Run(ctx)
+}
+
+// close releases everything openApp opened, in reverse order.
+func (a *app) close() {
+	if a.conn != nil {
+		a.conn.Close()
+	}
+	if a.store != nil {
+		a.store.Close()
+	}
+	if a.embedded != nil {
+		a.embedded.Shutdown()
+	}
+}
+
+// signalContext is cancelled by the first SIGTERM or SIGINT; a second one
+// exits at once (claims are then recovered by the next relay).
+func signalContext(log *zap.Logger) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		sig, ok := <-ch
+		if !ok {
+			return
+		}
+		log.Info("shutting down; a second signal exits at once", zap.String("signal", sig.String()))
+		cancel()
+		if sig, ok = <-ch; ok {
+			log.Warn("second signal; exiting now", zap.String("signal", sig.String()))
+			log.Sync()
+			os.Exit(exitRuntime)
+		}
+	}()
+	return ctx, func() { signal.Stop(ch); close(ch); cancel() }
+}
+
+// runDaemon is the run command.
+func (c *cli) runDaemon(*cobra.Command) error {
+	cfg, err := c.loadConfig()
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.Log, c.stderr)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	ctx, stop := signalContext(log)
+	defer stop()
+	a, err := openApp(ctx, cfg, log, openOptions{})
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	return a.run(ctx)
+}
+
+func (c *cli) migrateCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply the outbox schema to database.path (creating the file) and exit",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			cfg, err := c.loadConfig()
+			if err != nil {
+				return err
+			}
+			ctx := context.Background()
+			s, err := claim.Open(ctx, claim.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: true})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			applied, err := s.Migrate(ctx)
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				fmt.Fprintf(c.stdout, "%s: schema of %s is up to date\n", cfg.Database.Path, cfg.Database.Table)
+				return nil
+			}
+			fmt.Fprintf(c.stdout, "%s: applied migrations %v to %s\n", cfg.Database.Path, applied, cfg.Database.Table)
+			return nil
+		},
+	}
+}

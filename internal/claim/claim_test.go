@@ -1,0 +1,622 @@
+package claim
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+)
+
+var uuidRe = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+// newStore opens a migrated store on a new file.
+func newStore(t testing.TB) *Store {
+	t.Helper()
+	s := openStore(t, filepath.Join(t.TempDir(), "app.db"), true)
+	if _, err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func openStore(t testing.TB, path string, create bool) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: create})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// appDB is the application's own connection to the file.
+func appDB(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func exec1(t testing.TB, db *sql.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+func insertRows(t testing.TB, db *sql.DB, n int, status string) {
+	t.Helper()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := tx.Prepare(`INSERT INTO event_queue (event_id, event_type, payload, status) VALUES (?, 'Thing', x'00ff', ?)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if _, err := st.Exec(event.NewID(), status); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOpenMissingDatabase(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.db")
+	_, err := Open(context.Background(), Options{Path: path, Table: "event_queue"})
+	if !errors.Is(err, ErrNoDatabase) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Open of a missing file = %v; want ErrNoDatabase naming the path", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatal("Open without Create created the file")
+	}
+}
+
+func TestOpenNotADatabase(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "junk.db")
+	if err := os.WriteFile(path, []byte(strings.Repeat("not sqlite ", 1000)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(context.Background(), Options{Path: path, Table: "event_queue"})
+	if err == nil || !strings.Contains(err.Error(), "not a database") {
+		t.Fatalf("Open of a junk file = %v; want 'not a database'", err)
+	}
+}
+
+func TestMigrateFreshAndIdempotent(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t, filepath.Join(t.TempDir(), "app.db"), true)
+	if err := s.Verify(ctx); !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), "table event_queue") {
+		t.Fatalf("Verify before migrate = %v", err)
+	}
+	applied, err := s.Migrate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(applied) != "[101 102]" {
+		t.Fatalf("applied %v", applied)
+	}
+	if err := s.Verify(ctx); err != nil {
+		t.Fatalf("Verify after migrate: %v", err)
+	}
+	applied, err = s.Migrate(ctx)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("second Migrate applied %v, %v", applied, err)
+	}
+	// Never the application's migration table.
+	var n int
+	s.read.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = '_sqlx_migrations'`).Scan(&n)
+	if n != 0 {
+		t.Fatal("relay created _sqlx_migrations")
+	}
+}
+
+func TestVerifyNamesEveryMissingPiece(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := appDB(t, path)
+	exec1(t, db, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB NOT NULL,
+		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, available_at INTEGER NOT NULL DEFAULT 0,
+		created_at INTEGER NOT NULL DEFAULT 0, processed_at INTEGER, last_error TEXT)`)
+	s := openStore(t, path, false)
+	err := s.Verify(context.Background())
+	for _, want := range []string{"column event_queue.event_id", "column event_queue.claimed_at", "column event_queue.claimed_by",
+		"index event_queue_event_id", "index event_queue_pending", "table processed_events", "table " + InstancesTable} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Verify error %v does not name %s", err, want)
+		}
+	}
+}
+
+// legacyTable is event_queue as it was before the design record's 0101.
+const legacyTable = `CREATE TABLE event_queue (
+	id INTEGER PRIMARY KEY,
+	event_type TEXT NOT NULL,
+	payload BLOB NOT NULL,
+	status TEXT NOT NULL DEFAULT 'pending',
+	attempts INTEGER NOT NULL DEFAULT 0,
+	available_at INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL DEFAULT 0,
+	processed_at INTEGER,
+	last_error TEXT)`
+
+func TestMigrateLegacyBackfillsDistinctIDs(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := appDB(t, path)
+	exec1(t, db, legacyTable)
+	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000)
+		INSERT INTO event_queue (event_type, payload, status) SELECT 'Legacy', 'p' || i, CASE WHEN i % 2 = 0 THEN 'done' ELSE 'pending' END FROM n`)
+	s := openStore(t, path, false)
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(`SELECT event_id FROM event_queue`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for rows.Next() {
+		var id sql.NullString
+		rows.Scan(&id)
+		if !id.Valid || !uuidRe.MatchString(id.String) {
+			t.Fatalf("row without a UUID: %v", id)
+		}
+		if seen[id.String] {
+			t.Fatalf("event id %s given twice", id.String)
+		}
+		seen[id.String] = true
+	}
+	rows.Close()
+	if len(seen) != 5000 {
+		t.Fatalf("%d ids, want 5000", len(seen))
+	}
+	if _, err := db.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'X', 'x')`, firstKey(seen)); err == nil {
+		t.Fatal("duplicate event_id accepted: no unique index")
+	}
+	if err := s.Verify(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func firstKey(m map[string]bool) string {
+	for k := range m {
+		return k
+	}
+	return ""
+}
+
+func TestMigrateRefusesForeignTable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	exec1(t, appDB(t, path), `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, body TEXT)`)
+	s := openStore(t, path, false)
+	_, err := s.Migrate(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "lacks column(s) event_type, payload, status") {
+		t.Fatalf("Migrate on a foreign table = %v", err)
+	}
+}
+
+// TestMigrationRace migrates the same new file from several independent
+// connections at once, then from two processes at once.
+func TestMigrationRace(t *testing.T) {
+	for round := 0; round < 5; round++ {
+		path := filepath.Join(t.TempDir(), "app.db")
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := Open(context.Background(), Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer s.Close()
+				_, errs[i] = s.Migrate(context.Background())
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d migrator %d: %v", round, i, err)
+			}
+		}
+		assertMigratedOnce(t, path)
+	}
+	path := filepath.Join(t.TempDir(), "app.db")
+	var procs []*exec.Cmd
+	outs := make([]strings.Builder, 2)
+	for i := 0; i < 2; i++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperMigrate$")
+		cmd.Env = append(os.Environ(), "CLAIM_HELPER_MIGRATE="+path)
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, cmd)
+	}
+	for i, p := range procs {
+		if err := p.Wait(); err != nil {
+			t.Logf("output: %s", outs[i].String())
+			t.Fatalf("migrating process %d: %v", i, err)
+		}
+	}
+	assertMigratedOnce(t, path)
+}
+
+// TestHelperMigrate is the child process of TestMigrationRace.
+func TestHelperMigrate(t *testing.T) {
+	path := os.Getenv("CLAIM_HELPER_MIGRATE")
+	if path == "" {
+		t.Skip("helper process only")
+	}
+	s, err := Open(context.Background(), Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func assertMigratedOnce(t *testing.T, path string) {
+	t.Helper()
+	s := openStore(t, path, false)
+	got, err := s.AppliedMigrations(context.Background())
+	if err != nil || fmt.Sprint(got) != "[101 102]" {
+		t.Fatalf("migrations recorded %v, %v", got, err)
+	}
+	if err := s.Verify(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMinimalInsertFromSQLiteShell runs the application's minimal insert
+// from the system's sqlite3 shell (Debian 12 ships 3.40), so the column
+// defaults must work on an older SQLite than the relay's.
+func TestMinimalInsertFromSQLiteShell(t *testing.T) {
+	shell, err := exec.LookPath("sqlite3")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI must install the sqlite3 shell")
+		}
+		t.Skip("no sqlite3 shell")
+	}
+	s := newStore(t)
+	before := time.Now().UnixMilli()
+	out, err := exec.Command(shell, s.Path(), `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('6f1c8f0e-5d7a-4b8e-9c1d-2a3b4c5d6e7f', 'ReviewLogged', '{"a":1}'); SELECT sqlite_version();`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sqlite3 shell: %v: %s", err, out)
+	}
+	t.Logf("sqlite3 shell version %s", strings.TrimSpace(string(out)))
+	after := time.Now().UnixMilli()
+	rows, err := s.Claim(context.Background(), 10)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("claim after shell insert: %v %v", rows, err)
+	}
+	r := rows[0]
+	if r.EventID != "6f1c8f0e-5d7a-4b8e-9c1d-2a3b4c5d6e7f" || r.EventType != "ReviewLogged" || string(r.Payload) != `{"a":1}` {
+		t.Fatalf("row %+v", r)
+	}
+	if r.CreatedAt < before-1 || r.CreatedAt > after+1 {
+		t.Fatalf("created_at default %d not within [%d, %d]", r.CreatedAt, before, after)
+	}
+}
+
+func TestClaimDueRowsInOrder(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	future := time.Now().Add(time.Hour).UnixMilli()
+	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (1, 'a', 'T', 'p1')`)
+	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, available_at) VALUES (2, 'b', 'T', 'p2', ?)`, future)
+	exec1(t, db, `INSERT INTO event_queue (id, event_type, payload) VALUES (3, 'T', 'p3')`)
+	exec1(t, db, `INSERT INTO event_queue (id, event_type, payload) VALUES (4, 'T', 'p4')`)
+	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status) VALUES (5, 'e', 'T', 'p5', 'done')`)
+	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (6, 'f', 'T', 'p6')`)
+
+	rows, err := s.Claim(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+		if r.ClaimedAt == 0 {
+			t.Errorf("row %d without claimed_at", r.ID)
+		}
+	}
+	if fmt.Sprint(ids) != "[1 3 4]" {
+		t.Fatalf("claimed %v, want [1 3 4] (2 is not due, 5 is done)", ids)
+	}
+	if rows[0].EventID != "a" || !uuidRe.MatchString(rows[1].EventID) || !uuidRe.MatchString(rows[2].EventID) || rows[1].EventID == rows[2].EventID {
+		t.Fatalf("event ids %q %q %q", rows[0].EventID, rows[1].EventID, rows[2].EventID)
+	}
+	// The generated ids were written in the claim transaction.
+	var stored string
+	var status string
+	var claimedAt int64
+	db.QueryRow(`SELECT event_id, status, claimed_at FROM event_queue WHERE id = 3`).Scan(&stored, &status, &claimedAt)
+	if stored != rows[1].EventID || status != "processing" || claimedAt != rows[1].ClaimedAt {
+		t.Fatalf("row 3 stored %q %q %d", stored, status, claimedAt)
+	}
+	rows, err = s.Claim(ctx, 10)
+	if err != nil || len(rows) != 1 || rows[0].ID != 6 {
+		t.Fatalf("second claim %v %v, want row 6 only", rows, err)
+	}
+}
+
+func TestClaimPlanUsesPendingIndex(t *testing.T) {
+	s := newStore(t)
+	sub := regexp.MustCompile(`(?s)\(SELECT id FROM .*? LIMIT \?3\)`).FindString(s.q.claim)
+	rows, err := s.read.Query(`EXPLAIN QUERY PLAN `+strings.Trim(sub, "()"), time.Now().UnixMilli(), "x", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		rows.Scan(&id, &parent, &unused, &detail)
+		plan = append(plan, detail)
+	}
+	text := strings.Join(plan, "; ")
+	if !strings.Contains(text, "USING COVERING INDEX event_queue_pending") || strings.Contains(text, "TEMP B-TREE") {
+		t.Fatalf("claim plan %q: want the pending index and no sort", text)
+	}
+}
+
+func settleOne(t *testing.T, s *Store, o event.Outcome) int {
+	t.Helper()
+	stale, err := s.Settle(context.Background(), []event.Outcome{o})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stale
+}
+
+type rowState struct {
+	Status                 string
+	Attempts               int
+	AvailableAt            int64
+	ClaimedAt, ProcessedAt sql.NullInt64
+	LastError              sql.NullString
+}
+
+func state(t *testing.T, db *sql.DB, id int64) rowState {
+	t.Helper()
+	var r rowState
+	if err := db.QueryRow(`SELECT status, attempts, available_at, claimed_at, processed_at, last_error FROM event_queue WHERE id = ?`, id).
+		Scan(&r.Status, &r.Attempts, &r.AvailableAt, &r.ClaimedAt, &r.ProcessedAt, &r.LastError); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestSettleOutcomes(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	insertRows(t, db, 4, "pending")
+	rows, err := s.Claim(ctx, 4)
+	if err != nil || len(rows) != 4 {
+		t.Fatal(rows, err)
+	}
+	later := time.Now().Add(time.Minute)
+	outs := []event.Outcome{
+		{Row: rows[0], Settlement: event.Done},
+		event.Reject(rows[1], "message too large", 10, time.Now()),
+		event.Reject(rows[2], "still too large", 1, time.Now()),
+		{Row: rows[3], Settlement: event.Release, AvailableAt: later},
+	}
+	stale, err := s.Settle(ctx, outs)
+	if err != nil || stale != 0 {
+		t.Fatal(stale, err)
+	}
+	if r := state(t, db, rows[0].ID); r.Status != "done" || !r.ProcessedAt.Valid || r.ClaimedAt.Valid {
+		t.Errorf("done row %+v", r)
+	}
+	if r := state(t, db, rows[1].ID); r.Status != "pending" || r.Attempts != 1 || r.LastError.String != "message too large" || r.AvailableAt != outs[1].AvailableAt.UnixMilli() {
+		t.Errorf("retried row %+v", r)
+	}
+	if r := state(t, db, rows[2].ID); r.Status != "dead_lettered" || r.Attempts != 1 || r.LastError.String != "still too large" || !r.ProcessedAt.Valid {
+		t.Errorf("dead-lettered row %+v", r)
+	}
+	if r := state(t, db, rows[3].ID); r.Status != "pending" || r.Attempts != 0 || r.AvailableAt != later.UnixMilli() || r.LastError.Valid {
+		t.Errorf("released row %+v", r)
+	}
+}
+
+// TestStaleClaimCannotSettle: a relay whose lease was taken over changes
+// nothing when it finally settles.
+func TestStaleClaimCannotSettle(t *testing.T) {
+	ctx := context.Background()
+	a := newStore(t)
+	b := openStore(t, a.Path(), false)
+	db := appDB(t, a.Path())
+	insertRows(t, db, 1, "pending")
+	old, err := a.Claim(ctx, 1)
+	if err != nil || len(old) != 1 {
+		t.Fatal(old, err)
+	}
+	// The lease (1 ms here) expires; b reclaims and claims the row anew.
+	time.Sleep(5 * time.Millisecond)
+	if _, err := b.Heartbeat(ctx, "test", time.Millisecond, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := b.Claim(ctx, 1)
+	if err != nil || len(fresh) != 1 || fresh[0].ClaimedAt == old[0].ClaimedAt {
+		t.Fatal(fresh, err)
+	}
+	if n := settleOne(t, a, event.Outcome{Row: old[0], Settlement: event.Done}); n != 1 {
+		t.Fatalf("stale settle counted %d stale rows, want 1", n)
+	}
+	if r := state(t, db, old[0].ID); r.Status != "processing" || r.ClaimedAt.Int64 != fresh[0].ClaimedAt {
+		t.Fatalf("stale relay overwrote the new claim: %+v", r)
+	}
+	// Even a stale owner presenting the same millisecond is refused: the
+	// owner id is part of the token.
+	forged := fresh[0]
+	if n := settleOne(t, a, event.Outcome{Row: forged, Settlement: event.Done}); n != 1 {
+		t.Fatal("another instance settled b's claim")
+	}
+	if n := settleOne(t, b, event.Outcome{Row: fresh[0], Settlement: event.Done}); n != 0 {
+		t.Fatal("owner could not settle")
+	}
+}
+
+func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
+	ctx := context.Background()
+	live := newStore(t)
+	dead := openStore(t, live.Path(), false)
+	other := openStore(t, live.Path(), false)
+	db := appDB(t, live.Path())
+	insertRows(t, db, 6, "pending")
+	for _, s := range []*Store{live, dead} {
+		if _, err := s.Heartbeat(ctx, "test", time.Hour, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if rows, err := s.Claim(ctx, 3); err != nil || len(rows) != 3 {
+			t.Fatal(rows, err)
+		}
+	}
+	// Both owners are alive: nothing is taken before the lease.
+	if n, err := other.Heartbeat(ctx, "test", time.Hour, 5*time.Second); err != nil || n != 0 {
+		t.Fatalf("reclaimed %d (%v) while both owners are alive", n, err)
+	}
+	// dead stops heartbeating (kill -9): its claims come back at once.
+	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 60000 WHERE instance_id = ?`, dead.Instance())
+	n, err := other.Heartbeat(ctx, "test", time.Hour, 5*time.Second)
+	if err != nil || n != 3 {
+		t.Fatalf("reclaimed %d (%v), want the dead owner's 3", n, err)
+	}
+	var pending, liveHeld, instances int
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'pending'`).Scan(&pending)
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'processing' AND claimed_by = ?`, live.Instance()).Scan(&liveHeld)
+	db.QueryRow(`SELECT count(*) FROM ` + InstancesTable).Scan(&instances)
+	if pending != 3 || liveHeld != 3 || instances != 2 {
+		t.Fatalf("pending %d, live holds %d, instances %d; want 3, 3, 2", pending, liveHeld, instances)
+	}
+	if err := live.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db.QueryRow(`SELECT count(*) FROM ` + InstancesTable).Scan(&instances)
+	if instances != 1 {
+		t.Fatalf("%d instances after Leave", instances)
+	}
+}
+
+// TestConcurrentClaimersNeverShareRows: four stores claim 20,000 rows at
+// once; every row is claimed exactly once.
+func TestConcurrentClaimersNeverShareRows(t *testing.T) {
+	ctx := context.Background()
+	first := newStore(t)
+	insertRows(t, appDB(t, first.Path()), 20000, "pending")
+	var mu sync.Mutex
+	seen := map[int64]int{}
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		s := first
+		if i > 0 {
+			s = openStore(t, first.Path(), false)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				rows, err := s.Claim(ctx, 97)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(rows) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, r := range rows {
+					seen[r.ID]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(seen) != 20000 {
+		t.Fatalf("%d rows claimed, want 20000", len(seen))
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("row %d claimed %d times", id, n)
+		}
+	}
+}
+
+func TestWatchSeesForeignCommits(t *testing.T) {
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	ctx, cancel := context.WithCancel(context.Background())
+	wake := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Watch(ctx, time.Millisecond, wake) }()
+	time.Sleep(20 * time.Millisecond) // let it read the first version
+	select {
+	case <-wake:
+		t.Fatal("woke without a commit")
+	default:
+	}
+	insertRows(t, db, 1, "pending")
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up after a commit")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBacklog(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	insertRows(t, db, 3, "done")
+	exec1(t, db, `INSERT INTO event_queue (event_type, payload, created_at) VALUES ('T', 'x', 1000)`)
+	insertRows(t, db, 4, "pending")
+	insertRows(t, db, 2, "dead_lettered")
+	if _, err := s.Claim(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Pending != 3 || b.Processing != 2 || b.DeadLettered != 2 {
+		t.Fatalf("backlog %+v", b)
+	}
+	// The oldest pending row is the 4th inserted (the first two pending were claimed).
+	var want int64
+	db.QueryRow(`SELECT created_at FROM event_queue WHERE status = 'pending' ORDER BY id LIMIT 1`).Scan(&want)
+	if b.OldestPending.UnixMilli() != want {
+		t.Fatalf("oldest pending %v, want %d", b.OldestPending, want)
+	}
+}

@@ -1,0 +1,45 @@
+package claim
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Backlog is the part of the outbox that is not finished, read through the
+// partial indexes: its cost follows the backlog, not the table.
+type Backlog struct {
+	Pending       int64
+	Processing    int64
+	DeadLettered  int64
+	OldestPending time.Time // creation time of the oldest pending row; zero if none
+}
+
+// Backlog reads the unfinished rows' counts in one short read transaction.
+func (s *Store) Backlog(ctx context.Context) (Backlog, error) {
+	var b Backlog
+	var oldest sql.NullInt64
+	err := s.read.QueryRowContext(ctx, fmt.Sprintf(`SELECT
+	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
+	(SELECT count(*) FROM %[1]s WHERE status = 'processing'),
+	(SELECT count(*) FROM %[1]s WHERE status = 'dead_lettered'),
+	(SELECT created_at FROM %[1]s WHERE status = 'pending' ORDER BY id LIMIT 1)`, s.table)).
+		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &oldest)
+	if err != nil {
+		return Backlog{}, fmt.Errorf("read backlog: %w", err)
+	}
+	if oldest.Valid {
+		b.OldestPending = time.UnixMilli(oldest.Int64)
+	}
+	return b, nil
+}
+
+// Ping checks that the database answers a read.
+func (s *Store) Ping(ctx context.Context) error {
+	var n int
+	if err := s.read.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master`).Scan(&n); err != nil {
+		return fmt.Errorf("database %s: %w", s.path, err)
+	}
+	return nil
+}

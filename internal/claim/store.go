@@ -1,0 +1,143 @@
+// Package claim is everything the relay does with SQLite: opening the shared
+// file, the schema, claiming due rows under a lease, settling them, instance
+// heartbeats, statistics and commit wake-ups. Every SQL statement of the
+// relay lives in this package.
+package claim
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	sqlite3 "github.com/mattn/go-sqlite3"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+)
+
+// ErrNoDatabase is returned by Open when the database file does not exist
+// and Options.Create is false.
+var ErrNoDatabase = errors.New("database file does not exist")
+
+// Options say which file and table to use.
+type Options struct {
+	Path        string
+	Table       string        // a plain SQL identifier, validated by config
+	BusyTimeout time.Duration // how long a write waits for the application's lock
+	Create      bool          // create the file when it is missing
+}
+
+// Store is the relay's handle on the shared SQLite file: a single-connection
+// write pool whose transactions start with BEGIN IMMEDIATE, and a read-only
+// pool that never writes.
+type Store struct {
+	write    *sql.DB
+	read     *sql.DB
+	table    string
+	path     string
+	instance string
+	q        queries
+}
+
+// Open opens the database at opts.Path. It does not touch the schema.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if _, err := os.Stat(opts.Path); err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
+		}
+		if !opts.Create {
+			return nil, fmt.Errorf("open database %s: %w (the application creates it; check database.path)", opts.Path, ErrNoDatabase)
+		}
+	}
+	busy := opts.BusyTimeout.Milliseconds()
+	mode := "rw"
+	if opts.Create {
+		mode = "rwc"
+	}
+	write, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{
+		"mode":          {mode},
+		"_busy_timeout": {fmt.Sprint(busy)},
+		"_journal_mode": {"WAL"},
+		"_synchronous":  {"NORMAL"},
+		"_txlock":       {"immediate"},
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
+	}
+	// One writer connection: in-process writers queue in Go instead of
+	// sleeping in SQLite's busy handler; other processes are waited for by
+	// busy_timeout.
+	write.SetMaxOpenConns(1)
+	write.SetConnMaxIdleTime(0)
+	write.SetConnMaxLifetime(0)
+	if err := retryBusy(ctx, func() error { return write.PingContext(ctx) }); err != nil {
+		write.Close()
+		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
+	}
+	read, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{
+		"mode":          {"ro"},
+		"_busy_timeout": {fmt.Sprint(busy)},
+	}))
+	if err != nil {
+		write.Close()
+		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
+	}
+	read.SetMaxOpenConns(4)
+	s := &Store{write: write, read: read, table: opts.Table, path: opts.Path, instance: event.NewID()}
+	s.q = newQueries(opts.Table)
+	// Reading the schema proves the file is a database.
+	if err := retryBusy(ctx, func() error {
+		_, err := objectExists(ctx, s.read, "table", opts.Table)
+		return err
+	}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
+	}
+	return s, nil
+}
+
+// dsn builds a go-sqlite3 URI filename; only the file: form passes SQLite
+// URI parameters such as mode=ro through.
+func dsn(path string, params url.Values) string {
+	esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
+	return "file:" + esc + "?" + params.Encode()
+}
+
+// Close closes both pools.
+func (s *Store) Close() error {
+	return errors.Join(s.write.Close(), s.read.Close())
+}
+
+// Path returns the database file's path.
+func (s *Store) Path() string { return s.path }
+
+// Table returns the outbox table's name.
+func (s *Store) Table() string { return s.table }
+
+// Instance returns the id this store stamps on its claims.
+func (s *Store) Instance() string { return s.instance }
+
+// Busy reports whether err is SQLite's "database is locked" or "busy":
+// another connection held the write lock longer than busy_timeout.
+func Busy(err error) bool {
+	var se sqlite3.Error
+	if errors.As(err, &se) {
+		return se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked
+	}
+	return false
+}
+
+// nowMs is the clock used for every timestamp the relay writes.
+func nowMs() int64 { return time.Now().UnixMilli() }
+
+// uuidSQL generates a random version 4 UUID per row in SQL, so a claim or a
+// backfill assigns event ids without a round trip per row.
+const uuidSQL = `lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))`
+
+// nowSQL is the current time in Unix milliseconds, valid on SQLite 3.31
+// (no unixepoch('subsec')), for column defaults the application evaluates.
+const nowSQL = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`

@@ -1,0 +1,183 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func writeFile(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func flags(t *testing.T, args ...string) *pflag.FlagSet {
+	t.Helper()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func TestDefaultsValidate(t *testing.T) {
+	c, err := Load("", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, Default()) {
+		t.Fatalf("Load with nothing set = %+v, want defaults", c)
+	}
+}
+
+func TestPrecedenceFileEnvFlag(t *testing.T) {
+	file := writeFile(t, `
+database:
+  path: /file.db
+  busy_timeout: 2s
+relay:
+  batch_size: 10
+  max_in_flight: 20
+  poll_interval: 3s
+stream:
+  subjects: [a.>, b.>]
+`)
+	env := []string{
+		"OUTBOX_RELAY_RELAY_BATCH_SIZE=30",
+		"OUTBOX_RELAY_RELAY_MAX_IN_FLIGHT=40",
+		"OUTBOX_RELAY_DATABASE_BUSY_TIMEOUT=250ms",
+		"UNRELATED=1",
+	}
+	c, err := Load(file, flags(t, "--relay-max-in-flight=50", "--stream-subjects=x.>,y.>"), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Database.Path != "/file.db" {
+		t.Errorf("file value lost: path %q", c.Database.Path)
+	}
+	if c.Relay.PollInterval != 3*time.Second {
+		t.Errorf("file duration: %v", c.Relay.PollInterval)
+	}
+	if c.Relay.BatchSize != 30 || c.Database.BusyTimeout != 250*time.Millisecond {
+		t.Errorf("env must beat file: batch %d busy %v", c.Relay.BatchSize, c.Database.BusyTimeout)
+	}
+	if c.Relay.MaxInFlight != 50 {
+		t.Errorf("flag must beat env: max_in_flight %d", c.Relay.MaxInFlight)
+	}
+	if !reflect.DeepEqual(c.Stream.Subjects, []string{"x.>", "y.>"}) {
+		t.Errorf("flag list: %q", c.Stream.Subjects)
+	}
+}
+
+func TestEnvList(t *testing.T) {
+	c, err := Load("", nil, []string{"OUTBOX_RELAY_STREAM_SUBJECTS=a.>,b.>", "OUTBOX_RELAY_STREAM_CREATE=false"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.Stream.Subjects, []string{"a.>", "b.>"}) || c.Stream.Create {
+		t.Fatalf("subjects %q create %v", c.Stream.Subjects, c.Stream.Create)
+	}
+}
+
+func TestAliases(t *testing.T) {
+	c, err := Load("", nil, []string{"NATS_URL=nats://a:4222,nats://b:4222", "NATS_MODE=core", "EVENT_QUEUE_MAX_ATTEMPTS=3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATS.URL != "nats://a:4222,nats://b:4222" || c.NATS.Mode != "core" || c.Relay.MaxAttempts != 3 {
+		t.Fatalf("aliases not honoured: %+v %+v", c.NATS, c.Relay)
+	}
+	// The relay's own name wins over the alias.
+	c, err = Load("", nil, []string{"NATS_URL=nats://alias:4222", "OUTBOX_RELAY_NATS_URL=nats://own:4222"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATS.URL != "nats://own:4222" {
+		t.Fatalf("OUTBOX_RELAY_NATS_URL must beat NATS_URL, got %q", c.NATS.URL)
+	}
+}
+
+func TestErrorsNameTheKey(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		env        []string
+		args       []string
+		want       string
+	}{
+		{name: "unknown file key", file: "nats:\n  urll: x\n", want: "nats.urll"},
+		{name: "unknown section", file: "natz:\n  url: x\n", want: "natz.url"},
+		{name: "unknown env", env: []string{"OUTBOX_RELAY_NATS_URLL=x"}, want: "OUTBOX_RELAY_NATS_URLL"},
+		{name: "bad duration file", file: "relay:\n  lease: soon\n", want: "relay.lease"},
+		{name: "bad duration env", env: []string{"OUTBOX_RELAY_RELAY_LEASE=10 minutes"}, want: "relay.lease"},
+		{name: "duration without unit", file: "relay:\n  lease: 600\n", want: "relay.lease"},
+		{name: "bad int", env: []string{"OUTBOX_RELAY_RELAY_BATCH_SIZE=many"}, want: "relay.batch_size"},
+		{name: "bad mode alias", env: []string{"NATS_MODE=kafka"}, want: "nats.mode"},
+		{name: "bad table", file: "database:\n  table: \"x; drop\"\n", want: "database.table"},
+		{name: "bad schema mode", env: []string{"OUTBOX_RELAY_SCHEMA_MODE=yolo"}, want: "schema.mode"},
+		{name: "zero batch", args: []string{"--relay-batch-size=0"}, want: "relay.batch_size"},
+		{name: "bad url", env: []string{"NATS_URL=http://x:1"}, want: "nats.url"},
+		{name: "embedded not loopback", env: []string{"OUTBOX_RELAY_NATS_EMBEDDED_LISTEN=0.0.0.0:4222"}, want: "nats.embedded.listen"},
+		{name: "bad prefix", env: []string{"OUTBOX_RELAY_STREAM_SUBJECT_PREFIX=a.*"}, want: "stream.subject_prefix"},
+		{name: "small dupe window", env: []string{"OUTBOX_RELAY_STREAM_DUPLICATE_WINDOW=10ms"}, want: "stream.duplicate_window"},
+		{name: "log level", env: []string{"OUTBOX_RELAY_LOG_LEVEL=loud"}, want: "log.level"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := ""
+			if tc.file != "" {
+				file = writeFile(t, tc.file)
+			}
+			var fs *pflag.FlagSet
+			if tc.args != nil {
+				fs = flags(t, tc.args...)
+			}
+			_, err := Load(file, fs, tc.env)
+			if err == nil {
+				t.Fatalf("no error; want one naming %s", tc.want)
+			}
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v is not a config.Error", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not name %s", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("error %q spans lines", err)
+			}
+		})
+	}
+}
+
+func TestPasswordInURLNotEchoed(t *testing.T) {
+	_, err := Load("", nil, []string{"NATS_URL=http://user:hunter2@x:1"})
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error %v must reject the URL without echoing its password", err)
+	}
+}
+
+func TestKeysHaveFlagsAndEnv(t *testing.T) {
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	BindFlags(fs)
+	for _, k := range Keys() {
+		if fs.Lookup(k.Flag) == nil {
+			t.Errorf("key %s has no flag", k.Name)
+		}
+		if !strings.HasPrefix(k.Env, EnvPrefix) {
+			t.Errorf("key %s env %s", k.Name, k.Env)
+		}
+	}
+	if EnvName("nats.tls.ca") != "OUTBOX_RELAY_NATS_TLS_CA" {
+		t.Fatal(EnvName("nats.tls.ca"))
+	}
+}

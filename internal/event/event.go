@@ -1,0 +1,177 @@
+// Package event is the relay's vocabulary: the outbox row, its statuses,
+// event ids, subjects and the retry schedule. It has no dependencies so that
+// every other package may import it.
+package event
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Status is the value of the status column of an outbox row.
+type Status string
+
+// The statuses a row moves through. Every row ends Done or DeadLettered.
+const (
+	StatusPending      Status = "pending"
+	StatusProcessing   Status = "processing"
+	StatusDone         Status = "done"
+	StatusDeadLettered Status = "dead_lettered"
+)
+
+// Statuses lists every status in lifecycle order.
+var Statuses = []Status{StatusPending, StatusProcessing, StatusDone, StatusDeadLettered}
+
+// Row is one claimed outbox row: what the relay publishes and the claim token
+// it must present to settle it.
+type Row struct {
+	ID        int64
+	EventID   string
+	EventType string
+	Payload   []byte
+	Attempts  int
+	CreatedAt int64 // Unix milliseconds
+	ClaimedAt int64 // Unix milliseconds; the lease start and owner token
+}
+
+// Created returns the row's creation time.
+func (r Row) Created() time.Time { return time.UnixMilli(r.CreatedAt) }
+
+// Settlement is what happens to a claimed row.
+type Settlement int
+
+// The ways a claim ends.
+const (
+	// Done: the broker stored the event (or already had it).
+	Done Settlement = iota + 1
+	// Retry: the broker rejected the event; an attempt is spent.
+	Retry
+	// DeadLetter: the event can never be delivered, or attempts ran out.
+	DeadLetter
+	// Release: nothing was decided (outage, shutdown); no attempt is spent.
+	Release
+)
+
+// String returns the settlement's name as used in logs and metric labels.
+func (s Settlement) String() string {
+	switch s {
+	case Done:
+		return "done"
+	case Retry:
+		return "retry"
+	case DeadLetter:
+		return "dead_letter"
+	case Release:
+		return "release"
+	}
+	return fmt.Sprintf("settlement(%d)", int(s))
+}
+
+// Outcome is the settlement of one claimed row, ready to be written.
+type Outcome struct {
+	Row         Row
+	Settlement  Settlement
+	Attempts    int       // attempts after this outcome (Retry, DeadLetter)
+	AvailableAt time.Time // when the row may be claimed again (Retry, Release)
+	Error       string    // last_error (Retry, DeadLetter)
+	Reason      string    // why a row was released (Release), for metrics
+}
+
+// Reject returns the outcome of a broker rejection of r at now: one attempt
+// spent, retried after RetryBackoff, dead-lettered once maxAttempts is reached.
+func Reject(r Row, reason string, maxAttempts int, now time.Time) Outcome {
+	attempts := r.Attempts + 1
+	if attempts >= maxAttempts {
+		return Outcome{Row: r, Settlement: DeadLetter, Attempts: attempts, Error: reason}
+	}
+	return Outcome{Row: r, Settlement: Retry, Attempts: attempts, AvailableAt: now.Add(RetryBackoff(attempts)), Error: reason}
+}
+
+// Invalid returns the outcome of a row that can never be published: it is
+// dead-lettered at once, spending one attempt.
+func Invalid(r Row, reason string) Outcome {
+	return Outcome{Row: r, Settlement: DeadLetter, Attempts: r.Attempts + 1, Error: reason}
+}
+
+// Retry backoff parameters shared by every path that spends an attempt
+// (the design record's domain::events::retry_backoff).
+const (
+	RetryBackoffBase = 5 * time.Second
+	RetryBackoffMax  = 300 * time.Second
+)
+
+// RetryBackoff returns the delay before the next try of a row that has been
+// rejected attempts times: 5 s doubling per attempt, capped at 300 s.
+func RetryBackoff(attempts int) time.Duration {
+	d := RetryBackoffBase
+	for i := 1; i < attempts; i++ {
+		d *= 2
+		if d >= RetryBackoffMax {
+			return RetryBackoffMax
+		}
+	}
+	return d
+}
+
+// NewID returns a random (version 4) UUID in its canonical lower-case form.
+func NewID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("read random bytes: %v", err)) // crypto/rand never fails on Linux
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], b[10:])
+	return string(s[:])
+}
+
+// Subject returns the NATS subject for an event type under prefix, or an
+// error saying why the event type cannot form a valid subject.
+func Subject(prefix, eventType string) (string, error) {
+	if err := ValidateSubjectPart(eventType); err != nil {
+		return "", fmt.Errorf("event_type %q cannot form a subject: %w", eventType, err)
+	}
+	return prefix + "." + eventType, nil
+}
+
+// ValidateSubjectPart reports why s (one or more dot-separated tokens) is not
+// usable in a published subject: empty, an empty token, whitespace, control
+// characters, wildcards or invalid UTF-8.
+func ValidateSubjectPart(s string) error {
+	if s == "" {
+		return fmt.Errorf("it is empty")
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("it is not valid UTF-8")
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" {
+			return fmt.Errorf("it has an empty token (leading, trailing or double dot)")
+		}
+	}
+	for _, c := range s {
+		switch {
+		case c == '*' || c == '>':
+			return fmt.Errorf("it contains the wildcard %q", c)
+		case unicode.IsSpace(c):
+			return fmt.Errorf("it contains whitespace")
+		case unicode.IsControl(c):
+			return fmt.Errorf("it contains a control character")
+		}
+	}
+	return nil
+}

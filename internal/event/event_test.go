@@ -1,0 +1,86 @@
+package event
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRetryBackoff(t *testing.T) {
+	want := map[int]time.Duration{
+		0: 5 * time.Second, 1: 5 * time.Second, 2: 10 * time.Second, 3: 20 * time.Second,
+		4: 40 * time.Second, 5: 80 * time.Second, 6: 160 * time.Second, 7: 300 * time.Second,
+		10: 300 * time.Second, 1000: 300 * time.Second,
+	}
+	for attempts, d := range want {
+		if got := RetryBackoff(attempts); got != d {
+			t.Errorf("RetryBackoff(%d) = %v, want %v", attempts, got, d)
+		}
+	}
+}
+
+func TestReject(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	r := Row{ID: 1, Attempts: 0}
+	o := Reject(r, "too big", 3, now)
+	if o.Settlement != Retry || o.Attempts != 1 || !o.AvailableAt.Equal(now.Add(5*time.Second)) || o.Error != "too big" {
+		t.Fatalf("first rejection: %+v", o)
+	}
+	r.Attempts = 1
+	if o := Reject(r, "x", 3, now); o.Settlement != Retry || o.Attempts != 2 || !o.AvailableAt.Equal(now.Add(10*time.Second)) {
+		t.Fatalf("second rejection: %+v", o)
+	}
+	r.Attempts = 2
+	if o := Reject(r, "x", 3, now); o.Settlement != DeadLetter || o.Attempts != 3 || o.Error != "x" {
+		t.Fatalf("last rejection: %+v", o)
+	}
+}
+
+func TestNewID(t *testing.T) {
+	re := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	seen := map[string]bool{}
+	for i := 0; i < 10000; i++ {
+		id := NewID()
+		if !re.MatchString(id) {
+			t.Fatalf("NewID() = %q, not a v4 UUID", id)
+		}
+		if seen[id] {
+			t.Fatalf("NewID() repeated %q", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestSubject(t *testing.T) {
+	for _, tc := range []struct {
+		eventType string
+		want      string
+		why       string
+	}{
+		{"ReviewLogged", "events.ReviewLogged", ""},
+		{"movie.deleted", "events.movie.deleted", ""},
+		{"Ünïcode-ok_1", "events.Ünïcode-ok_1", ""},
+		{"", "", "empty"},
+		{"has space", "", "whitespace"},
+		{"tab\there", "", "whitespace"},
+		{"a.*", "", "wildcard"},
+		{"a>", "", "wildcard"},
+		{".a", "", "empty token"},
+		{"a.", "", "empty token"},
+		{"a..b", "", "empty token"},
+		{"a\x00b", "", "control"},
+		{"\xff", "", "UTF-8"},
+	} {
+		got, err := Subject("events", tc.eventType)
+		if tc.why == "" {
+			if err != nil || got != tc.want {
+				t.Errorf("Subject(%q) = %q, %v; want %q", tc.eventType, got, err, tc.want)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("Subject(%q) error = %v; want one mentioning %q", tc.eventType, err, tc.why)
+		}
+	}
+}

@@ -1,0 +1,177 @@
+// Package metrics defines every metric outbox-relay exports, on a private
+// registry, and serves /metrics, /healthz and /readyz.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "outbox_relay"
+
+// Deferral reasons, the values of deferred_total's reason label.
+const (
+	DeferOutage   = "outage"   // broker unreachable: released without spending an attempt
+	DeferShutdown = "shutdown" // released at shutdown
+)
+
+// Metrics holds every metric of the relay.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Published           prometheus.Counter
+	Duplicates          prometheus.Counter
+	Deferred            *prometheus.CounterVec
+	Retries             prometheus.Counter
+	DeadLettered        prometheus.Counter
+	LeasesReclaimed     prometheus.Counter
+	Backlog             *prometheus.GaugeVec
+	OldestPendingAge    prometheus.Gauge
+	BrokerConnected     prometheus.Gauge
+	PublishDuration     prometheus.Histogram
+	DeliveryLag         prometheus.Histogram
+	StreamConfigPatched *prometheus.CounterVec
+	ConsumerExhausted   prometheus.Counter
+	PrunedRows          *prometheus.CounterVec
+	BuildInfo           *prometheus.GaugeVec
+}
+
+// New creates the metrics on a new private registry, with the Go and
+// process collectors.
+func New(version, commit string) *Metrics {
+	r := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { r.MustRegister(c) }
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: name, Help: help})
+		f(c)
+		return c
+	}
+	m := &Metrics{Registry: r}
+	m.Published = counter("published_total", "Rows acknowledged by the broker and marked done (duplicates included).")
+	m.Duplicates = counter("duplicates_total", "Publishes the stream acknowledged as duplicates of an earlier Nats-Msg-Id.")
+	m.Retries = counter("retries_total", "Broker rejections that spent an attempt and scheduled a retry.")
+	m.DeadLettered = counter("dead_lettered_total", "Rows marked dead_lettered.")
+	m.LeasesReclaimed = counter("leases_reclaimed_total", "Claimed rows made claimable again because their lease expired or their relay died.")
+	m.ConsumerExhausted = counter("consumer_exhausted_total", "Messages the durable consumer gave up on after max_deliver deliveries.")
+	m.Deferred = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "deferred_total",
+		Help: "Rows put back to pending without spending an attempt, by reason."}, []string{"reason"})
+	m.Backlog = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "backlog_rows",
+		Help: "Unfinished outbox rows by status (pending, processing, dead_lettered)."}, []string{"status"})
+	m.OldestPendingAge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "oldest_pending_age_seconds",
+		Help: "Age of the oldest pending row; 0 when none is pending."})
+	m.BrokerConnected = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "broker_connected",
+		Help: "1 while the broker takes publishes, 0 during an outage."})
+	m.PublishDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: "publish_duration_seconds",
+		Help:    "Time from publishing a message to its acknowledgement.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}})
+	m.DeliveryLag = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: "delivery_lag_seconds",
+		Help:    "Time from a row's created_at to its acknowledgement by the broker.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600}})
+	m.StreamConfigPatched = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "stream_config_patched_total",
+		Help: "Stream and consumer fields changed at startup reconciliation, by field."}, []string{"field"})
+	m.PrunedRows = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "pruned_rows_total",
+		Help: "Rows deleted by retention, by table."}, []string{"table"})
+	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
+		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
+	for _, c := range []prometheus.Collector{m.Deferred, m.Backlog, m.OldestPendingAge, m.BrokerConnected,
+		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.PrunedRows, m.BuildInfo} {
+		f(c)
+	}
+	f(collectors.NewGoCollector())
+	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.BuildInfo.WithLabelValues(version, commit, runtime.Version()).Set(1)
+	for _, reason := range []string{DeferOutage, DeferShutdown} {
+		m.Deferred.WithLabelValues(reason)
+	}
+	return m
+}
+
+// Value reads the current value of a counter or gauge (for progress lines
+// and tests).
+func Value(c prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := c.Write(&d); err != nil {
+		return 0
+	}
+	switch {
+	case d.Counter != nil:
+		return d.Counter.GetValue()
+	case d.Gauge != nil:
+		return d.Gauge.GetValue()
+	}
+	return 0
+}
+
+// HistogramSumCount reads a histogram's sum and count.
+func HistogramSumCount(h prometheus.Histogram) (sum, count float64) {
+	var d dto.Metric
+	if err := h.Write(&d); err != nil || d.Histogram == nil {
+		return 0, 0
+	}
+	return d.Histogram.GetSampleSum(), float64(d.Histogram.GetSampleCount())
+}
+
+// Check is a health probe: nil when healthy, else the reason.
+type Check func(ctx context.Context) error
+
+// Handler serves /metrics, /healthz (live) and /readyz (ready); a failing
+// check answers 503 with its reason on one line.
+func (m *Metrics) Handler(live, ready Check) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+	probe := func(c Check) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+			defer cancel()
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			if c != nil {
+				if err := c(ctx); err != nil {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					w.Write([]byte(strings.ReplaceAll(err.Error(), "\n", "; ") + "\n"))
+					return
+				}
+			}
+			w.Write([]byte("ok\n"))
+		}
+	}
+	mux.HandleFunc("/healthz", probe(live))
+	mux.HandleFunc("/readyz", probe(ready))
+	return mux
+}
+
+// Serve listens on addr and serves h until ctx ends. It returns once the
+// listener is open (so a busy port fails startup) with the address it got;
+// wait returns when the server has stopped.
+func Serve(ctx context.Context, addr string, h http.Handler) (bound net.Addr, wait func() error, err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan error, 1)
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		done <- err
+	}()
+	go func() {
+		<-ctx.Done()
+		shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(shutCtx)
+	}()
+	return ln.Addr(), func() error { return <-done }, nil
+}

@@ -1,0 +1,217 @@
+// Package publish is everything NATS on the relay's publish path: the
+// connection, the embedded server, the JetStream and core publishers, and
+// the classification of every publish outcome as stored, transport failure
+// or rejection.
+package publish
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/config"
+)
+
+// Conn is the relay's NATS connection. It reconnects forever, fails publishes
+// fast while disconnected (no reconnect buffer), and remembers the subjects
+// the server refused for lack of permission, which the server reports only
+// to the connection's error handler.
+type Conn struct {
+	NC  *nats.Conn
+	log *zap.Logger
+
+	mu     sync.Mutex
+	denied map[string]string // subject -> the server's permission error
+}
+
+// ErrAuth marks a connection error that retrying cannot fix (credentials,
+// certificates): the relay exits instead of waiting forever.
+var ErrAuth = errors.New("nats authentication failed")
+
+// Connect connects to the comma-separated servers in urls with the
+// credentials and TLS settings of cfg. When no server answers it returns a
+// connection that keeps trying in the background, so the relay can start
+// paused; a credential or certificate problem is returned as an error
+// wrapping ErrAuth.
+func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, error) {
+	c := &Conn{log: log, denied: map[string]string{}}
+	opts, err := c.options(cfg, name)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(urls, opts...)
+	if err == nil {
+		c.NC = nc
+		return c, nil
+	}
+	if fatalConnectError(err) {
+		return nil, fmt.Errorf("connect to nats %s: %w: %s", RedactURLs(urls), ErrAuth, err)
+	}
+	log.Warn("nats unavailable at startup; starting paused and reconnecting in the background",
+		zap.String("url", RedactURLs(urls)), zap.Error(err))
+	nc, err = nats.Connect(urls, append(opts, nats.RetryOnFailedConnect(true))...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats %s: %w", RedactURLs(urls), err)
+	}
+	c.NC = nc
+	return c, nil
+}
+
+func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.Timeout(5 * time.Second),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.ReconnectJitter(500*time.Millisecond, time.Second),
+		// Publishes made while disconnected fail at once instead of being
+		// buffered and silently lost if the connection closes.
+		nats.ReconnectBufSize(-1),
+		nats.PingInterval(10 * time.Second),
+		nats.MaxPingsOutstanding(3),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			c.log.Info("nats disconnected", zap.Error(err))
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			c.log.Info("nats reconnected", zap.String("server", RedactURLs(nc.ConnectedUrl())))
+		}),
+		nats.ClosedHandler(func(*nats.Conn) { c.log.Debug("nats connection closed") }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { c.asyncError(err) }),
+	}
+	if cfg.TLS.CA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLS.CA))
+	}
+	if cfg.TLS.Cert != "" {
+		opts = append(opts, nats.ClientCert(cfg.TLS.Cert, cfg.TLS.Key))
+	}
+	if cfg.TLS.InsecureSkipVerify {
+		c.log.Warn("nats.tls.insecure_skip_verify is set: the server's certificate is not verified")
+		opts = append(opts, func(o *nats.Options) error {
+			o.Secure = true
+			if o.TLSConfig == nil {
+				o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+			}
+			o.TLSConfig.InsecureSkipVerify = true
+			return nil
+		})
+	}
+	if cfg.TLS.HandshakeFirst {
+		opts = append(opts, nats.TLSHandshakeFirst())
+	}
+	switch {
+	case cfg.Creds != "":
+		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	case cfg.NKey != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("nats.nkey: read seed file %s: %w", cfg.NKey, err)
+		}
+		opts = append(opts, o)
+	case cfg.Token != "":
+		opts = append(opts, nats.Token(cfg.Token))
+	case cfg.User != "":
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	return opts, nil
+}
+
+// fatalConnectError reports errors that waiting will not cure.
+func fatalConnectError(err error) bool {
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired) {
+		return true
+	}
+	msg := strings.ToLower(err.Error())
+	for _, s := range []string{"authorization", "authentication", "x509", "certificate", "tls:", "nkey", "credentials", "secure connection"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+var deniedSubjectRe = regexp.MustCompile(`(?i)permissions violation for publish to "([^"]+)"`)
+
+// asyncError handles errors the server reports outside any call; a publish
+// permission violation is only ever reported here.
+func (c *Conn) asyncError(err error) {
+	if m := deniedSubjectRe.FindStringSubmatch(err.Error()); m != nil {
+		c.mu.Lock()
+		_, seen := c.denied[m[1]]
+		c.denied[m[1]] = err.Error()
+		c.mu.Unlock()
+		if !seen {
+			c.log.Error("nats permission denied", zap.String("subject", m[1]), zap.Error(err))
+		}
+		return
+	}
+	c.log.Warn("nats error", zap.Error(err))
+}
+
+// Denied reports whether the server refused to let this connection publish
+// to subject.
+func (c *Conn) Denied(subject string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.denied[subject]
+	return ok
+}
+
+// DeniedSubjects lists the subjects the server refused.
+func (c *Conn) DeniedSubjects() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.denied))
+	for s := range c.denied {
+		out = append(out, s)
+	}
+	return out
+}
+
+// Connected reports whether the connection is up.
+func (c *Conn) Connected() bool { return c.NC.IsConnected() }
+
+// Close closes the connection without draining: callers settle what is
+// outstanding before.
+func (c *Conn) Close() { c.NC.Close() }
+
+// WaitConnected blocks until the connection is up or ctx ends.
+func (c *Conn) WaitConnected(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !c.NC.IsConnected() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// RedactURLs hides passwords and tokens embedded in server URLs.
+func RedactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, hasPass := u.User.Password(); hasPass {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		} else {
+			u.User = url.User("xxxxx") // a bare user part is a token
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,321 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+)
+
+// Header names set on every published message (SPEC section 3).
+const (
+	HeaderMsgID     = "Nats-Msg-Id"
+	HeaderEventType = "Outbox-Event-Type"
+	HeaderRowID     = "Outbox-Row-Id"
+	HeaderCreatedAt = "Outbox-Created-At"
+)
+
+// createdAtLayout is RFC 3339 in UTC with milliseconds.
+const createdAtLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// Message is one row to publish on its subject.
+type Message struct {
+	Row     event.Row
+	Subject string
+}
+
+// NewMsg builds the NATS message for a row: the payload byte for byte and
+// the relay's headers.
+func NewMsg(m Message) *nats.Msg {
+	return &nats.Msg{
+		Subject: m.Subject,
+		Data:    m.Row.Payload,
+		Header: nats.Header{
+			HeaderMsgID:     {m.Row.EventID},
+			HeaderEventType: {m.Row.EventType},
+			HeaderRowID:     {strconv.FormatInt(m.Row.ID, 10)},
+			HeaderCreatedAt: {time.UnixMilli(m.Row.CreatedAt).UTC().Format(createdAtLayout)},
+		},
+	}
+}
+
+// Kind is the class of a publish outcome.
+type Kind int
+
+// The outcomes of a publish.
+const (
+	// Stored: the stream acknowledged the message.
+	Stored Kind = iota + 1
+	// Duplicate: the stream already had this Nats-Msg-Id; also success.
+	Duplicate
+	// Transport: the broker could not be reached or did not answer; retry
+	// later without spending an attempt.
+	Transport
+	// Rejected: the broker refused this message; an attempt is spent.
+	Rejected
+)
+
+// String names the kind for logs and metric labels.
+func (k Kind) String() string {
+	switch k {
+	case Stored:
+		return "stored"
+	case Duplicate:
+		return "duplicate"
+	case Transport:
+		return "transport"
+	case Rejected:
+		return "rejected"
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Result is the outcome of one publish.
+type Result struct {
+	Kind Kind
+	Err  error // nil for Stored and Duplicate
+}
+
+// Ack is the pending outcome of one publish.
+type Ack interface {
+	// Wait blocks until the outcome is known or ctx ends (then it reports a
+	// Transport failure carrying ctx's error).
+	Wait(ctx context.Context) Result
+}
+
+// resolved is an Ack known at publish time.
+type resolved Result
+
+func (r resolved) Wait(context.Context) Result { return Result(r) }
+
+// Classify sorts a publish error into Transport or Rejected (nil is
+// Stored). It knows only the error; JetStream.Wait refines errors that need
+// the subject (no stream captures it, permission denied).
+func Classify(err error) Kind {
+	if err == nil {
+		return Stored
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// 400: this message is wrong for the stream (too large, wrong
+		// expected stream or sequence); 503 and other server-side codes:
+		// the stream cannot take it now.
+		if apiErr.Code == 400 {
+			return Rejected
+		}
+		return Transport
+	}
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload),
+		errors.Is(err, nats.ErrBadSubject),
+		errors.Is(err, nats.ErrPermissionViolation),
+		errors.Is(err, nats.ErrHeadersNotSupported):
+		return Rejected
+	case errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrConnectionClosed),
+		errors.Is(err, nats.ErrConnectionDraining),
+		errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, nats.ErrReconnectBufExceeded),
+		errors.Is(err, nats.ErrNoServers),
+		errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, nats.ErrStaleConnection),
+		errors.Is(err, nats.ErrSlowConsumer),
+		errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout),
+		errors.Is(err, jetstream.ErrTooManyStalledMsgs),
+		errors.Is(err, jetstream.ErrInvalidJSAck),
+		errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, context.Canceled):
+		return Transport
+	}
+	// Unknown errors spend an attempt, so the row records why and cannot
+	// stall the relay forever.
+	return Rejected
+}
+
+// JetStream publishes asynchronously to a JetStream stream, keeping up to
+// the configured number of acknowledgements outstanding.
+type JetStream struct {
+	conn   *Conn
+	js     jetstream.JetStream
+	stream string
+
+	mu       sync.Mutex
+	captured map[string]captureEntry // subject -> whether a stream captures it
+}
+
+type captureEntry struct {
+	ok bool
+	at time.Time
+}
+
+// captureTTL bounds how long a "no stream captures this subject" answer is
+// trusted: an operator may add the subject to the stream at any time.
+const captureTTL = 5 * time.Second
+
+// NewJetStream returns a publisher on c for the stream named stream.
+// ackTimeout bounds every acknowledgement: without it, futures pending on a
+// closed connection never resolve.
+func NewJetStream(c *Conn, stream string, maxInFlight int, ackTimeout time.Duration) (*JetStream, error) {
+	js, err := jetstream.New(c.NC,
+		jetstream.WithPublishAsyncMaxPending(maxInFlight),
+		jetstream.WithPublishAsyncTimeout(ackTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("open jetstream: %w", err)
+	}
+	return &JetStream{conn: c, js: js, stream: stream, captured: map[string]captureEntry{}}, nil
+}
+
+// API returns the JetStream API handle for stream management.
+func (p *JetStream) API() jetstream.JetStream { return p.js }
+
+// Publish starts publishing msgs in order and returns one Ack each.
+func (p *JetStream) Publish(_ context.Context, msgs []Message) []Ack {
+	acks := make([]Ack, len(msgs))
+	for i, m := range msgs {
+		fut, err := p.js.PublishMsgAsync(NewMsg(m))
+		if err != nil {
+			acks[i] = &jsAck{p: p, subject: m.Subject, err: err}
+			continue
+		}
+		acks[i] = &jsAck{p: p, subject: m.Subject, fut: fut}
+	}
+	return acks
+}
+
+type jsAck struct {
+	p       *JetStream
+	subject string
+	fut     jetstream.PubAckFuture
+	err     error // the publish call itself failed
+}
+
+func (a *jsAck) Wait(ctx context.Context) Result {
+	err := a.err
+	if a.fut != nil {
+		select {
+		case ack := <-a.fut.Ok():
+			if ack.Duplicate {
+				return Result{Kind: Duplicate}
+			}
+			return Result{Kind: Stored}
+		case err = <-a.fut.Err():
+		case <-ctx.Done():
+			return Result{Kind: Transport, Err: ctx.Err()}
+		}
+	}
+	return a.p.classify(ctx, a.subject, err)
+}
+
+// classify refines Classify with what only the subject tells: a publish the
+// server dropped for lack of permission times out like an outage, and a
+// subject no stream captures gets "no response" like a stream that is down.
+func (p *JetStream) classify(ctx context.Context, subject string, err error) Result {
+	kind := Classify(err)
+	if kind != Transport {
+		return Result{Kind: kind, Err: err}
+	}
+	if p.conn.Denied(subject) {
+		return Result{Kind: Rejected, Err: fmt.Errorf("permission denied on subject %s: %w", subject, nats.ErrPermissionViolation)}
+	}
+	if errors.Is(err, jetstream.ErrNoStreamResponse) && p.conn.Connected() {
+		if ok, known := p.captures(ctx, subject); known && !ok {
+			return Result{Kind: Rejected, Err: fmt.Errorf("no stream captures subject %s: %w", subject, err)}
+		}
+	}
+	return Result{Kind: Transport, Err: err}
+}
+
+// captures asks the server whether some stream captures subject; known is
+// false when the server did not answer.
+func (p *JetStream) captures(ctx context.Context, subject string) (ok, known bool) {
+	p.mu.Lock()
+	e, cached := p.captured[subject]
+	p.mu.Unlock()
+	if cached && time.Since(e.at) < captureTTL {
+		return e.ok, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := p.js.StreamNameBySubject(ctx, subject)
+	switch {
+	case err == nil:
+		ok = true
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		ok = false
+	default:
+		return false, false
+	}
+	p.mu.Lock()
+	p.captured[subject] = captureEntry{ok: ok, at: time.Now()}
+	p.mu.Unlock()
+	return ok, true
+}
+
+// Ready reports whether the connection is up; whether the stream answers
+// is streamsync's concern.
+func (p *JetStream) Ready(context.Context) error {
+	if !p.conn.Connected() {
+		return fmt.Errorf("nats not connected (%s)", p.conn.NC.Status())
+	}
+	return nil
+}
+
+// Core publishes fire-and-forget with core NATS; a batch counts as
+// delivered once a flush succeeds, which only proves the server read it.
+type Core struct {
+	conn    *Conn
+	timeout time.Duration
+}
+
+// NewCore returns a core NATS publisher; timeout bounds each flush.
+func NewCore(c *Conn, timeout time.Duration) *Core { return &Core{conn: c, timeout: timeout} }
+
+// Publish publishes msgs, flushes, and returns already-resolved Acks.
+func (p *Core) Publish(_ context.Context, msgs []Message) []Ack {
+	acks := make([]Ack, len(msgs))
+	var connErr error
+	for i, m := range msgs {
+		if connErr != nil {
+			acks[i] = resolved{Kind: Transport, Err: connErr}
+			continue
+		}
+		err := p.conn.NC.PublishMsg(NewMsg(m))
+		if kind := Classify(err); kind != Stored {
+			acks[i] = resolved{Kind: kind, Err: err}
+			if kind == Transport {
+				connErr = err
+			}
+		}
+	}
+	flushErr := p.conn.NC.FlushTimeout(p.timeout)
+	for i, a := range acks {
+		switch {
+		case a != nil:
+		case flushErr != nil:
+			acks[i] = resolved{Kind: Transport, Err: fmt.Errorf("flush: %w", flushErr)}
+		default:
+			acks[i] = resolved{Kind: Stored}
+		}
+	}
+	return acks
+}
+
+// Ready reports whether the connection is up and the server answers.
+func (p *Core) Ready(context.Context) error {
+	if !p.conn.Connected() {
+		return fmt.Errorf("nats not connected (%s)", p.conn.NC.Status())
+	}
+	if err := p.conn.NC.FlushTimeout(p.timeout); err != nil {
+		return fmt.Errorf("nats flush: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,547 @@
+// Package relay is the relay loop: claim due rows, publish them pipelined,
+// settle them by outcome, pause during broker outages, and drain on
+// shutdown. It takes the SQLite and NATS sides as small interfaces so its
+// state machine can be driven by fakes as well as by the real parts.
+package relay
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+)
+
+// Store is the SQLite side (implemented by *claim.Store).
+type Store interface {
+	Claim(ctx context.Context, limit int) ([]event.Row, error)
+	Settle(ctx context.Context, outs []event.Outcome) (stale int, err error)
+	Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error)
+	Leave(ctx context.Context) error
+	Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error
+}
+
+// Publisher is the NATS side (implemented by *publish.JetStream and *publish.Core).
+type Publisher interface {
+	Publish(ctx context.Context, msgs []publish.Message) []publish.Ack
+	// Ready reports why the broker cannot take publishes, or nil.
+	Ready(ctx context.Context) error
+}
+
+// Options tune the loop. Zero intervals disable the corresponding timer so
+// tests can drive the loop by hand.
+type Options struct {
+	SubjectPrefix     string
+	BatchSize         int
+	MaxInFlight       int
+	PollInterval      time.Duration // fallback claim timer when no wake-up comes
+	WatchInterval     time.Duration // commit detection (PRAGMA data_version) period
+	HeartbeatInterval time.Duration // instance heartbeat and reclaim period
+	StaleAfter        time.Duration // a relay silent this long is dead; its claims are reclaimed
+	Lease             time.Duration
+	MaxAttempts       int
+	ShutdownTimeout   time.Duration
+	Version           string
+	// Ready, when set, replaces Publisher.Ready as the outage probe (the
+	// command line adds creating the stream once the broker answers).
+	Ready   func(ctx context.Context) error
+	Metrics *metrics.Metrics
+	Log     *zap.Logger
+}
+
+// Relay moves outbox rows to the broker.
+type Relay struct {
+	store Store
+	pub   Publisher
+	o     Options
+	log   *zap.Logger
+	m     *metrics.Metrics
+
+	wake      chan struct{} // a commit or a reclaim happened: claim now
+	settled   chan struct{} // in-flight rows were settled: room to claim
+	pipeline  chan *batch   // claimer -> settler, in publish order
+	inflight  atomic.Int64
+	running   atomic.Bool
+	outage    outageState
+	dbTrouble stateLog
+}
+
+// batch is one claim's rows on their way to settlement.
+type batch struct {
+	msgs      []publish.Message
+	acks      []publish.Ack
+	published time.Time
+	outcomes  []event.Outcome // rows settled without publishing (invalid)
+}
+
+// New returns a relay; Run starts it.
+func New(store Store, pub Publisher, o Options) *Relay {
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New("", "")
+	}
+	if o.Ready == nil {
+		o.Ready = pub.Ready
+	}
+	if o.MaxInFlight < o.BatchSize {
+		o.MaxInFlight = o.BatchSize
+	}
+	r := &Relay{
+		store:    store,
+		pub:      pub,
+		o:        o,
+		log:      o.Log,
+		m:        o.Metrics,
+		wake:     make(chan struct{}, 1),
+		settled:  make(chan struct{}, 1),
+		pipeline: make(chan *batch, o.MaxInFlight/max(o.BatchSize, 1)+2),
+	}
+	r.dbTrouble = stateLog{log: o.Log, down: "database unavailable; retrying", up: "database available again"}
+	r.m.BrokerConnected.Set(1)
+	return r
+}
+
+// Running reports whether the loops run (for /healthz).
+func (r *Relay) Running() bool { return r.running.Load() }
+
+// Paused reports the current broker outage, if any (for /readyz).
+func (r *Relay) Paused() error { return r.outage.err() }
+
+// Wake makes the claimer look for due rows now.
+func (r *Relay) Wake() { signal(r.wake) }
+
+// Run runs until ctx ends, then stops claiming, waits up to
+// ShutdownTimeout for outstanding acknowledgements, releases what is left
+// without spending attempts, and returns nil. Only a failure to start is
+// returned as an error.
+func (r *Relay) Run(ctx context.Context) error {
+	// Keep heartbeating until every claim is settled, past ctx's end.
+	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHeartbeat()
+	if r.o.HeartbeatInterval > 0 {
+		// Be visibly alive before the first claim, or another relay would
+		// take this one's claims for a dead relay's.
+		if _, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter); err != nil {
+			return fmt.Errorf("start relay: %w", err)
+		}
+	}
+	r.running.Store(true)
+	defer r.running.Store(false)
+
+	var wg sync.WaitGroup
+	var hbWG sync.WaitGroup
+	if r.o.HeartbeatInterval > 0 {
+		hbWG.Add(1)
+		go func() { defer hbWG.Done(); r.heartbeatLoop(hbCtx) }()
+	}
+	if r.o.WatchInterval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.store.Watch(ctx, r.o.WatchInterval, r.wake); err != nil {
+				r.log.Warn("commit watch stopped; falling back to polling", zap.Error(err))
+			}
+		}()
+	}
+	settlerDone := make(chan struct{})
+	go func() { defer close(settlerDone); r.settleLoop(ctx) }()
+
+	r.claimLoop(ctx)
+	close(r.pipeline)
+	<-settlerDone
+	wg.Wait()
+	stopHeartbeat()
+	hbWG.Wait()
+	leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := r.store.Leave(leaveCtx); err != nil {
+		r.log.Warn("remove instance heartbeat", zap.Error(err))
+	}
+	r.log.Info("relay stopped")
+	return nil
+}
+
+// claimLoop claims and publishes until ctx ends.
+func (r *Relay) claimLoop(ctx context.Context) {
+	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	// Claim nothing before the broker can take it: a missing stream or a
+	// broker down at startup is an outage, not a reason to spend attempts.
+	if err := r.probe(ctx); err != nil && ctx.Err() == nil {
+		r.outage.begin(err, r.log, r.m)
+	}
+	for ctx.Err() == nil {
+		if r.outage.active() {
+			r.waitBroker(ctx)
+			continue
+		}
+		free := int64(r.o.MaxInFlight) - r.inflight.Load()
+		if free <= 0 {
+			wait(ctx, r.settled, nil)
+			continue
+		}
+		limit := min(int64(r.o.BatchSize), free)
+		rows, err := r.store.Claim(ctx, int(limit))
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.dbTrouble.fail(err)
+			sleep(ctx, retry.next())
+			continue
+		}
+		r.dbTrouble.ok()
+		retry.reset()
+		if len(rows) == 0 {
+			r.idle(ctx)
+			continue
+		}
+		r.inflight.Add(int64(len(rows)))
+		r.pipeline <- r.publish(ctx, rows)
+		if int64(len(rows)) < limit {
+			// Caught up: wait for the next commit rather than spinning.
+			r.idle(ctx)
+		}
+	}
+}
+
+// idle waits for a wake-up, the poll timer or the end.
+func (r *Relay) idle(ctx context.Context) {
+	var timer <-chan time.Time
+	if r.o.PollInterval > 0 {
+		t := time.NewTimer(r.o.PollInterval)
+		defer t.Stop()
+		timer = t.C
+	}
+	wait(ctx, r.wake, timer)
+}
+
+// publish starts publishing rows; rows whose event type cannot form a
+// subject are dead-lettered without publishing.
+func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
+	b := &batch{msgs: make([]publish.Message, 0, len(rows))}
+	for _, row := range rows {
+		subject, err := event.Subject(r.o.SubjectPrefix, row.EventType)
+		if err != nil {
+			b.outcomes = append(b.outcomes, event.Invalid(row, err.Error()))
+			continue
+		}
+		b.msgs = append(b.msgs, publish.Message{Row: row, Subject: subject})
+	}
+	b.published = time.Now()
+	if len(b.msgs) > 0 {
+		b.acks = r.pub.Publish(ctx, b.msgs)
+	}
+	return b
+}
+
+// settleLoop waits for each batch's acknowledgements in order and settles
+// the batch in one transaction.
+func (r *Relay) settleLoop(ctx context.Context) {
+	// Acks are awaited without a deadline while running (the publisher's ack
+	// timeout bounds them); once ctx ends, for ShutdownTimeout at most.
+	waitCtx, cancelWait := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWait()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-waitCtx.Done():
+			return
+		}
+		t := time.NewTimer(r.o.ShutdownTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancelWait()
+		case <-waitCtx.Done():
+		}
+	}()
+	for b := range r.pipeline {
+		outs := r.resolve(ctx, waitCtx, b)
+		r.settle(ctx, outs)
+	}
+}
+
+// resolve turns a batch's acknowledgements into outcomes.
+func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome {
+	outs := b.outcomes
+	for _, o := range outs {
+		r.log.Warn("dead-lettered invalid row", zap.Int64("row_id", o.Row.ID), zap.String("event_id", o.Row.EventID), zap.String("reason", o.Error))
+	}
+	for i, ack := range b.acks {
+		row := b.msgs[i].Row
+		res := ack.Wait(waitCtx)
+		now := time.Now()
+		switch res.Kind {
+		case publish.Stored, publish.Duplicate:
+			if res.Kind == publish.Duplicate {
+				r.m.Duplicates.Inc()
+			}
+			r.m.PublishDuration.Observe(now.Sub(b.published).Seconds())
+			r.m.DeliveryLag.Observe(max(0, now.Sub(row.Created()).Seconds()))
+			r.outage.succeeded()
+			outs = append(outs, event.Outcome{Row: row, Settlement: event.Done})
+		case publish.Rejected:
+			o := event.Reject(row, res.Err.Error(), r.o.MaxAttempts, now)
+			r.log.Warn("broker rejected event", zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID),
+				zap.String("subject", b.msgs[i].Subject), zap.Int("attempts", o.Attempts), zap.Stringer("next", o.Settlement), zap.Error(res.Err))
+			outs = append(outs, o)
+		case publish.Transport:
+			if ctx.Err() != nil {
+				// Shutting down: hand the row back at once, for whoever runs next.
+				outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now, Reason: metrics.DeferShutdown})
+				continue
+			}
+			delay := r.outage.begin(res.Err, r.log, r.m)
+			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
+		default:
+			panic(fmt.Sprintf("unknown publish result %v", res.Kind))
+		}
+	}
+	return outs
+}
+
+// settle writes outcomes, retrying database errors until it succeeds or,
+// after ctx ended, until the shutdown timeout passes.
+func (r *Relay) settle(ctx context.Context, outs []event.Outcome) {
+	if len(outs) == 0 {
+		return
+	}
+	retry := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}
+	var giveUp time.Time
+	for {
+		stale, err := r.store.Settle(context.WithoutCancel(ctx), outs)
+		if err == nil {
+			r.dbTrouble.ok()
+			r.count(outs, stale)
+			break
+		}
+		r.dbTrouble.fail(err)
+		if ctx.Err() != nil {
+			if giveUp.IsZero() {
+				giveUp = time.Now().Add(r.o.ShutdownTimeout + time.Second)
+			} else if time.Now().After(giveUp) {
+				r.log.Error("could not settle rows before exiting; they are reclaimed after this relay's heartbeat goes stale",
+					zap.Int("rows", len(outs)), zap.Error(err))
+				break
+			}
+		}
+		time.Sleep(retry.next())
+	}
+	r.inflight.Add(-int64(len(outs)))
+	signal(r.settled)
+}
+
+// count updates the metrics for settled outcomes.
+func (r *Relay) count(outs []event.Outcome, stale int) {
+	if stale > 0 {
+		r.log.Warn("lost the lease on rows before settling them; another relay owns them now", zap.Int("rows", stale))
+	}
+	for _, o := range outs {
+		switch o.Settlement {
+		case event.Done:
+			r.m.Published.Inc()
+		case event.Retry:
+			r.m.Retries.Inc()
+		case event.DeadLetter:
+			r.m.DeadLettered.Inc()
+		case event.Release:
+			r.m.Deferred.WithLabelValues(o.Reason).Inc()
+		}
+	}
+}
+
+// waitBroker waits until every in-flight row is settled, then probes the
+// broker with a growing interval until it answers, and ends the outage.
+func (r *Relay) waitBroker(ctx context.Context) {
+	for r.inflight.Load() > 0 {
+		if !wait(ctx, r.settled, nil) {
+			return
+		}
+	}
+	probe := backoff{min: 250 * time.Millisecond, max: 5 * time.Second}
+	for ctx.Err() == nil {
+		err := r.probe(ctx)
+		if err == nil {
+			r.outage.end(r.log, r.m)
+			return
+		}
+		r.outage.update(err)
+		sleep(ctx, probe.next())
+	}
+}
+
+// probe asks the broker whether it takes publishes.
+func (r *Relay) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return r.o.Ready(ctx)
+}
+
+// heartbeatLoop keeps this instance visibly alive and reclaims the claims
+// of dead relays and expired leases.
+func (r *Relay) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(r.o.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.dbTrouble.fail(err)
+			}
+			continue
+		}
+		if n > 0 {
+			r.log.Info("reclaimed rows of an expired lease or a stopped relay", zap.Int64("rows", n))
+			r.m.LeasesReclaimed.Add(float64(n))
+			r.Wake()
+		}
+	}
+}
+
+// outageState tracks a broker outage; it is shared by the settler (which
+// detects outages) and the claimer (which waits them out).
+type outageState struct {
+	mu      sync.Mutex
+	since   time.Time
+	last    error
+	repeats int // outages since the last successful publish
+}
+
+func (o *outageState) active() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.since.IsZero()
+}
+
+func (o *outageState) err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since.IsZero() {
+		return nil
+	}
+	return fmt.Errorf("broker unavailable for %s: %v", time.Since(o.since).Round(time.Second), o.last)
+}
+
+// begin records a transport failure and returns how long the row waits
+// before it may be claimed again: 1 s, doubling with every outage that
+// follows without a successful publish in between, capped at one minute.
+func (o *outageState) begin(err error, log *zap.Logger, m *metrics.Metrics) time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.last = err
+	if o.since.IsZero() {
+		o.since = time.Now()
+		o.repeats++
+		m.BrokerConnected.Set(0)
+		log.Warn("broker unavailable; pausing without spending attempts", zap.Error(err))
+	}
+	return min(time.Second<<min(o.repeats-1, 6), time.Minute)
+}
+
+func (o *outageState) update(err error) {
+	o.mu.Lock()
+	o.last = err
+	o.mu.Unlock()
+}
+
+func (o *outageState) end(log *zap.Logger, m *metrics.Metrics) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since.IsZero() {
+		return
+	}
+	log.Info("broker recovered; resuming", zap.Duration("outage", time.Since(o.since).Round(time.Millisecond)))
+	o.since = time.Time{}
+	m.BrokerConnected.Set(1)
+}
+
+func (o *outageState) succeeded() {
+	o.mu.Lock()
+	if o.since.IsZero() {
+		o.repeats = 0
+	}
+	o.mu.Unlock()
+}
+
+// stateLog logs a trouble once when it starts and once when it ends.
+type stateLog struct {
+	log      *zap.Logger
+	down, up string
+	mu       sync.Mutex
+	since    time.Time
+}
+
+func (s *stateLog) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.since.IsZero() {
+		s.since = time.Now()
+		s.log.Warn(s.down, zap.Error(err))
+	}
+}
+
+func (s *stateLog) ok() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.since.IsZero() {
+		s.log.Info(s.up, zap.Duration("after", time.Since(s.since).Round(time.Millisecond)))
+		s.since = time.Time{}
+	}
+}
+
+// backoff doubles from min to max.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// signal sends on a one-slot channel without blocking.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// wait blocks until ch or timer fires (true) or ctx ends (false).
+func wait(ctx context.Context, ch <-chan struct{}, timer <-chan time.Time) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-ch:
+	case <-timer:
+	}
+	return true
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,221 @@
+// Package testenv provides the real parts tests run against: an in-process
+// nats-server that can be stopped and restarted on the same port and store,
+// SQLite outbox files, and an application-side writer.
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+)
+
+// NATS is an in-process JetStream server.
+type NATS struct {
+	t    testing.TB
+	opts server.Options
+	Srv  *server.Server
+}
+
+// StartNATS starts a JetStream server on a free loopback port with its own
+// store directory; it is shut down when the test ends.
+func StartNATS(t testing.TB) *NATS {
+	t.Helper()
+	n := &NATS{t: t, opts: server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+	}}
+	n.start()
+	// Later starts reuse the port the first one got.
+	n.opts.Port = n.Srv.Addr().(*net.TCPAddr).Port
+	t.Cleanup(n.Stop)
+	return n
+}
+
+func (n *NATS) start() {
+	n.t.Helper()
+	opts := n.opts
+	s, err := server.NewServer(&opts)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		n.t.Fatal("nats-server not ready")
+	}
+	n.Srv = s
+}
+
+// URL is the server's client URL (stable across restarts).
+func (n *NATS) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.opts.Port) }
+
+// Stop shuts the server down (an outage); it is safe to call twice.
+func (n *NATS) Stop() {
+	if n.Srv != nil {
+		n.Srv.Shutdown()
+		n.Srv.WaitForShutdown()
+		n.Srv = nil
+	}
+}
+
+// Restart starts the server again on the same port and store.
+func (n *NATS) Restart() {
+	n.t.Helper()
+	n.Stop()
+	n.start()
+}
+
+// Conn opens a plain client connection, closed when the test ends.
+func (n *NATS) Conn(t testing.TB) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// JetStream returns a JetStream handle on a new connection.
+func (n *NATS) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(n.Conn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// StreamMessages reads every message of a stream in sequence order.
+func StreamMessages(t testing.TB, js jetstream.JetStream, stream string) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("get message %d: %v", seq, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// NewDB creates a migrated outbox database and returns its path.
+func NewDB(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "app.db")
+	s, err := claim.Open(context.Background(), claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// OpenStore opens a claim store on path, closed when the test ends.
+func OpenStore(t testing.TB, path string) *claim.Store {
+	t.Helper()
+	s, err := claim.Open(context.Background(), claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// AppDB is the application's own connection pool to the file.
+func AppDB(t testing.TB, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// Event is a row as the application inserts it; a nil EventID leaves the
+// column NULL.
+type Event struct {
+	EventID   *string
+	EventType string
+	Payload   []byte
+}
+
+// NewEvent returns an event with a fresh id.
+func NewEvent(eventType string, payload []byte) Event {
+	id := event.NewID()
+	return Event{EventID: &id, EventType: eventType, Payload: payload}
+}
+
+// Insert writes events in one transaction, the way an application does.
+func Insert(db *sql.DB, evs ...Event) error {
+	tx, err := db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	for _, e := range evs {
+		var id any
+		if e.EventID != nil {
+			id = *e.EventID
+		}
+		if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, ?, ?)`, id, e.EventType, e.Payload); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// Counts returns the number of rows per status.
+func Counts(t testing.TB, db *sql.DB) map[string]int {
+	t.Helper()
+	rows, err := db.Query(`SELECT status, count(*) FROM event_queue GROUP BY status`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = n
+	}
+	return out
+}
+
+// Eventually polls cond every 20 ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
