@@ -47,8 +47,8 @@ type openOptions struct {
 }
 
 // openApp wires everything the daemon needs; on error it closes what it opened.
-func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOptions) (a *app, err error) {
-	a = &app{cfg: cfg, log: log, metrics: metrics.New(version, buildCommit()), natsURL: cfg.NATS.URL}
+func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOptions) (_ *app, err error) {
+	a := &app{cfg: cfg, log: log, metrics: metrics.New(version, buildCommit()), natsURL: cfg.NATS.URL}
 	defer func() {
 		if err != nil {
 			a.close()

@@ -92,6 +92,7 @@ stream has acknowledged it. "run" is the default command.`,
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.runDaemon(cmd) },
 	}
+	root.CompletionOptions.DisableDefaultCmd = true
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })

@@ -453,4 +453,3 @@ func TestInvalidEventTypesDeadLettered(t *testing.T) {
 		t.Fatalf("stream holds %d, want %d", len(msgs), len(bad)+1)
 	}
 }
-

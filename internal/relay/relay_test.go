@@ -1,0 +1,142 @@
+package relay
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+)
+
+// fakeStore is an in-memory outbox for driving the state machine.
+type fakeStore struct {
+	mu      sync.Mutex
+	pending []event.Row
+	settled []event.Outcome
+}
+
+func (s *fakeStore) add(n int, eventType string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := 0; i < n; i++ {
+		id := int64(len(s.pending) + len(s.settled) + 1)
+		s.pending = append(s.pending, event.Row{ID: id, EventID: event.NewID(), EventType: eventType, CreatedAt: time.Now().UnixMilli()})
+	}
+}
+
+func (s *fakeStore) Claim(_ context.Context, limit int) ([]event.Row, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(limit, len(s.pending))
+	rows := append([]event.Row(nil), s.pending[:n]...)
+	s.pending = s.pending[n:]
+	return rows, nil
+}
+
+func (s *fakeStore) Settle(_ context.Context, outs []event.Outcome) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.settled = append(s.settled, outs...)
+	return 0, nil
+}
+
+func (s *fakeStore) outcomes() []event.Outcome {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]event.Outcome(nil), s.settled...)
+}
+
+func (s *fakeStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
+	return 0, nil
+}
+func (s *fakeStore) Leave(context.Context) error { return nil }
+func (s *fakeStore) Watch(ctx context.Context, _ time.Duration, _ chan<- struct{}) error {
+	<-ctx.Done()
+	return nil
+}
+
+// heldPublisher keeps every ack pending until release is closed.
+type heldPublisher struct {
+	mu          sync.Mutex
+	outstanding int
+	maxOut      int
+	release     chan struct{}
+}
+
+type heldAck struct{ p *heldPublisher }
+
+func (a heldAck) Wait(ctx context.Context) publish.Result {
+	select {
+	case <-a.p.release:
+	case <-ctx.Done():
+		return publish.Result{Kind: publish.Transport, Err: ctx.Err()}
+	}
+	a.p.mu.Lock()
+	a.p.outstanding--
+	a.p.mu.Unlock()
+	return publish.Result{Kind: publish.Stored}
+}
+
+func (p *heldPublisher) Publish(_ context.Context, msgs []publish.Message) []publish.Ack {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	acks := make([]publish.Ack, len(msgs))
+	for i := range msgs {
+		p.outstanding++
+		p.maxOut = max(p.maxOut, p.outstanding)
+		acks[i] = heldAck{p}
+	}
+	return acks
+}
+
+func (p *heldPublisher) Ready(context.Context) error { return nil }
+
+func (p *heldPublisher) state() (outstanding, maxOut int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.outstanding, p.maxOut
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestInFlightBound: the relay keeps at most max_in_flight acks outstanding
+// and claims more as soon as they are settled.
+func TestInFlightBound(t *testing.T) {
+	store := &fakeStore{}
+	store.add(100, "T")
+	pub := &heldPublisher{release: make(chan struct{})}
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 30, PollInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	eventually(t, "30 outstanding", func() bool { n, _ := pub.state(); return n == 30 })
+	time.Sleep(50 * time.Millisecond) // it must not claim more while full
+	if n, maxOut := pub.state(); n != 30 || maxOut != 30 {
+		t.Fatalf("outstanding %d, max %d; want 30", n, maxOut)
+	}
+	close(pub.release)
+	eventually(t, "all settled", func() bool { return len(store.outcomes()) == 100 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range store.outcomes() {
+		if o.Settlement != event.Done {
+			t.Fatalf("outcome %+v", o)
+		}
+	}
+	if _, maxOut := pub.state(); maxOut != 30 {
+		t.Fatalf("max outstanding %d", maxOut)
+	}
+}
