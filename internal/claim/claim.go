@@ -89,27 +89,27 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 
 // Settle writes outcomes in one transaction. Each update is conditioned on
 // the claim it was made under, so a relay that lost its lease changes
-// nothing; stale counts those rows.
-func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale int, err error) {
+// nothing; stale lists the indexes of those outcomes.
+func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error) {
 	if len(outs) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	now := nowMs()
 	tx, err := s.write.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, fmt.Errorf("settle rows: %w", err)
+		return nil, fmt.Errorf("settle rows: %w", err)
 	}
 	defer tx.Rollback()
 	stmts := map[event.Settlement]*sql.Stmt{}
-	for _, o := range outs {
+	for i, o := range outs {
 		st := stmts[o.Settlement]
 		if st == nil {
 			q := map[event.Settlement]string{event.Done: s.q.done, event.Retry: s.q.retry, event.DeadLetter: s.q.deadLetter, event.Release: s.q.release}[o.Settlement]
 			if q == "" {
-				return 0, fmt.Errorf("settle row %d: unknown settlement %v", o.Row.ID, o.Settlement)
+				return nil, fmt.Errorf("settle row %d: unknown settlement %v", o.Row.ID, o.Settlement)
 			}
 			if st, err = tx.PrepareContext(ctx, q); err != nil {
-				return 0, fmt.Errorf("settle rows: %w", err)
+				return nil, fmt.Errorf("settle rows: %w", err)
 			}
 			defer st.Close()
 			stmts[o.Settlement] = st
@@ -127,14 +127,14 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale int, er
 		}
 		res, err := st.ExecContext(ctx, append(args, o.Row.ID, o.Row.ClaimedAt, s.instance)...)
 		if err != nil {
-			return 0, fmt.Errorf("settle row %d: %w", o.Row.ID, err)
+			return nil, fmt.Errorf("settle row %d: %w", o.Row.ID, err)
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
-			stale++
+			stale = append(stale, i)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("settle rows: %w", err)
+		return nil, fmt.Errorf("settle rows: %w", err)
 	}
 	return stale, nil
 }

@@ -391,7 +391,7 @@ func settleOne(t *testing.T, s *Store, o event.Outcome) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return stale
+	return len(stale)
 }
 
 type rowState struct {
@@ -429,7 +429,7 @@ func TestSettleOutcomes(t *testing.T) {
 		{Row: rows[3], Settlement: event.Release, AvailableAt: later},
 	}
 	stale, err := s.Settle(ctx, outs)
-	if err != nil || stale != 0 {
+	if err != nil || len(stale) != 0 {
 		t.Fatal(stale, err)
 	}
 	if r := state(t, db, rows[0].ID); r.Status != "done" || !r.ProcessedAt.Valid || r.ClaimedAt.Valid {

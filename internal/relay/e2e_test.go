@@ -39,14 +39,16 @@ type harness struct {
 }
 
 type harnessOptions struct {
-	mode      string
-	batch     int
-	inFlight  int
-	lease     time.Duration
-	shutdown  time.Duration
-	maxTries  int
-	noWatch   bool
-	mutateOpt func(*relay.Options)
+	mode          string
+	batch         int
+	inFlight      int
+	lease         time.Duration
+	shutdown      time.Duration
+	maxTries      int
+	noWatch       bool
+	busyTimeout   time.Duration
+	wrapPublisher func(relay.Publisher) relay.Publisher
+	mutateOpt     func(*relay.Options)
 }
 
 var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
@@ -71,8 +73,15 @@ func startRelay(t *testing.T, dbPath, natsURL string, ho harnessOptions) *harnes
 	core, logs := observer.New(zapcore.DebugLevel)
 	log := zap.New(core)
 	h := &harness{t: t, logs: logs, metrics: metrics.New("test", "test"), done: make(chan error, 1)}
-	h.store = testenv.OpenStore(t, dbPath)
+	if ho.busyTimeout == 0 {
+		ho.busyTimeout = 5 * time.Second
+	}
 	var err error
+	h.store, err = claim.Open(context.Background(), claim.Options{Path: dbPath, Table: "event_queue", BusyTimeout: ho.busyTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.store.Close() })
 	h.conn, err = publish.Connect(context.Background(), natsURL, config.Default().NATS, "test-relay", log)
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +129,9 @@ func startRelay(t *testing.T, dbPath, natsURL string, ho harnessOptions) *harnes
 	}
 	if ho.mutateOpt != nil {
 		ho.mutateOpt(&o)
+	}
+	if ho.wrapPublisher != nil {
+		pub = ho.wrapPublisher(pub)
 	}
 	h.relay = relay.New(h.store, pub, o)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -21,7 +21,8 @@ import (
 // Store is the SQLite side (implemented by *claim.Store).
 type Store interface {
 	Claim(ctx context.Context, limit int) ([]event.Row, error)
-	Settle(ctx context.Context, outs []event.Outcome) (stale int, err error)
+	// Settle writes outcomes; stale lists those whose claim was lost.
+	Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error)
 	Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error)
 	Leave(ctx context.Context) error
 	Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error
@@ -339,12 +340,17 @@ func (r *Relay) settle(ctx context.Context, outs []event.Outcome) {
 	signal(r.settled)
 }
 
-// count updates the metrics for settled outcomes.
-func (r *Relay) count(outs []event.Outcome, stale int) {
-	if stale > 0 {
-		r.log.Warn("lost the lease on rows before settling them; another relay owns them now", zap.Int("rows", stale))
+// count updates the metrics for the outcomes that were written; stale ones
+// changed nothing.
+func (r *Relay) count(outs []event.Outcome, stale []int) {
+	if len(stale) > 0 {
+		r.log.Warn("lost the lease on rows before settling them; another relay owns them now", zap.Int("rows", len(stale)))
 	}
-	for _, o := range outs {
+	for i, o := range outs {
+		if len(stale) > 0 && stale[0] == i {
+			stale = stale[1:]
+			continue
+		}
 		switch o.Settlement {
 		case event.Done:
 			r.m.Published.Inc()

@@ -35,11 +35,11 @@ func (s *fakeStore) Claim(_ context.Context, limit int) ([]event.Row, error) {
 	return rows, nil
 }
 
-func (s *fakeStore) Settle(_ context.Context, outs []event.Outcome) (int, error) {
+func (s *fakeStore) Settle(_ context.Context, outs []event.Outcome) ([]int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.settled = append(s.settled, outs...)
-	return 0, nil
+	return nil, nil
 }
 
 func (s *fakeStore) outcomes() []event.Outcome {

@@ -28,12 +28,16 @@ type NATS struct {
 }
 
 // StartNATS starts a JetStream server on a free loopback port with its own
-// store directory; it is shut down when the test ends.
-func StartNATS(t testing.TB) *NATS {
+// store directory; it is shut down when the test ends. Options may adjust
+// the server options (users, permissions, TLS) before it starts.
+func StartNATS(t testing.TB, options ...func(*server.Options)) *NATS {
 	t.Helper()
 	n := &NATS{t: t, opts: server.Options{
 		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
 	}}
+	for _, o := range options {
+		o(&n.opts)
+	}
 	n.start()
 	// Later starts reuse the port the first one got.
 	n.opts.Port = n.Srv.Addr().(*net.TCPAddr).Port

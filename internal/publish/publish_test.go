@@ -1,0 +1,250 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func connect(t *testing.T, url string, cfg config.NATS) *Conn {
+	t.Helper()
+	c, err := Connect(context.Background(), url, cfg, "publish-test", zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func newJS(t *testing.T, c *Conn, ackTimeout time.Duration) *JetStream {
+	t.Helper()
+	p, err := NewJetStream(c, "EVENTS", 100, ackTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func row(eventType string, payload []byte) event.Row {
+	return event.Row{ID: 1, EventID: event.NewID(), EventType: eventType, Payload: payload, CreatedAt: time.Now().UnixMilli()}
+}
+
+func publishOne(p *JetStream, subject string, r event.Row) Result {
+	return p.Publish(context.Background(), []Message{{Row: r, Subject: subject}})[0].Wait(context.Background())
+}
+
+func createStreams(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	ctx := context.Background()
+	for _, cfg := range []jetstream.StreamConfig{
+		{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour},
+		{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 100},
+		{Name: "FULL", Subjects: []string{"full.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew},
+	} {
+		if _, err := js.CreateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestClassifyRealOutcomes classifies errors produced by a real server.
+func TestClassifyRealOutcomes(t *testing.T) {
+	n := testenv.StartNATS(t)
+	createStreams(t, n.JetStream(t))
+	c := connect(t, n.URL(), config.NATS{})
+	p := newJS(t, c, 2*time.Second)
+
+	// A subscriber that never answers: the publish is neither stored nor refused.
+	if _, err := n.Conn(t).Subscribe("hang.>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	dup := row("Dup", []byte("x"))
+	full := row("Full", []byte("x"))
+	if r := publishOne(p, "full.one", full); r.Kind != Stored {
+		t.Fatalf("filling FULL: %+v", r)
+	}
+	var noStreamErr error
+	for _, tc := range []struct {
+		name    string
+		result  func() Result
+		want    Kind
+		errText string
+	}{
+		{"stored", func() Result { return publishOne(p, "events.Dup", dup) }, Stored, ""},
+		{"duplicate ack is success", func() Result { return publishOne(p, "events.Dup", dup) }, Duplicate, ""},
+		{"message larger than the stream's max_msg_size", func() Result {
+			return publishOne(p, "small.big", row("Big", make([]byte, 500)))
+		}, Rejected, "message size exceeds maximum"},
+		{"payload larger than the server's max_payload", func() Result {
+			return publishOne(p, "events.Huge", row("Huge", make([]byte, 2<<20)))
+		}, Rejected, "maximum payload exceeded"},
+		{"stream full with discard new (503)", func() Result { return publishOne(p, "full.two", row("Full", []byte("y"))) }, Transport, "maximum messages exceeded"},
+		{"subject captured by no stream", func() Result {
+			r := publishOne(p, "nostream.x", row("X", []byte("x")))
+			noStreamErr = errors.Unwrap(r.Err)
+			return r
+		}, Rejected, "no stream captures subject nostream.x"},
+		{"no stream response on a captured subject", func() Result {
+			if noStreamErr == nil || !errors.Is(noStreamErr, jetstream.ErrNoStreamResponse) {
+				t.Fatalf("previous case gave %v, not ErrNoStreamResponse", noStreamErr)
+			}
+			return p.classify(context.Background(), "events.captured", noStreamErr)
+		}, Transport, "no response from stream"},
+		{"no acknowledgement before the ack timeout", func() Result { return publishOne(p, "hang.x", row("X", []byte("x"))) }, Transport, "timeout waiting for ack"},
+		{"wrong expected stream (400)", func() Result {
+			fut, err := p.js.PublishMsgAsync(NewMsg(Message{Row: row("X", nil), Subject: "events.X"}), jetstream.WithExpectStream("OTHER"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return (&jsAck{p: p, subject: "events.X", fut: fut}).Wait(context.Background())
+		}, Rejected, "expected stream does not match"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.result()
+			if r.Kind != tc.want {
+				t.Fatalf("kind %v (err %v), want %v", r.Kind, r.Err, tc.want)
+			}
+			if tc.errText != "" && (r.Err == nil || !strings.Contains(r.Err.Error(), tc.errText)) {
+				t.Fatalf("error %v does not say %q", r.Err, tc.errText)
+			}
+		})
+	}
+}
+
+// TestClassifyConnectionLoss: futures pending when the connection drops fail
+// with ErrDisconnected, and publishes while disconnected fail at once; both
+// are transport failures.
+func TestClassifyConnectionLoss(t *testing.T) {
+	n := testenv.StartNATS(t)
+	createStreams(t, n.JetStream(t))
+	if _, err := n.Conn(t).Subscribe("hang.>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, n.URL(), config.NATS{})
+	p := newJS(t, c, time.Minute)
+	pending := p.Publish(context.Background(), []Message{{Row: row("X", nil), Subject: "hang.x"}})[0]
+	n.Stop()
+	r := pending.Wait(context.Background())
+	if r.Kind != Transport || !errors.Is(r.Err, nats.ErrDisconnected) {
+		t.Fatalf("pending future after the server stopped: %v %v", r.Kind, r.Err)
+	}
+	start := time.Now()
+	r = publishOne(p, "events.X", row("X", nil))
+	if r.Kind != Transport || time.Since(start) > time.Second {
+		t.Fatalf("publish while disconnected: %v %v after %v; want a fast transport failure", r.Kind, r.Err, time.Since(start))
+	}
+	if err := p.Ready(context.Background()); err == nil {
+		t.Fatal("Ready while disconnected")
+	}
+	n.Restart()
+	if err := c.WaitConnected(ctxTimeout(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if r := publishOne(p, "events.X", row("X", nil)); r.Kind != Stored {
+		t.Fatalf("after reconnect: %v %v", r.Kind, r.Err)
+	}
+	core := NewCore(c, time.Second)
+	n.Stop()
+	for _, a := range core.Publish(context.Background(), []Message{{Row: row("X", nil), Subject: "events.X"}}) {
+		if r := a.Wait(context.Background()); r.Kind != Transport {
+			t.Fatalf("core publish while disconnected: %v %v", r.Kind, r.Err)
+		}
+	}
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestPermissionDeniedIsARejection: the server drops a publish the user may
+// not make and reports it only to the error handler; the publisher must
+// call it a rejection naming the subject, not an outage.
+func TestPermissionDeniedIsARejection(t *testing.T) {
+	n := testenv.StartNATS(t, func(o *server.Options) {
+		o.Users = []*server.User{{
+			Username: "relay", Password: "s3cret",
+			Permissions: &server.Permissions{Publish: &server.SubjectPermission{
+				Allow: []string{"events.allowed.>", "$JS.API.>", "_INBOX.>"},
+			}},
+		}}
+	})
+	admin, err := nats.Connect(n.URL(), nats.UserInfo("relay", "s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	js, _ := jetstream.New(admin)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, n.URL(), config.NATS{User: "relay", Password: "s3cret"})
+	p := newJS(t, c, time.Second)
+	if r := publishOne(p, "events.allowed.x", row("allowed.x", nil)); r.Kind != Stored {
+		t.Fatalf("allowed subject: %v %v", r.Kind, r.Err)
+	}
+	r := publishOne(p, "events.denied.x", row("denied.x", nil))
+	if r.Kind != Rejected || !strings.Contains(r.Err.Error(), "permission denied on subject events.denied.x") {
+		t.Fatalf("denied subject: %v %v", r.Kind, r.Err)
+	}
+	if got := c.DeniedSubjects(); len(got) != 1 || got[0] != "events.denied.x" {
+		t.Fatalf("denied subjects %v", got)
+	}
+}
+
+func TestConnectWrongPasswordFailsFast(t *testing.T) {
+	n := testenv.StartNATS(t, func(o *server.Options) { o.Username, o.Password = "relay", "right" })
+	start := time.Now()
+	_, err := Connect(context.Background(), n.URL(), config.NATS{User: "relay", Password: "wrong"}, "test", zap.NewNop())
+	if !errors.Is(err, ErrAuth) || time.Since(start) > 5*time.Second {
+		t.Fatalf("Connect with a wrong password = %v after %v", err, time.Since(start))
+	}
+	if strings.Contains(err.Error(), "wrong") {
+		t.Fatalf("error leaks the password: %v", err)
+	}
+}
+
+func TestConnectWhileBrokerDownStartsPaused(t *testing.T) {
+	n := testenv.StartNATS(t)
+	url := n.URL()
+	n.Stop()
+	c, err := Connect(context.Background(), url, config.NATS{}, "test", zap.NewNop())
+	if err != nil {
+		t.Fatalf("Connect with the broker down = %v; want a connection that keeps trying", err)
+	}
+	defer c.Close()
+	if c.Connected() {
+		t.Fatal("connected to a stopped server")
+	}
+	n.Restart()
+	if err := c.WaitConnected(ctxTimeout(t, 15*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewMsgHeaders(t *testing.T) {
+	m := NewMsg(Message{Subject: "events.T", Row: event.Row{ID: 42, EventID: "id-1", EventType: "T", Payload: []byte{0, 1}, CreatedAt: 1700000000123}})
+	if m.Header.Get(HeaderMsgID) != "id-1" || m.Header.Get(HeaderEventType) != "T" || m.Header.Get(HeaderRowID) != "42" ||
+		m.Header.Get(HeaderCreatedAt) != "2023-11-14T22:13:20.123Z" || string(m.Data) != "\x00\x01" {
+		t.Fatalf("message %+v", m)
+	}
+}
+
+func TestRedactURLs(t *testing.T) {
+	got := RedactURLs("nats://u:pw@a:4222,nats://tok@b:4222,nats://c:4222")
+	if strings.Contains(got, "pw") || strings.Contains(got, "tok") || !strings.Contains(got, "c:4222") {
+		t.Fatal(got)
+	}
+}

@@ -1,0 +1,408 @@
+package relay_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func insertN(t *testing.T, db *sql.DB, n int, eventType string) {
+	t.Helper()
+	evs := make([]testenv.Event, n)
+	for i := range evs {
+		evs[i] = testenv.NewEvent(eventType, []byte(fmt.Sprint(eventType, " ", i)))
+	}
+	if err := testenv.Insert(db, evs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func logCount(h *harness, msg string) int {
+	return h.logs.FilterMessage(msg).Len()
+}
+
+// assertOncePerEvent checks the stream holds exactly one message per row.
+func assertOncePerEvent(t *testing.T, n *testenv.NATS, db *sql.DB, rows int) {
+	t.Helper()
+	msgs := testenv.StreamMessages(t, n.JetStream(t), "EVENTS")
+	seen := map[string]int{}
+	for _, m := range msgs {
+		seen[m.Header.Get(publish.HeaderMsgID)]++
+	}
+	var ids int
+	if err := db.QueryRow(`SELECT count(DISTINCT event_id) FROM event_queue WHERE status = 'done'`).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != rows || len(seen) != rows || ids != rows {
+		t.Fatalf("stream holds %d messages with %d ids; %d done rows; want %d each", len(msgs), len(seen), ids, rows)
+	}
+}
+
+// TestOutageSpendsNoAttempts stops the broker mid-run: unsettled rows go
+// back to pending without spending attempts, the relay pauses and resumes
+// by itself, and it says so in one line each way.
+func TestOutageSpendsNoAttempts(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{batch: 50, inFlight: 200})
+
+	stopWriter := make(chan struct{})
+	var written int
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stopWriter:
+				return
+			default:
+			}
+			insertN(t, app, 10, "Outage")
+			written += 10
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	testenv.Eventually(t, 20*time.Second, "some rows done", func() bool { return testenv.Counts(t, app)["done"] > 500 })
+	n.Stop()
+	testenv.Eventually(t, 20*time.Second, "the relay to pause", func() bool { return h.relay.Paused() != nil })
+	time.Sleep(2 * time.Second) // an outage with the writer still writing
+	if got := metrics.Value(h.metrics.BrokerConnected); got != 0 {
+		t.Errorf("broker_connected %v during the outage", got)
+	}
+	n.Restart()
+	time.Sleep(500 * time.Millisecond)
+	close(stopWriter)
+	wg.Wait()
+	counts := waitAllSettled(t, app, written, 60*time.Second)
+	if counts["done"] != written {
+		t.Fatalf("counts %v, want %d done", counts, written)
+	}
+	var attempts int
+	app.QueryRow(`SELECT coalesce(sum(attempts), 0) FROM event_queue`).Scan(&attempts)
+	if attempts != 0 {
+		t.Fatalf("the outage spent %d attempts", attempts)
+	}
+	assertOncePerEvent(t, n, app, written)
+	if a, b := logCount(h, "broker unavailable; pausing without spending attempts"), logCount(h, "broker recovered; resuming"); a != 1 || b != 1 {
+		t.Fatalf("%d unavailable and %d recovered log lines; want one each", a, b)
+	}
+	rec := h.logs.FilterMessage("broker recovered; resuming").All()[0]
+	if d, ok := rec.ContextMap()["outage"].(time.Duration); !ok || d < 2*time.Second {
+		t.Fatalf("recovery line outage field %v", rec.ContextMap()["outage"])
+	}
+	if got := metrics.Value(h.metrics.Deferred.WithLabelValues(metrics.DeferOutage)); got == 0 {
+		t.Error("no row was deferred for the outage; the test did not exercise the release path")
+	}
+	if got := metrics.Value(h.metrics.BrokerConnected); got != 1 {
+		t.Errorf("broker_connected %v after recovery", got)
+	}
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStartsPausedWithoutStream: a missing stream that may not be created is
+// an outage (nothing claimed, nothing dead-lettered) until it appears.
+func TestStartsPausedWithoutStream(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertN(t, app, 20, "Early")
+	h := startRelay(t, path, n.URL(), harnessOptions{mutateOpt: func(o *relay.Options) {
+		ready := o.Ready
+		o.Ready = func(ctx context.Context) error {
+			if _, err := n.JetStream(t).Stream(ctx, "EVENTS"); err != nil {
+				return fmt.Errorf("stream EVENTS: %w", err)
+			}
+			return ready(ctx)
+		}
+	}})
+	testenv.Eventually(t, 10*time.Second, "paused", func() bool { return h.relay.Paused() != nil })
+	time.Sleep(300 * time.Millisecond)
+	if c := testenv.Counts(t, app); c["pending"] != 20 {
+		t.Fatalf("rows touched while paused: %v", c)
+	}
+	if _, err := n.JetStream(t).CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllSettled(t, app, 20, 20*time.Second)
+	if c := testenv.Counts(t, app); c["done"] != 20 {
+		t.Fatalf("counts %v", c)
+	}
+}
+
+// TestRejectionsSpendAttemptsThenDeadLetter: a message too large for the
+// stream is retried with the shared backoff, then dead-lettered; the rows
+// around it flow.
+func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
+	n := testenv.StartNATS(t)
+	if _, err := n.JetStream(t).CreateStream(context.Background(), jetstream.StreamConfig{
+		Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: 1000,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertN(t, app, 5, "Small")
+	big := testenv.NewEvent("Big", make([]byte, 5000))
+	if err := testenv.Insert(app, big); err != nil {
+		t.Fatal(err)
+	}
+	insertN(t, app, 5, "Small")
+	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
+	var attempts int
+	var availableAt int64
+	var lastError string
+	testenv.Eventually(t, 10*time.Second, "first rejection", func() bool {
+		app.QueryRow(`SELECT attempts, available_at, coalesce(last_error, '') FROM event_queue WHERE event_id = ?`, *big.EventID).Scan(&attempts, &availableAt, &lastError)
+		return attempts == 1
+	})
+	now := time.Now().UnixMilli()
+	if d := time.Duration(availableAt-now) * time.Millisecond; d < 3*time.Second || d > 5*time.Second {
+		t.Errorf("retry scheduled in %v, want about %v", d, event.RetryBackoff(1))
+	}
+	if !strings.Contains(lastError, "message size exceeds maximum") {
+		t.Errorf("last_error %q", lastError)
+	}
+	if c := testenv.Counts(t, app); c["done"] != 10 || c["pending"] != 1 {
+		t.Fatalf("after the first rejection: %v", c)
+	}
+	// Skip the 5 s wait.
+	if _, err := app.Exec(`UPDATE event_queue SET available_at = 0 WHERE event_id = ?`, *big.EventID); err != nil {
+		t.Fatal(err)
+	}
+	var status string
+	var processed sql.NullInt64
+	testenv.Eventually(t, 10*time.Second, "dead letter", func() bool {
+		app.QueryRow(`SELECT status, attempts, coalesce(last_error, ''), processed_at FROM event_queue WHERE event_id = ?`, *big.EventID).Scan(&status, &attempts, &lastError, &processed)
+		return status == "dead_lettered"
+	})
+	if attempts != 2 || !processed.Valid || !strings.Contains(lastError, "message size exceeds maximum") {
+		t.Fatalf("dead letter: attempts %d processed %v last_error %q", attempts, processed, lastError)
+	}
+	if metrics.Value(h.metrics.Retries) != 1 || metrics.Value(h.metrics.DeadLettered) != 1 {
+		t.Fatalf("retries %v dead_lettered %v", metrics.Value(h.metrics.Retries), metrics.Value(h.metrics.DeadLettered))
+	}
+}
+
+// stallingPublisher holds every acknowledgement until its gate opens.
+type stallingPublisher struct {
+	relay.Publisher
+	gate chan struct{}
+}
+
+type stalledAck struct {
+	inner publish.Ack
+	gate  chan struct{}
+}
+
+func (a stalledAck) Wait(ctx context.Context) publish.Result {
+	select {
+	case <-a.gate:
+	case <-ctx.Done():
+		return publish.Result{Kind: publish.Transport, Err: ctx.Err()}
+	}
+	return a.inner.Wait(ctx)
+}
+
+func (p *stallingPublisher) Publish(ctx context.Context, msgs []publish.Message) []publish.Ack {
+	acks := p.Publisher.Publish(ctx, msgs)
+	for i := range acks {
+		acks[i] = stalledAck{inner: acks[i], gate: p.gate}
+	}
+	return acks
+}
+
+// newStalledRelay starts a relay whose publisher acknowledges nothing until
+// gate is closed.
+func newStalledRelay(t *testing.T, path, url string, ho harnessOptions, gate chan struct{}) *harness {
+	t.Helper()
+	ho.wrapPublisher = func(p relay.Publisher) relay.Publisher { return &stallingPublisher{Publisher: p, gate: gate} }
+	return startRelay(t, path, url, ho)
+}
+
+// TestShutdownReleasesUnackedRows: on shutdown the relay waits
+// shutdown_timeout for acknowledgements, then puts the rest back to pending
+// without spending attempts.
+func TestShutdownReleasesUnackedRows(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertN(t, app, 30, "Shut")
+	gate := make(chan struct{})
+	h := newStalledRelay(t, path, n.URL(), harnessOptions{shutdown: 300 * time.Millisecond}, gate)
+	testenv.Eventually(t, 10*time.Second, "rows claimed", func() bool { return testenv.Counts(t, app)["processing"] == 30 })
+	start := time.Now()
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond || d > 5*time.Second {
+		t.Errorf("shutdown took %v with shutdown_timeout 300ms", d)
+	}
+	var pending, attempts, claimed int
+	app.QueryRow(`SELECT count(*), coalesce(sum(attempts), 0), count(claimed_at) FROM event_queue WHERE status = 'pending' AND available_at <= ?`, time.Now().UnixMilli()).Scan(&pending, &attempts, &claimed)
+	if pending != 30 || attempts != 0 || claimed != 0 {
+		t.Fatalf("after shutdown: %d pending and due, %d attempts, %d still claimed", pending, attempts, claimed)
+	}
+	if got := metrics.Value(h.metrics.Deferred.WithLabelValues(metrics.DeferShutdown)); got != 30 {
+		t.Fatalf("deferred_total{reason=shutdown} %v", got)
+	}
+	var instances int
+	app.QueryRow(`SELECT count(*) FROM ` + claim.InstancesTable).Scan(&instances)
+	if instances != 0 {
+		t.Fatalf("%d instance rows left after a graceful stop", instances)
+	}
+}
+
+// TestShutdownWaitsForAcks: acknowledgements that arrive within
+// shutdown_timeout still settle rows as done.
+func TestShutdownWaitsForAcks(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertN(t, app, 30, "Shut")
+	gate := make(chan struct{})
+	h := newStalledRelay(t, path, n.URL(), harnessOptions{shutdown: 10 * time.Second}, gate)
+	testenv.Eventually(t, 10*time.Second, "rows claimed", func() bool { return testenv.Counts(t, app)["processing"] == 30 })
+	time.AfterFunc(200*time.Millisecond, func() { close(gate) })
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if c := testenv.Counts(t, app); c["done"] != 30 {
+		t.Fatalf("counts after a drained shutdown: %v", c)
+	}
+}
+
+// TestStaleRelayCannotOverwrite: a relay stalled past its lease loses the
+// rows to another relay and, when it wakes up, changes nothing.
+func TestStaleRelayCannotOverwrite(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertN(t, app, 50, "Lease")
+	gate := make(chan struct{})
+	stale := newStalledRelay(t, path, n.URL(), harnessOptions{lease: time.Second}, gate)
+	testenv.Eventually(t, 10*time.Second, "rows claimed by the stalled relay", func() bool { return testenv.Counts(t, app)["processing"] == 50 })
+	fresh := startRelay(t, path, n.URL(), harnessOptions{lease: time.Second})
+	waitAllSettled(t, app, 50, 20*time.Second)
+	if got := metrics.Value(fresh.metrics.LeasesReclaimed); got != 50 {
+		t.Errorf("leases_reclaimed_total %v, want 50", got)
+	}
+	var processedBefore int64
+	app.QueryRow(`SELECT sum(processed_at) FROM event_queue`).Scan(&processedBefore)
+	close(gate) // the stalled relay wakes up and tries to settle
+	testenv.Eventually(t, 10*time.Second, "the stale relay to notice", func() bool {
+		return logCount(stale, "lost the lease on rows before settling them; another relay owns them now") > 0
+	})
+	var processedAfter int64
+	app.QueryRow(`SELECT sum(processed_at) FROM event_queue`).Scan(&processedAfter)
+	if processedAfter != processedBefore {
+		t.Fatal("the stale relay rewrote rows another relay had settled")
+	}
+	if got := metrics.Value(stale.metrics.Published); got != 0 {
+		t.Fatalf("stale relay counted %v rows published", got)
+	}
+	assertOncePerEvent(t, n, app, 50)
+}
+
+// TestDeadRelayClaimsRecoveredFast: claims of a relay that stopped
+// heartbeating come back within seconds, not after the 10-minute lease.
+func TestDeadRelayClaimsRecoveredFast(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertN(t, app, 40, "Crash")
+	dead := testenv.OpenStore(t, path)
+	ctx := context.Background()
+	if _, err := dead.Heartbeat(ctx, "dead", 10*time.Minute, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if rows, err := dead.Claim(ctx, 40); err != nil || len(rows) != 40 {
+		t.Fatal(rows, err)
+	}
+	// dead never heartbeats again: it was killed.
+	start := time.Now()
+	h := startRelay(t, path, n.URL(), harnessOptions{lease: 10 * time.Minute})
+	waitAllSettled(t, app, 40, 15*time.Second)
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("recovery took %v", d)
+	}
+	if got := metrics.Value(h.metrics.LeasesReclaimed); got != 40 {
+		t.Fatalf("leases_reclaimed_total %v", got)
+	}
+}
+
+// TestTwoLiveRelaysShareWithoutStealing: two relays on one file for a
+// whole run never reclaim each other's rows and store each event once.
+func TestTwoLiveRelaysShareWithoutStealing(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	a := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute})
+	b := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute})
+	for i := 0; i < 200; i++ {
+		insertN(t, app, 15, "Shared")
+		if i%20 == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitAllSettled(t, app, 3000, 60*time.Second)
+	if ra, rb := metrics.Value(a.metrics.LeasesReclaimed), metrics.Value(b.metrics.LeasesReclaimed); ra != 0 || rb != 0 {
+		t.Fatalf("live relays reclaimed each other's rows: %v and %v", ra, rb)
+	}
+	pa, pb := metrics.Value(a.metrics.Published), metrics.Value(b.metrics.Published)
+	if pa+pb != 3000 || pa == 0 || pb == 0 {
+		t.Fatalf("published %v + %v, want 3000 shared by both", pa, pb)
+	}
+	assertOncePerEvent(t, n, app, 3000)
+}
+
+// TestApplicationHoldingTheLock: the application holding the write lock
+// longer than busy_timeout is waited out, logged once, and loses nothing.
+func TestApplicationHoldingTheLock(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{busyTimeout: 200 * time.Millisecond})
+	insertN(t, app, 100, "Before")
+	waitAllSettled(t, app, 100, 10*time.Second)
+	tx, err := app.Begin() // BEGIN IMMEDIATE: the application's long write
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'During', 'x')`, event.NewID()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.relay.Wake()
+	time.Sleep(2 * time.Second)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	insertN(t, app, 100, "After")
+	waitAllSettled(t, app, 250, 20*time.Second)
+	if c := testenv.Counts(t, app); c["done"] != 250 {
+		t.Fatalf("counts %v", c)
+	}
+	testenv.Eventually(t, 5*time.Second, "recovery line", func() bool { return logCount(h, "database available again") == 1 })
+	if got := logCount(h, "database unavailable; retrying"); got != 1 {
+		t.Fatalf("%d 'database unavailable' lines, want 1", got)
+	}
+	assertOncePerEvent(t, n, app, 250)
+}
