@@ -24,8 +24,15 @@ import (
 const (
 	watchInterval     = 2 * time.Millisecond // commit detection: pickup latency vs. idle cost
 	heartbeatInterval = time.Second
-	staleAfter        = 6 * time.Second // a relay silent this long is dead
 )
+
+// staleAfter is how long a relay may go without a heartbeat before its
+// claims are taken for a dead relay's: short enough to recover a crash in
+// well under 10 s, longer than a heartbeat can be held up by the
+// application's lock (busy_timeout).
+func staleAfter(busyTimeout time.Duration) time.Duration {
+	return max(6*time.Second, busyTimeout+2*heartbeatInterval)
+}
 
 // app is a wired relay: database, broker, publisher, loop and HTTP.
 type app struct {
@@ -92,7 +99,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		PollInterval:      cfg.Relay.PollInterval,
 		WatchInterval:     watchInterval,
 		HeartbeatInterval: heartbeatInterval,
-		StaleAfter:        staleAfter,
+		StaleAfter:        staleAfter(cfg.Database.BusyTimeout),
 		Lease:             cfg.Relay.Lease,
 		MaxAttempts:       cfg.Relay.MaxAttempts,
 		ShutdownTimeout:   cfg.Relay.ShutdownTimeout,
@@ -199,7 +206,7 @@ func (a *app) run(ctx context.Context) error {
 	}
 	defer stop()
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
-		zap.String("nats", publish.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
+		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
 		zap.String("instance", a.store.Instance()), zap.String("version", version))
 	return a.relay.Run(ctx)
 }
@@ -253,11 +260,14 @@ func (c *cli) runDaemon(*cobra.Command) error {
 	ctx, stop := signalContext(log)
 	defer stop()
 	a, err := openApp(ctx, cfg, log, openOptions{})
-	if err != nil {
-		return err
+	if err == nil {
+		defer a.close()
+		err = a.run(ctx)
 	}
-	defer a.close()
-	return a.run(ctx)
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return nil // stopped by a signal while starting
+	}
+	return err
 }
 
 func (c *cli) migrateCommand() *cobra.Command {

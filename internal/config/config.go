@@ -315,7 +315,7 @@ func Load(file string, fs *pflag.FlagSet, environ []string) (Config, error) {
 		}
 	}
 	for name := range env {
-		if strings.HasPrefix(name, EnvPrefix) && !envs[name] {
+		if strings.HasPrefix(name, EnvPrefix) && !envs[name] && !serviceLink(name) {
 			return Config{}, configErr("unknown environment variable %s: no config key has that name", name)
 		}
 	}
@@ -339,6 +339,14 @@ func Load(file string, fs *pflag.FlagSet, environ []string) (Config, error) {
 		return Config{}, &Error{Err: err}
 	}
 	return c, nil
+}
+
+// serviceLink reports whether name is one of the variables Kubernetes
+// injects for a Service named outbox-relay (OUTBOX_RELAY_SERVICE_HOST,
+// OUTBOX_RELAY_PORT_9108_TCP, ...), which are not config keys.
+func serviceLink(name string) bool {
+	rest := strings.TrimPrefix(name, EnvPrefix)
+	return strings.HasPrefix(rest, "SERVICE_") || rest == "PORT" || strings.HasPrefix(rest, "PORT_")
 }
 
 // flagValue returns a set flag's value in a form the decoder takes.
@@ -405,8 +413,8 @@ func (c *Config) Validate() error {
 	if !identRe.MatchString(c.Database.Table) {
 		bad("database.table", "%q is not a plain SQL identifier (letters, digits, underscore)", c.Database.Table)
 	}
-	if c.Database.BusyTimeout < 0 {
-		bad("database.busy_timeout", "must not be negative")
+	if c.Database.BusyTimeout < time.Millisecond {
+		bad("database.busy_timeout", "%v: must be at least 1ms (0 fails every write the application's lock delays)", c.Database.BusyTimeout)
 	}
 	if !slices.Contains([]string{SchemaAuto, SchemaVerify, SchemaOff}, c.Schema.Mode) {
 		bad("schema.mode", "%q is not one of auto, verify, off", c.Schema.Mode)
@@ -425,6 +433,8 @@ func (c *Config) Validate() error {
 	}
 	if err := event.ValidateSubjectPart(c.Stream.SubjectPrefix); err != nil {
 		bad("stream.subject_prefix", "%q: %v", c.Stream.SubjectPrefix, err)
+	} else if c.Stream.Create && len(c.Stream.Subjects) > 0 && !event.Covers(c.Stream.Subjects, c.Stream.SubjectPrefix) {
+		bad("stream.subjects", "%q do not capture %s.> (stream.subject_prefix): a stream created with them could not take the relay's messages", c.Stream.Subjects, c.Stream.SubjectPrefix)
 	}
 	if c.Stream.DuplicateWindow < 100*time.Millisecond {
 		bad("stream.duplicate_window", "%v is below JetStream's minimum of 100ms", c.Stream.DuplicateWindow)
@@ -449,11 +459,14 @@ func (c *Config) Validate() error {
 	positive("relay.batch_size", c.Relay.BatchSize)
 	positive("relay.max_in_flight", c.Relay.MaxInFlight)
 	positive("relay.max_attempts", c.Relay.MaxAttempts)
+	if c.Relay.MaxInFlight < c.Relay.BatchSize {
+		bad("relay.max_in_flight", "%d is smaller than relay.batch_size %d", c.Relay.MaxInFlight, c.Relay.BatchSize)
+	}
 	if c.Relay.PollInterval <= 0 {
 		bad("relay.poll_interval", "must be positive")
 	}
-	if c.Relay.Lease < time.Second {
-		bad("relay.lease", "%v is below 1s", c.Relay.Lease)
+	if min := c.Relay.AckTimeout + c.Relay.ShutdownTimeout; c.Relay.Lease <= min {
+		bad("relay.lease", "%v must be longer than relay.ack_timeout + relay.shutdown_timeout (%v), or a relay could lose rows it is still waiting for", c.Relay.Lease, min)
 	}
 	if c.Relay.ShutdownTimeout < 0 {
 		bad("relay.shutdown_timeout", "must not be negative")
@@ -520,25 +533,38 @@ func (c *Config) validateNATS(bad func(key, format string, args ...any)) {
 func validateServerURL(s string) error {
 	u, err := url.Parse(s)
 	if err != nil || u.Host == "" {
-		return fmt.Errorf("%q is not a server URL such as nats://host:4222", redactURL(s))
+		return fmt.Errorf("%q is not a server URL such as nats://host:4222", RedactURLs(s))
 	}
 	switch u.Scheme {
 	case "nats", "tls", "ws", "wss":
 		return nil
 	}
-	return fmt.Errorf("%q: scheme %q is not one of nats, tls, ws, wss", redactURL(s), u.Scheme)
+	return fmt.Errorf("%q: scheme %q is not one of nats, tls, ws, wss", RedactURLs(s), u.Scheme)
 }
 
-// redactURL hides a password embedded in a URL.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		if i := strings.LastIndex(s, "@"); i >= 0 {
-			return "***@" + s[i+1:]
+// RedactURLs hides passwords and tokens embedded in (comma-separated)
+// server URLs, for logs and errors.
+func RedactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			if j := strings.LastIndex(p, "@"); j >= 0 {
+				parts[i] = "xxxxx@" + p[j+1:]
+			}
+			continue
 		}
-		return s
+		if u.User == nil {
+			continue
+		}
+		if _, hasPass := u.User.Password(); hasPass {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		} else {
+			u.User = url.User("xxxxx") // a bare user part is a token
+		}
+		parts[i] = u.String()
 	}
-	return u.Redacted()
+	return strings.Join(parts, ",")
 }
 
 // validateFilter checks a stream subject, where wildcards are allowed.

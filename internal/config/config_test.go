@@ -51,7 +51,7 @@ relay:
   max_in_flight: 20
   poll_interval: 3s
 stream:
-  subjects: [a.>, b.>]
+  subjects: [a.>, events.>]
 `)
 	env := []string{
 		"OUTBOX_RELAY_RELAY_BATCH_SIZE=30",
@@ -59,7 +59,7 @@ stream:
 		"OUTBOX_RELAY_DATABASE_BUSY_TIMEOUT=250ms",
 		"UNRELATED=1",
 	}
-	c, err := Load(file, flags(t, "--relay-max-in-flight=50", "--stream-subjects=x.>,y.>"), env)
+	c, err := Load(file, flags(t, "--relay-max-in-flight=50", "--stream-subjects=x.>,events.>"), env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,17 +75,17 @@ stream:
 	if c.Relay.MaxInFlight != 50 {
 		t.Errorf("flag must beat env: max_in_flight %d", c.Relay.MaxInFlight)
 	}
-	if !reflect.DeepEqual(c.Stream.Subjects, []string{"x.>", "y.>"}) {
+	if !reflect.DeepEqual(c.Stream.Subjects, []string{"x.>", "events.>"}) {
 		t.Errorf("flag list: %q", c.Stream.Subjects)
 	}
 }
 
 func TestEnvList(t *testing.T) {
-	c, err := Load("", nil, []string{"OUTBOX_RELAY_STREAM_SUBJECTS=a.>,b.>", "OUTBOX_RELAY_STREAM_CREATE=false"})
+	c, err := Load("", nil, []string{"OUTBOX_RELAY_STREAM_SUBJECTS=a.>,events.>", "OUTBOX_RELAY_STREAM_CREATE=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(c.Stream.Subjects, []string{"a.>", "b.>"}) || c.Stream.Create {
+	if !reflect.DeepEqual(c.Stream.Subjects, []string{"a.>", "events.>"}) || c.Stream.Create {
 		t.Fatalf("subjects %q create %v", c.Stream.Subjects, c.Stream.Create)
 	}
 }
@@ -131,6 +131,10 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad prefix", env: []string{"OUTBOX_RELAY_STREAM_SUBJECT_PREFIX=a.*"}, want: "stream.subject_prefix"},
 		{name: "small dupe window", env: []string{"OUTBOX_RELAY_STREAM_DUPLICATE_WINDOW=10ms"}, want: "stream.duplicate_window"},
 		{name: "log level", env: []string{"OUTBOX_RELAY_LOG_LEVEL=loud"}, want: "log.level"},
+		{name: "in flight below batch", env: []string{"OUTBOX_RELAY_RELAY_BATCH_SIZE=500", "OUTBOX_RELAY_RELAY_MAX_IN_FLIGHT=100"}, want: "relay.max_in_flight"},
+		{name: "lease too short", env: []string{"OUTBOX_RELAY_RELAY_LEASE=15s"}, want: "relay.lease"},
+		{name: "subjects miss the prefix", env: []string{"OUTBOX_RELAY_STREAM_SUBJECT_PREFIX=app"}, want: "stream.subjects"},
+		{name: "zero busy timeout", env: []string{"OUTBOX_RELAY_DATABASE_BUSY_TIMEOUT=0s"}, want: "database.busy_timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			file := ""
@@ -179,5 +183,40 @@ func TestKeysHaveFlagsAndEnv(t *testing.T) {
 	}
 	if EnvName("nats.tls.ca") != "OUTBOX_RELAY_NATS_TLS_CA" {
 		t.Fatal(EnvName("nats.tls.ca"))
+	}
+}
+
+func TestRedactURLs(t *testing.T) {
+	got := RedactURLs("nats://u:pw@a:4222,nats://tok@b:4222,nats://c:4222")
+	if strings.Contains(got, "pw") || strings.Contains(got, "tok") || !strings.Contains(got, "c:4222") {
+		t.Fatal(got)
+	}
+}
+
+func TestKubernetesServiceLinksIgnored(t *testing.T) {
+	_, err := Load("", nil, []string{"OUTBOX_RELAY_SERVICE_HOST=10.0.0.1", "OUTBOX_RELAY_SERVICE_PORT=9108",
+		"OUTBOX_RELAY_PORT=tcp://10.0.0.1:9108", "OUTBOX_RELAY_PORT_9108_TCP_ADDR=10.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAliasPrecedence: the design record's names sit at the environment
+// level: above the file, below flags.
+func TestAliasPrecedence(t *testing.T) {
+	file := writeFile(t, "nats:\n  url: nats://file:4222\nrelay:\n  max_attempts: 4\n")
+	c, err := Load(file, nil, []string{"NATS_URL=nats://alias:4222", "EVENT_QUEUE_MAX_ATTEMPTS=5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATS.URL != "nats://alias:4222" || c.Relay.MaxAttempts != 5 {
+		t.Fatalf("alias must beat the file: %q %d", c.NATS.URL, c.Relay.MaxAttempts)
+	}
+	c, err = Load(file, flags(t, "--nats-url=nats://flag:4222", "--relay-max-attempts=6"), []string{"NATS_URL=nats://alias:4222", "EVENT_QUEUE_MAX_ATTEMPTS=5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NATS.URL != "nats://flag:4222" || c.Relay.MaxAttempts != 6 {
+		t.Fatalf("flag must beat the alias: %q %d", c.NATS.URL, c.Relay.MaxAttempts)
 	}
 }

@@ -139,13 +139,79 @@ func NewID() string {
 	return string(s[:])
 }
 
+// MaxSubjectLen bounds a published subject. NATS itself only limits the
+// whole protocol line (4 KiB by default, after which the server closes the
+// connection), so the relay refuses absurd event types itself.
+const MaxSubjectLen = 255
+
 // Subject returns the NATS subject for an event type under prefix, or an
 // error saying why the event type cannot form a valid subject.
 func Subject(prefix, eventType string) (string, error) {
 	if err := ValidateSubjectPart(eventType); err != nil {
 		return "", fmt.Errorf("event_type %q cannot form a subject: %w", eventType, err)
 	}
-	return prefix + "." + eventType, nil
+	subject := prefix + "." + eventType
+	if len(subject) > MaxSubjectLen {
+		return "", fmt.Errorf("event_type %.40q... cannot form a subject: the subject would be %d bytes, more than %d", eventType, len(subject), MaxSubjectLen)
+	}
+	return subject, nil
+}
+
+// ValidateEventID reports why id cannot be a Nats-Msg-Id: empty (no dedup),
+// invalid UTF-8, control characters (a header value cannot hold them) or
+// longer than 255 bytes.
+func ValidateEventID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("event_id is empty: the broker could not deduplicate it")
+	case len(id) > 255:
+		return fmt.Errorf("event_id is %d bytes, more than 255", len(id))
+	case !utf8.ValidString(id):
+		return fmt.Errorf("event_id is not valid UTF-8 text (a BLOB?)")
+	}
+	for _, c := range id {
+		if unicode.IsControl(c) {
+			return fmt.Errorf("event_id %q contains a control character", id)
+		}
+	}
+	return nil
+}
+
+// MatchSubject reports whether the stream subject filter (which may hold
+// the wildcards * and >) matches the literal subject.
+func MatchSubject(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, t := range f {
+		if t == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (t != "*" && t != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
+
+// Covers reports whether one of the stream subject filters matches every
+// subject under prefix (that is, prefix.>). A filter such as "events.*"
+// does not: it misses events.a.b.
+func Covers(filters []string, prefix string) bool {
+	want := strings.Split(prefix, ".")
+	for _, f := range filters {
+		toks := strings.Split(f, ".")
+		for i, t := range toks {
+			if t == ">" {
+				if i <= len(want) {
+					return true
+				}
+				break
+			}
+			if i >= len(want) || (t != "*" && t != want[i]) {
+				break
+			}
+		}
+	}
+	return false
 }
 
 // ValidateSubjectPart reports why s (one or more dot-separated tokens) is not

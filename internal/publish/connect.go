@@ -9,7 +9,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -33,6 +32,10 @@ type Conn struct {
 	denied map[string]string // subject -> the server's permission error
 }
 
+// ErrClosed is returned by Ready when the connection is closed for good
+// (nats.go gives up on some server errors): nothing will reconnect it.
+var ErrClosed = errors.New("nats connection closed")
+
 // ErrAuth marks a connection error that retrying cannot fix (credentials,
 // certificates): the relay exits instead of waiting forever.
 var ErrAuth = errors.New("nats authentication failed")
@@ -54,13 +57,13 @@ func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log
 		return c, nil
 	}
 	if fatalConnectError(err) {
-		return nil, fmt.Errorf("connect to nats %s: %w: %s", RedactURLs(urls), ErrAuth, err)
+		return nil, fmt.Errorf("connect to nats %s: %w: %s", config.RedactURLs(urls), ErrAuth, err)
 	}
 	log.Warn("nats unavailable at startup; starting paused and reconnecting in the background",
-		zap.String("url", RedactURLs(urls)), zap.Error(err))
+		zap.String("url", config.RedactURLs(urls)), zap.Error(err))
 	nc, err = nats.Connect(urls, append(opts, nats.RetryOnFailedConnect(true))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", RedactURLs(urls), err)
+		return nil, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
 	}
 	c.NC = nc
 	return c, nil
@@ -82,9 +85,14 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 			c.log.Info("nats disconnected", zap.Error(err))
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			c.log.Info("nats reconnected", zap.String("server", RedactURLs(nc.ConnectedUrl())))
+			c.log.Info("nats reconnected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
 		}),
-		nats.ClosedHandler(func(*nats.Conn) { c.log.Debug("nats connection closed") }),
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			c.log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			c.log.Debug("nats connection closed", zap.NamedError("last_error", nc.LastError()))
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { c.asyncError(err) }),
 	}
 	if cfg.TLS.CA != "" {
@@ -180,6 +188,18 @@ func (c *Conn) DeniedSubjects() []string {
 // Connected reports whether the connection is up.
 func (c *Conn) Connected() bool { return c.NC.IsConnected() }
 
+// check reports why the connection cannot publish now, or nil; a closed
+// connection wraps ErrClosed.
+func (c *Conn) check() error {
+	switch {
+	case c.NC.IsClosed():
+		return fmt.Errorf("%w (last error: %v)", ErrClosed, c.NC.LastError())
+	case !c.NC.IsConnected():
+		return fmt.Errorf("nats not connected (%s)", c.NC.Status())
+	}
+	return nil
+}
+
 // Close closes the connection without draining: callers settle what is
 // outstanding before.
 func (c *Conn) Close() { c.NC.Close() }
@@ -196,22 +216,4 @@ func (c *Conn) WaitConnected(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// RedactURLs hides passwords and tokens embedded in server URLs.
-func RedactURLs(urls string) string {
-	parts := strings.Split(urls, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil || u.User == nil {
-			continue
-		}
-		if _, hasPass := u.User.Password(); hasPass {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		} else {
-			u.User = url.User("xxxxx") // a bare user part is a token
-		}
-		parts[i] = u.String()
-	}
-	return strings.Join(parts, ",")
 }

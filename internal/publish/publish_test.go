@@ -94,7 +94,7 @@ func TestClassifyRealOutcomes(t *testing.T) {
 			r := publishOne(p, "nostream.x", row("X", []byte("x")))
 			noStreamErr = errors.Unwrap(r.Err)
 			return r
-		}, Rejected, "no stream captures subject nostream.x"},
+		}, Rejected, "stream EVENTS does not capture subject nostream.x"},
 		{"no stream response on a captured subject", func() Result {
 			if noStreamErr == nil || !errors.Is(noStreamErr, jetstream.ErrNoStreamResponse) {
 				t.Fatalf("previous case gave %v, not ErrNoStreamResponse", noStreamErr)
@@ -122,6 +122,25 @@ func TestClassifyRealOutcomes(t *testing.T) {
 	}
 }
 
+// TestDeletedStreamIsAnOutage: when the relay's stream disappears, "no
+// response" must not spend attempts: it is an outage until the stream is
+// recreated.
+func TestDeletedStreamIsAnOutage(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	createStreams(t, js)
+	p := newJS(t, connect(t, n.URL(), config.NATS{}), 2*time.Second)
+	if r := publishOne(p, "events.A", row("A", nil)); r.Kind != Stored {
+		t.Fatalf("before: %v %v", r.Kind, r.Err)
+	}
+	if err := js.DeleteStream(context.Background(), "EVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	if r := publishOne(p, "events.A", row("A", nil)); r.Kind != Transport || !errors.Is(r.Err, jetstream.ErrNoStreamResponse) {
+		t.Fatalf("after the stream was deleted: %v %v; want a transport failure", r.Kind, r.Err)
+	}
+}
+
 // TestClassifyConnectionLoss: futures pending when the connection drops fail
 // with ErrDisconnected, and publishes while disconnected fail at once; both
 // are transport failures.
@@ -144,8 +163,8 @@ func TestClassifyConnectionLoss(t *testing.T) {
 	if r.Kind != Transport || time.Since(start) > time.Second {
 		t.Fatalf("publish while disconnected: %v %v after %v; want a fast transport failure", r.Kind, r.Err, time.Since(start))
 	}
-	if err := p.Ready(context.Background()); err == nil {
-		t.Fatal("Ready while disconnected")
+	if err := p.Ready(context.Background()); err == nil || errors.Is(err, ErrClosed) {
+		t.Fatalf("Ready while reconnecting = %v", err)
 	}
 	n.Restart()
 	if err := c.WaitConnected(ctxTimeout(t, 10*time.Second)); err != nil {
@@ -204,6 +223,16 @@ func TestPermissionDeniedIsARejection(t *testing.T) {
 	}
 }
 
+func TestReadyOnClosedConnection(t *testing.T) {
+	n := testenv.StartNATS(t)
+	c := connect(t, n.URL(), config.NATS{})
+	p := newJS(t, c, time.Second)
+	c.Close()
+	if err := p.Ready(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Ready on a closed connection = %v, want ErrClosed", err)
+	}
+}
+
 func TestConnectWrongPasswordFailsFast(t *testing.T) {
 	n := testenv.StartNATS(t, func(o *server.Options) { o.Username, o.Password = "relay", "right" })
 	start := time.Now()
@@ -239,12 +268,5 @@ func TestNewMsgHeaders(t *testing.T) {
 	if m.Header.Get(HeaderMsgID) != "id-1" || m.Header.Get(HeaderEventType) != "T" || m.Header.Get(HeaderRowID) != "42" ||
 		m.Header.Get(HeaderCreatedAt) != "2023-11-14T22:13:20.123Z" || string(m.Data) != "\x00\x01" {
 		t.Fatalf("message %+v", m)
-	}
-}
-
-func TestRedactURLs(t *testing.T) {
-	got := RedactURLs("nats://u:pw@a:4222,nats://tok@b:4222,nats://c:4222")
-	if strings.Contains(got, "pw") || strings.Contains(got, "tok") || !strings.Contains(got, "c:4222") {
-		t.Fatal(got)
 	}
 }

@@ -217,7 +217,8 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 
 // classify refines Classify with what only the subject tells: a publish the
 // server dropped for lack of permission times out like an outage, and a
-// subject no stream captures gets "no response" like a stream that is down.
+// subject the stream does not capture gets "no response" like a stream
+// that is down.
 func (p *JetStream) classify(ctx context.Context, subject string, err error) Result {
 	kind := Classify(err)
 	if kind != Transport {
@@ -226,48 +227,41 @@ func (p *JetStream) classify(ctx context.Context, subject string, err error) Res
 	if p.conn.Denied(subject) {
 		return Result{Kind: Rejected, Err: fmt.Errorf("permission denied on subject %s: %w", subject, nats.ErrPermissionViolation)}
 	}
-	if errors.Is(err, jetstream.ErrNoStreamResponse) && p.conn.Connected() {
-		if ok, known := p.captures(ctx, subject); known && !ok {
-			return Result{Kind: Rejected, Err: fmt.Errorf("no stream captures subject %s: %w", subject, err)}
-		}
+	if errors.Is(err, jetstream.ErrNoStreamResponse) && p.conn.Connected() && !p.captures(ctx, subject) {
+		return Result{Kind: Rejected, Err: fmt.Errorf("stream %s does not capture subject %s: %w", p.stream, subject, err)}
 	}
 	return Result{Kind: Transport, Err: err}
 }
 
-// captures asks the server whether some stream captures subject; known is
-// false when the server did not answer.
-func (p *JetStream) captures(ctx context.Context, subject string) (ok, known bool) {
+// captures reports false only when the relay's stream exists and none of
+// its subjects matches subject. A missing stream is an outage (the relay
+// recreates it or waits for it), and so is a server that does not answer.
+func (p *JetStream) captures(ctx context.Context, subject string) bool {
 	p.mu.Lock()
 	e, cached := p.captured[subject]
 	p.mu.Unlock()
 	if cached && time.Since(e.at) < captureTTL {
-		return e.ok, true
+		return e.ok
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, err := p.js.StreamNameBySubject(ctx, subject)
-	switch {
-	case err == nil:
-		ok = true
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		ok = false
-	default:
-		return false, false
+	s, err := p.js.Stream(ctx, p.stream)
+	if err != nil {
+		return true
+	}
+	ok := false
+	for _, f := range s.CachedInfo().Config.Subjects {
+		ok = ok || event.MatchSubject(f, subject)
 	}
 	p.mu.Lock()
 	p.captured[subject] = captureEntry{ok: ok, at: time.Now()}
 	p.mu.Unlock()
-	return ok, true
+	return ok
 }
 
 // Ready reports whether the connection is up; whether the stream answers
 // is streamsync's concern.
-func (p *JetStream) Ready(context.Context) error {
-	if !p.conn.Connected() {
-		return fmt.Errorf("nats not connected (%s)", p.conn.NC.Status())
-	}
-	return nil
-}
+func (p *JetStream) Ready(context.Context) error { return p.conn.check() }
 
 // Core publishes fire-and-forget with core NATS; a batch counts as
 // delivered once a flush succeeds, which only proves the server read it.
@@ -311,8 +305,8 @@ func (p *Core) Publish(_ context.Context, msgs []Message) []Ack {
 
 // Ready reports whether the connection is up and the server answers.
 func (p *Core) Ready(context.Context) error {
-	if !p.conn.Connected() {
-		return fmt.Errorf("nats not connected (%s)", p.conn.NC.Status())
+	if err := p.conn.check(); err != nil {
+		return err
 	}
 	if err := p.conn.NC.FlushTimeout(p.timeout); err != nil {
 		return fmt.Errorf("nats flush: %w", err)

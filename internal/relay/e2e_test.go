@@ -430,18 +430,20 @@ func TestInvalidEventTypesDeadLettered(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	bad := []string{"", "has space", "wild.*", "wild>", "double..dot", ".leading", "trailing."}
+	bad := []string{"", "has space", "wild.*", "wild>", "double..dot", ".leading", "trailing.", strings.Repeat("long", 1250)}
 	var evs []testenv.Event
 	for i, b := range bad {
 		evs = append(evs, testenv.NewEvent("Good", []byte(fmt.Sprint("before ", i))), testenv.NewEvent(b, []byte("bad")))
 	}
+	empty := ""
+	evs = append(evs, testenv.Event{EventID: &empty, EventType: "EmptyID", Payload: []byte("no id")})
 	evs = append(evs, testenv.NewEvent("Good", []byte("last")))
 	if err := testenv.Insert(app, evs...); err != nil {
 		t.Fatal(err)
 	}
 	h := startRelay(t, path, n.URL(), harnessOptions{})
 	counts := waitAllSettled(t, app, len(evs), 30*time.Second)
-	if counts["done"] != len(bad)+1 || counts["dead_lettered"] != len(bad) {
+	if counts["done"] != len(bad)+1 || counts["dead_lettered"] != len(bad)+1 {
 		t.Fatalf("counts %v", counts)
 	}
 	rows, err := app.Query(`SELECT event_type, last_error, attempts, processed_at IS NOT NULL FROM event_queue WHERE status = 'dead_lettered'`)
@@ -454,11 +456,17 @@ func TestInvalidEventTypesDeadLettered(t *testing.T) {
 		var attempts int
 		var processed bool
 		rows.Scan(&typ, &reason, &attempts, &processed)
-		if !strings.Contains(reason, "cannot form a subject") || !strings.Contains(reason, fmt.Sprintf("%q", typ)) || !processed {
+		if typ == "EmptyID" {
+			if !strings.Contains(reason, "event_id is empty") {
+				t.Errorf("empty event_id dead-lettered with %q", reason)
+			}
+			continue
+		}
+		if !strings.Contains(reason, "cannot form a subject") || !strings.Contains(reason, fmt.Sprintf("%.40q", typ)) || !processed {
 			t.Errorf("dead letter %q: last_error %q processed %v", typ, reason, processed)
 		}
 	}
-	if got := metrics.Value(h.metrics.DeadLettered); got != float64(len(bad)) {
+	if got := metrics.Value(h.metrics.DeadLettered); got != float64(len(bad)+1) {
 		t.Errorf("dead_lettered_total %v", got)
 	}
 	if msgs := testenv.StreamMessages(t, n.JetStream(t), "EVENTS"); len(msgs) != len(bad)+1 {

@@ -6,6 +6,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -106,7 +107,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		pipeline: make(chan *batch, o.MaxInFlight/max(o.BatchSize, 1)+2),
 	}
 	r.dbTrouble = stateLog{log: o.Log, down: "database unavailable; retrying", up: "database available again"}
-	r.m.BrokerConnected.Set(1)
+	r.m.BrokerConnected.Set(0) // until the first probe answers
 	return r
 }
 
@@ -119,68 +120,103 @@ func (r *Relay) Paused() error { return r.outage.err() }
 // Wake makes the claimer look for due rows now.
 func (r *Relay) Wake() { signal(r.wake) }
 
+// writeGrace is how long, past ShutdownTimeout, shutdown may spend writing
+// the final settlements (the database may be locked by the application).
+const writeGrace = 5 * time.Second
+
 // Run runs until ctx ends, then stops claiming, waits up to
 // ShutdownTimeout for outstanding acknowledgements, releases what is left
-// without spending attempts, and returns nil. Only a failure to start is
-// returned as an error.
+// without spending attempts, and returns nil; it returns within
+// ShutdownTimeout plus a few seconds. It returns an error when the relay
+// cannot start or cannot go on: the NATS connection was closed for good
+// (the process should exit and be restarted).
 func (r *Relay) Run(ctx context.Context) error {
-	// Keep heartbeating until every claim is settled, past ctx's end.
-	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopHeartbeat()
+	// Acknowledgements are awaited until ShutdownTimeout after ctx ends;
+	// settlements, heartbeats and the goodbye are written until writeGrace
+	// after that.
+	ackCtx, cancelAcks := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelAcks()
+	writeCtx, cancelWrites := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWrites()
+	stopTimers := context.AfterFunc(ctx, func() {
+		time.AfterFunc(r.o.ShutdownTimeout, cancelAcks)
+		time.AfterFunc(r.o.ShutdownTimeout+writeGrace, cancelWrites)
+	})
+	defer stopTimers()
+
 	if r.o.HeartbeatInterval > 0 {
 		// Be visibly alive before the first claim, or another relay would
 		// take this one's claims for a dead relay's.
 		if _, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("start relay: %w", err)
 		}
 	}
 	r.running.Store(true)
 	defer r.running.Store(false)
 
-	var wg sync.WaitGroup
-	var hbWG sync.WaitGroup
+	var loops, heartbeat sync.WaitGroup
+	hbCtx, stopHeartbeat := context.WithCancel(writeCtx)
+	defer stopHeartbeat()
 	if r.o.HeartbeatInterval > 0 {
-		hbWG.Add(1)
-		go func() { defer hbWG.Done(); r.heartbeatLoop(hbCtx) }()
+		heartbeat.Add(1)
+		go func() { defer heartbeat.Done(); r.heartbeatLoop(hbCtx) }()
 	}
 	if r.o.WatchInterval > 0 {
-		wg.Add(1)
+		loops.Add(1)
 		go func() {
-			defer wg.Done()
+			defer loops.Done()
 			if err := r.store.Watch(ctx, r.o.WatchInterval, r.wake); err != nil {
 				r.log.Warn("commit watch stopped; falling back to polling", zap.Error(err))
 			}
 		}()
 	}
 	settlerDone := make(chan struct{})
-	go func() { defer close(settlerDone); r.settleLoop(ctx) }()
+	go func() { defer close(settlerDone); r.settleLoop(ctx, ackCtx, writeCtx) }()
 
-	r.claimLoop(ctx)
+	claimCtx, stopClaiming := context.WithCancel(ctx)
+	defer stopClaiming()
+	fatal := r.claimLoop(claimCtx)
+	if fatal != nil {
+		// Nothing more can be published: release what is in flight now.
+		r.log.Error("relay cannot go on; releasing claimed rows and exiting", zap.Error(fatal))
+		stopClaiming()
+		cancelAcks()
+	}
 	close(r.pipeline)
 	<-settlerDone
-	wg.Wait()
+	stopClaiming()
+	loops.Wait()
 	stopHeartbeat()
-	hbWG.Wait()
-	leaveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := r.store.Leave(leaveCtx); err != nil {
+	heartbeat.Wait()
+	if err := r.store.Leave(writeCtx); err != nil {
 		r.log.Warn("remove instance heartbeat", zap.Error(err))
 	}
 	r.log.Info("relay stopped")
-	return nil
+	return fatal
 }
 
-// claimLoop claims and publishes until ctx ends.
-func (r *Relay) claimLoop(ctx context.Context) {
+// claimLoop claims and publishes until ctx ends or the broker connection is
+// gone for good (returned).
+func (r *Relay) claimLoop(ctx context.Context) error {
 	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	// Claim nothing before the broker can take it: a missing stream or a
 	// broker down at startup is an outage, not a reason to spend attempts.
 	if err := r.probe(ctx); err != nil && ctx.Err() == nil {
+		if errors.Is(err, publish.ErrClosed) {
+			return err
+		}
 		r.outage.begin(err, r.log, r.m)
+	} else if err == nil {
+		r.m.BrokerConnected.Set(1)
 	}
 	for ctx.Err() == nil {
 		if r.outage.active() {
-			r.waitBroker(ctx)
+			if err := r.waitBroker(ctx); err != nil {
+				return err
+			}
 			continue
 		}
 		free := int64(r.o.MaxInFlight) - r.inflight.Load()
@@ -192,7 +228,7 @@ func (r *Relay) claimLoop(ctx context.Context) {
 		rows, err := r.store.Claim(ctx, int(limit))
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				return nil
 			}
 			r.dbTrouble.fail(err)
 			sleep(ctx, retry.next())
@@ -211,6 +247,7 @@ func (r *Relay) claimLoop(ctx context.Context) {
 			r.idle(ctx)
 		}
 	}
+	return nil
 }
 
 // idle waits for a wake-up, the poll timer or the end.
@@ -230,6 +267,9 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
 	b := &batch{msgs: make([]publish.Message, 0, len(rows))}
 	for _, row := range rows {
 		subject, err := event.Subject(r.o.SubjectPrefix, row.EventType)
+		if err == nil {
+			err = event.ValidateEventID(row.EventID)
+		}
 		if err != nil {
 			b.outcomes = append(b.outcomes, event.Invalid(row, err.Error()))
 			continue
@@ -243,30 +283,12 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
 	return b
 }
 
-// settleLoop waits for each batch's acknowledgements in order and settles
-// the batch in one transaction.
-func (r *Relay) settleLoop(ctx context.Context) {
-	// Acks are awaited without a deadline while running (the publisher's ack
-	// timeout bounds them); once ctx ends, for ShutdownTimeout at most.
-	waitCtx, cancelWait := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWait()
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-waitCtx.Done():
-			return
-		}
-		t := time.NewTimer(r.o.ShutdownTimeout)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			cancelWait()
-		case <-waitCtx.Done():
-		}
-	}()
+// settleLoop waits for each batch's acknowledgements in order (until
+// ackCtx ends) and settles the batch in one transaction (retried until
+// writeCtx ends).
+func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 	for b := range r.pipeline {
-		outs := r.resolve(ctx, waitCtx, b)
-		r.settle(ctx, outs)
+		r.settle(writeCtx, r.resolve(ctx, ackCtx, b))
 	}
 }
 
@@ -295,12 +317,13 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 				zap.String("subject", b.msgs[i].Subject), zap.Int("attempts", o.Attempts), zap.Stringer("next", o.Settlement), zap.Error(res.Err))
 			outs = append(outs, o)
 		case publish.Transport:
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || waitCtx.Err() != nil {
 				// Shutting down: hand the row back at once, for whoever runs next.
 				outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now, Reason: metrics.DeferShutdown})
 				continue
 			}
 			delay := r.outage.begin(res.Err, r.log, r.m)
+			r.Wake() // the claimer may be idle: let it see the outage now
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
 		default:
 			panic(fmt.Sprintf("unknown publish result %v", res.Kind))
@@ -309,32 +332,27 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 	return outs
 }
 
-// settle writes outcomes, retrying database errors until it succeeds or,
-// after ctx ended, until the shutdown timeout passes.
-func (r *Relay) settle(ctx context.Context, outs []event.Outcome) {
+// settle writes outcomes, retrying database errors until it succeeds or
+// writeCtx ends (only after shutdown began).
+func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 	if len(outs) == 0 {
 		return
 	}
 	retry := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}
-	var giveUp time.Time
 	for {
-		stale, err := r.store.Settle(context.WithoutCancel(ctx), outs)
+		stale, err := r.store.Settle(writeCtx, outs)
 		if err == nil {
 			r.dbTrouble.ok()
 			r.count(outs, stale)
 			break
 		}
-		r.dbTrouble.fail(err)
-		if ctx.Err() != nil {
-			if giveUp.IsZero() {
-				giveUp = time.Now().Add(r.o.ShutdownTimeout + time.Second)
-			} else if time.Now().After(giveUp) {
-				r.log.Error("could not settle rows before exiting; they are reclaimed after this relay's heartbeat goes stale",
-					zap.Int("rows", len(outs)), zap.Error(err))
-				break
-			}
+		if writeCtx.Err() != nil {
+			r.log.Error("could not settle rows before exiting; they stay processing until another relay reclaims them",
+				zap.Int("rows", len(outs)), zap.Error(err))
+			break
 		}
-		time.Sleep(retry.next())
+		r.dbTrouble.fail(err)
+		sleep(writeCtx, retry.next())
 	}
 	r.inflight.Add(-int64(len(outs)))
 	signal(r.settled)
@@ -365,11 +383,12 @@ func (r *Relay) count(outs []event.Outcome, stale []int) {
 }
 
 // waitBroker waits until every in-flight row is settled, then probes the
-// broker with a growing interval until it answers, and ends the outage.
-func (r *Relay) waitBroker(ctx context.Context) {
+// broker with a growing interval until it answers, and ends the outage. A
+// connection closed for good is returned: no probe can succeed.
+func (r *Relay) waitBroker(ctx context.Context) error {
 	for r.inflight.Load() > 0 {
 		if !wait(ctx, r.settled, nil) {
-			return
+			return nil
 		}
 	}
 	probe := backoff{min: 250 * time.Millisecond, max: 5 * time.Second}
@@ -377,11 +396,15 @@ func (r *Relay) waitBroker(ctx context.Context) {
 		err := r.probe(ctx)
 		if err == nil {
 			r.outage.end(r.log, r.m)
-			return
+			return nil
+		}
+		if errors.Is(err, publish.ErrClosed) {
+			return err
 		}
 		r.outage.update(err)
 		sleep(ctx, probe.next())
 	}
+	return nil
 }
 
 // probe asks the broker whether it takes publishes.

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -139,4 +141,63 @@ func TestInFlightBound(t *testing.T) {
 	if _, maxOut := pub.state(); maxOut != 30 {
 		t.Fatalf("max outstanding %d", maxOut)
 	}
+}
+
+// closedPublisher fails every publish and reports a connection closed for good.
+type closedPublisher struct{}
+
+func (closedPublisher) Publish(_ context.Context, msgs []publish.Message) []publish.Ack {
+	acks := make([]publish.Ack, len(msgs))
+	for i := range acks {
+		acks[i] = failedAck{}
+	}
+	return acks
+}
+
+func (closedPublisher) Ready(context.Context) error {
+	return fmt.Errorf("probe: %w", publish.ErrClosed)
+}
+
+type failedAck struct{}
+
+func (failedAck) Wait(context.Context) publish.Result {
+	return publish.Result{Kind: publish.Transport, Err: publish.ErrClosed}
+}
+
+// TestClosedConnectionIsFatal: a connection nats.go closed for good can
+// never recover; the relay releases its rows and Run returns the error so
+// the process exits and is restarted, instead of pausing forever.
+func TestClosedConnectionIsFatal(t *testing.T) {
+	store := &fakeStore{}
+	store.add(5, "T")
+	flaky := &flakyReady{closedPublisher: closedPublisher{}}
+	r := New(store, flaky, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	err := r.Run(context.Background())
+	if !errors.Is(err, publish.ErrClosed) {
+		t.Fatalf("Run = %v, want ErrClosed", err)
+	}
+	outs := store.outcomes()
+	if len(outs) != 5 {
+		t.Fatalf("%d outcomes, want 5 released", len(outs))
+	}
+	for _, o := range outs {
+		if o.Settlement != event.Release {
+			t.Fatalf("outcome %+v, want a release", o)
+		}
+	}
+}
+
+// flakyReady answers the first probe (so rows get claimed), then reports the
+// connection closed.
+type flakyReady struct {
+	closedPublisher
+	probes int
+}
+
+func (f *flakyReady) Ready(ctx context.Context) error {
+	f.probes++
+	if f.probes == 1 {
+		return nil
+	}
+	return f.closedPublisher.Ready(ctx)
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
 // Want is what the relay needs of the stream.
@@ -67,7 +69,7 @@ func Check(ctx context.Context, js jetstream.JetStream, want Want) error {
 		return fmt.Errorf("look up stream %s: %w", want.Stream, err)
 	}
 	subjects := s.CachedInfo().Config.Subjects
-	if !Covers(subjects, want.SubjectPrefix) {
+	if !event.Covers(subjects, want.SubjectPrefix) {
 		return fmt.Errorf("%w: stream %s (subjects %q) does not capture %s.>; add it: nats stream edit %s --subjects %s -f",
 			ErrNotCaptured, want.Stream, subjects, want.SubjectPrefix, want.Stream, strings.Join(append(subjects, want.SubjectPrefix+".>"), ","))
 	}

@@ -1,0 +1,567 @@
+//go:build fault
+
+// Package fault is the fault-injection suite: it drives the real
+// outbox-relay binary, a real nats-server process and a writer process
+// through crashes, outages and contention, and checks that every row ends
+// done (or dead_lettered where expected) with exactly one message per
+// event_id in the stream.
+//
+//	go test -tags fault -v -timeout 30m ./test/fault/
+package fault
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+var bin struct{ relay, natsServer, writer string }
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "outbox-relay-fault-")
+	if err != nil {
+		panic(err)
+	}
+	bin.relay = filepath.Join(dir, "outbox-relay")
+	bin.natsServer = filepath.Join(dir, "nats-server")
+	bin.writer = filepath.Join(dir, "writer")
+	for target, pkg := range map[string]string{
+		bin.relay:      "github.com/outbox-relay/outbox-relay/cmd/outbox-relay",
+		bin.natsServer: "github.com/nats-io/nats-server/v2",
+		bin.writer:     "github.com/outbox-relay/outbox-relay/test/fault/writer",
+	} {
+		if out, err := exec.Command("go", "build", "-o", target, pkg).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	printSummaries()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// summary is one scenario's result line.
+type summary struct {
+	name                           string
+	rows, kills                    int
+	outage                         time.Duration
+	lost, duplicates, deadLettered int
+	maxRecovery                    time.Duration
+	elapsed                        time.Duration
+	notes                          string
+}
+
+var summaries []summary
+
+func printSummaries() {
+	if len(summaries) == 0 {
+		return
+	}
+	fmt.Println()
+	fmt.Println("| scenario | rows | kills | outage s | lost | duplicates | dead-lettered | max recovery s | wall s |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	for _, s := range summaries {
+		fmt.Printf("| %s | %d | %d | %.0f | %d | %d | %d | %.1f | %.0f |\n", s.name, s.rows, s.kills, s.outage.Seconds(),
+			s.lost, s.duplicates, s.deadLettered, s.maxRecovery.Seconds(), s.elapsed.Seconds())
+	}
+}
+
+// env is one scenario's world: a database, a nats-server process, relays.
+type env struct {
+	t       *testing.T
+	dir     string
+	db      string
+	port    int
+	nats    *exec.Cmd
+	relays  map[string]*exec.Cmd
+	started time.Time
+}
+
+func newEnv(t *testing.T) *env {
+	e := &env{t: t, dir: t.TempDir(), relays: map[string]*exec.Cmd{}, started: time.Now()}
+	e.db = filepath.Join(e.dir, "app.db")
+	e.port = freePort(t)
+	if out, err := exec.Command(bin.relay, "migrate", "--database-path", e.db).CombinedOutput(); err != nil {
+		t.Fatalf("migrate: %v %s", err, out)
+	}
+	e.startNATS()
+	t.Cleanup(func() {
+		for name := range e.relays {
+			e.killRelay(name)
+		}
+		e.stopNATS()
+		if t.Failed() {
+			for _, name := range []string{"relay", "a", "b"} {
+				if b, err := os.ReadFile(e.relayLog(name)); err == nil {
+					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+					t.Logf("last lines of %s.log:\n%s", name, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+				}
+			}
+		}
+	})
+	return e
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (e *env) natsURL() string { return fmt.Sprintf("nats://127.0.0.1:%d", e.port) }
+
+func (e *env) startNATS() {
+	e.t.Helper()
+	cmd := exec.Command(bin.natsServer, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(e.port), "-sd", filepath.Join(e.dir, "nats"))
+	logf, _ := os.OpenFile(filepath.Join(e.dir, "nats.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.nats = cmd
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		nc, err := nats.Connect(e.natsURL())
+		if err == nil {
+			nc.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("nats-server did not start: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stopNATS stops the broker (SIGTERM) and waits for it.
+func (e *env) stopNATS() {
+	if e.nats == nil {
+		return
+	}
+	e.nats.Process.Signal(syscall.SIGTERM)
+	e.nats.Wait()
+	e.nats = nil
+}
+
+// startRelay starts a relay process named name with extra environment.
+func (e *env) startRelay(name string, extraEnv ...string) {
+	e.t.Helper()
+	cmd := exec.Command(bin.relay, "run")
+	cmd.Env = append(os.Environ(),
+		"OUTBOX_RELAY_DATABASE_PATH="+e.db,
+		"NATS_URL="+e.natsURL(),
+		"OUTBOX_RELAY_METRICS_LISTEN=127.0.0.1:0",
+		"OUTBOX_RELAY_LOG_LEVEL=info",
+	)
+	cmd.Env = append(cmd.Env, extraEnv...)
+	logf, err := os.OpenFile(e.relayLog(name), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.relays[name] = cmd
+}
+
+func (e *env) relayLog(name string) string { return filepath.Join(e.dir, name+".log") }
+
+// killRelay kills a relay with SIGKILL: no drain, no release.
+func (e *env) killRelay(name string) {
+	if cmd := e.relays[name]; cmd != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		delete(e.relays, name)
+	}
+}
+
+// stopRelay stops a relay with SIGTERM and expects exit code 0.
+func (e *env) stopRelay(name string) {
+	e.t.Helper()
+	cmd := e.relays[name]
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		e.t.Errorf("relay %s after SIGTERM: %v", name, err)
+	}
+	delete(e.relays, name)
+}
+
+// metric scrapes one metric value from a running relay's /metrics.
+func (e *env) metric(name, metric string) float64 {
+	e.t.Helper()
+	addr := ""
+	f, err := os.Open(e.relayLog(name))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "serving metrics" {
+			addr = m["listen"].(string) // the latest start wins
+		}
+	}
+	f.Close()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(metric) + ` (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		e.t.Fatalf("metric %s not found", metric)
+	}
+	v, _ := strconv.ParseFloat(string(m[1]), 64)
+	return v
+}
+
+// writer starts the application process.
+func (e *env) writer(args ...string) *exec.Cmd {
+	e.t.Helper()
+	cmd := exec.Command(bin.writer, append([]string{"-db", e.db}, args...)...)
+	cmd.Stderr = os.Stderr
+	cmd.Stdout = &bytes.Buffer{}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	return cmd
+}
+
+type writerSummary struct {
+	Written, PoisonBig, PoisonType, Holds int
+	MaxWaitMs                             float64 `json:"max_commit_wait_ms"`
+}
+
+func (e *env) waitWriter(cmd *exec.Cmd) writerSummary {
+	e.t.Helper()
+	if err := cmd.Wait(); err != nil {
+		e.t.Fatalf("writer: %v", err)
+	}
+	var s writerSummary
+	raw := cmd.Stdout.(*bytes.Buffer).Bytes()
+	if err := json.Unmarshal(raw, &s); err != nil {
+		e.t.Fatalf("writer output %q: %v", raw, err)
+	}
+	return s
+}
+
+func (e *env) open() *sql.DB {
+	e.t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+e.db+"?_busy_timeout=30000")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func counts(t *testing.T, db *sql.DB) map[string]int {
+	rows, err := db.Query(`SELECT status, count(*) FROM event_queue GROUP BY status`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		rows.Scan(&s, &n)
+		out[s] = n
+	}
+	return out
+}
+
+// waitSettled waits until no row is pending or processing.
+func (e *env) waitSettled(db *sql.DB, timeout time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		c := counts(e.t, db)
+		if c["pending"]+c["processing"] == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("rows not settled after %v: %v", timeout, c)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// verify checks the end state: every row done or dead_lettered (the number
+// expected), one stream message per done row's event_id, none without a
+// row. It returns lost and duplicate counts for the summary.
+func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
+	e.t.Helper()
+	c := counts(e.t, db)
+	dead = c["dead_lettered"]
+	lost = c["pending"] + c["processing"]
+	done := map[string]bool{}
+	rows, err := db.Query(`SELECT event_id FROM event_queue WHERE status = 'done'`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		rows.Scan(&id)
+		done[id] = true
+	}
+	rows.Close()
+	nc, err := nats.Connect(e.natsURL())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	s, err := js.Stream(ctx, "EVENTS")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, _ := s.Info(ctx)
+	seen := map[string]int{}
+	for n := uint64(0); n < info.State.Msgs; {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			seen[m.Headers().Get("Nats-Msg-Id")]++
+			n++
+		}
+		if batch.Error() != nil {
+			e.t.Fatal(batch.Error())
+		}
+	}
+	for id, k := range seen {
+		if k > 1 {
+			duplicates += k - 1
+		}
+		if !done[id] {
+			e.t.Errorf("stream message %s has no done row", id)
+		}
+	}
+	for id := range done {
+		if seen[id] == 0 {
+			lost++
+		}
+	}
+	if lost != 0 || duplicates != 0 || dead != wantDead {
+		e.t.Errorf("lost %d, duplicates %d, dead-lettered %d (want %d); counts %v", lost, duplicates, dead, wantDead, c)
+	}
+	return lost, duplicates, dead
+}
+
+// heldIDs lists the rows a relay holds right now.
+func heldIDs(t *testing.T, db *sql.DB) []int64 {
+	rows, err := db.Query(`SELECT id FROM event_queue WHERE status = 'processing'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func allDone(t *testing.T, db *sql.DB, ids []int64) bool {
+	for _, id := range ids {
+		var status string
+		db.QueryRow(`SELECT status FROM event_queue WHERE id = ?`, id).Scan(&status)
+		if status != "done" && status != "dead_lettered" {
+			return false
+		}
+	}
+	return true
+}
+
+// TestKill9 kills the relay with SIGKILL at least five times while 20,000
+// rows are written; the rows a dead relay held are published again within
+// 10 s of the restart (the lease is the default 600 s).
+func TestKill9(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	w := e.writer("-rows", "20000", "-rate", "1500")
+	e.startRelay("relay")
+	rng := rand.New(rand.NewPCG(7, 7))
+	kills := 0
+	var maxRecovery time.Duration
+	writerDone := make(chan struct{})
+	go func() { w.Wait(); close(writerDone) }()
+	for kills < 6 {
+		time.Sleep(time.Duration(1500+rng.IntN(1000)) * time.Millisecond)
+		e.killRelay("relay")
+		kills++
+		held := heldIDs(t, db)
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
+		restarted := time.Now()
+		e.startRelay("relay")
+		deadline := restarted.Add(30 * time.Second)
+		for !allDone(t, db, held) {
+			if time.Now().After(deadline) {
+				t.Fatalf("kill %d: %d held rows not recovered after 30 s", kills, len(held))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		rec := time.Since(restarted)
+		t.Logf("kill %d: relay held %d rows; published again %v after the restart", kills, len(held), rec.Round(time.Millisecond))
+		maxRecovery = max(maxRecovery, rec)
+	}
+	<-writerDone
+	var s writerSummary
+	json.Unmarshal(w.Stdout.(*bytes.Buffer).Bytes(), &s)
+	e.waitSettled(db, 60*time.Second)
+	e.stopRelay("relay")
+	lost, dups, dead := e.verify(db, 0)
+	if maxRecovery > 10*time.Second {
+		t.Errorf("slowest recovery %v, want at most 10 s", maxRecovery)
+	}
+	summaries = append(summaries, summary{name: "relay kill -9", rows: s.Written, kills: kills, lost: lost, duplicates: dups, deadLettered: dead, maxRecovery: maxRecovery, elapsed: time.Since(e.started)})
+}
+
+// TestBrokerOutage stops nats-server for 20 s mid-run: no attempt is spent
+// and nothing is dead-lettered.
+func TestBrokerOutage(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	e.startRelay("relay")
+	w := e.writer("-rows", "20000", "-rate", "1000")
+	time.Sleep(5 * time.Second)
+	e.stopNATS()
+	stopped := time.Now()
+	time.Sleep(20 * time.Second)
+	e.startNATS()
+	outage := time.Since(stopped)
+	s := e.waitWriter(w)
+	e.waitSettled(db, 120*time.Second)
+	var attempts int
+	db.QueryRow(`SELECT coalesce(sum(attempts), 0) FROM event_queue`).Scan(&attempts)
+	if attempts != 0 {
+		t.Errorf("the outage spent %d attempts", attempts)
+	}
+	deferred := e.metric("relay", `outbox_relay_deferred_total{reason="outage"}`)
+	e.stopRelay("relay")
+	lost, dups, dead := e.verify(db, 0)
+	if deferred == 0 {
+		t.Error("no row was deferred for the outage")
+	}
+	summaries = append(summaries, summary{name: "broker stopped 20 s", rows: s.Written, outage: outage, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
+}
+
+// TestTwoRelays runs two relays on the same file for the whole run; neither
+// takes the other's claims.
+func TestTwoRelays(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	e.startRelay("a")
+	e.startRelay("b")
+	s := e.waitWriter(e.writer("-rows", "20000", "-rate", "2000"))
+	e.waitSettled(db, 60*time.Second)
+	var reclaimed, published float64
+	for _, name := range []string{"a", "b"} {
+		reclaimed += e.metric(name, "outbox_relay_leases_reclaimed_total")
+		p := e.metric(name, "outbox_relay_published_total")
+		if p == 0 {
+			t.Errorf("relay %s published nothing", name)
+		}
+		published += p
+	}
+	if reclaimed != 0 {
+		t.Errorf("live relays reclaimed %v rows from each other", reclaimed)
+	}
+	e.stopRelay("a")
+	e.stopRelay("b")
+	lost, dups, dead := e.verify(db, 0)
+	summaries = append(summaries, summary{name: "two relays, one file", rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started),
+		notes: fmt.Sprintf("published %v", published)})
+}
+
+// TestWriterHoldsLock: the application holds BEGIN IMMEDIATE for 3 s at
+// random moments.
+func TestWriterHoldsLock(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	e.startRelay("relay")
+	s := e.waitWriter(e.writer("-rows", "20000", "-rate", "1500", "-hold-every", "4s", "-hold-for", "3s"))
+	if s.Holds < 2 {
+		t.Errorf("writer held the lock only %d times", s.Holds)
+	}
+	e.waitSettled(db, 60*time.Second)
+	e.stopRelay("relay")
+	lost, dups, dead := e.verify(db, 0)
+	summaries = append(summaries, summary{name: fmt.Sprintf("writer holds lock 3 s (%d times)", s.Holds), rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
+}
+
+// TestPoisonRows: payloads above the stream's max_msg_size and invalid
+// event types end dead_lettered with a reason; the rest are delivered.
+func TestPoisonRows(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	nc, err := nats.Connect(e.natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
+		Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: 16 << 10,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	e.startRelay("relay", "EVENT_QUEUE_MAX_ATTEMPTS=2")
+	s := e.waitWriter(e.writer("-rows", "20000", "-rate", "2000", "-poison-big", "5", "-big-size", "65536", "-poison-type", "5"))
+	e.waitSettled(db, 60*time.Second) // one 5 s backoff between the two attempts
+	e.stopRelay("relay")
+	want := s.PoisonBig + s.PoisonType
+	lost, dups, dead := e.verify(db, want)
+	rows, err := db.Query(`SELECT length(payload), event_type, attempts, last_error FROM event_queue WHERE status = 'dead_lettered'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var size, attempts int
+		var typ, reason string
+		rows.Scan(&size, &typ, &attempts, &reason)
+		switch {
+		case size == 65536 && strings.Contains(reason, "message size exceeds maximum") && attempts == 2:
+		case size < 65536 && strings.Contains(reason, "cannot form a subject"):
+		default:
+			t.Errorf("dead letter type %q size %d attempts %d reason %q", typ, size, attempts, reason)
+		}
+	}
+	summaries = append(summaries, summary{name: "poison rows (5 too big, 5 bad types)", rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
+}
