@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -119,12 +120,6 @@ func TestMigrateFreshAndIdempotent(t *testing.T) {
 	applied, err = s.Migrate(ctx)
 	if err != nil || len(applied) != 0 {
 		t.Fatalf("second Migrate applied %v, %v", applied, err)
-	}
-	// Never the application's migration table.
-	var n int
-	s.read.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = '_sqlx_migrations'`).Scan(&n)
-	if n != 0 {
-		t.Fatal("relay created _sqlx_migrations")
 	}
 }
 
@@ -321,6 +316,48 @@ func TestMinimalInsertFromSQLiteShell(t *testing.T) {
 	}
 }
 
+// TestMinimalInsertOnOldSQLite runs the application's minimal insert through
+// SQLite 3.30.1 (go-sqlite3 v1.13.0, built as its own module in
+// test/sqlitecompat), older than the 3.31 the contract promises.
+func TestMinimalInsertOnOldSQLite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an old go-sqlite3 (about a minute)")
+	}
+	bin := filepath.Join(t.TempDir(), "sqlitecompat")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = "../../test/sqlitecompat"
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the old-SQLite program: %v\n%s", err, out)
+	}
+	s := newStore(t)
+	before := time.Now().UnixMilli()
+	out, err := exec.Command(bin, "-db", s.Path()).Output()
+	if err != nil {
+		t.Fatalf("minimal insert on old SQLite: %v", err)
+	}
+	after := time.Now().UnixMilli()
+	var res struct {
+		Version           string `json:"sqlite_version"`
+		Integrity, Status string
+		ID, Attempts      int64
+		AvailableAt       int64 `json:"available_at"`
+		CreatedAt         int64 `json:"created_at"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	if !strings.HasPrefix(res.Version, "3.30.") || res.Integrity != "ok" {
+		t.Fatalf("ran on SQLite %q, integrity %q", res.Version, res.Integrity)
+	}
+	if res.Status != "pending" || res.Attempts != 0 || res.CreatedAt < before || res.CreatedAt > after || res.AvailableAt != res.CreatedAt {
+		t.Fatalf("defaults evaluated by SQLite %s: %+v (now in [%d, %d])", res.Version, res, before, after)
+	}
+	rows, err := s.Claim(context.Background(), 10)
+	if err != nil || len(rows) != 1 || rows[0].EventType != "CompatChecked" {
+		t.Fatalf("the relay cannot claim the old SQLite's row: %v %v", rows, err)
+	}
+}
+
 func TestClaimDueRowsInOrder(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
@@ -364,10 +401,10 @@ func TestClaimDueRowsInOrder(t *testing.T) {
 	}
 }
 
-func TestClaimPlanUsesPendingIndex(t *testing.T) {
-	s := newStore(t)
-	sub := regexp.MustCompile(`(?s)\(SELECT id FROM .*? LIMIT \?3\)`).FindString(s.q.claim)
-	rows, err := s.read.Query(`EXPLAIN QUERY PLAN `+strings.Trim(sub, "()"), time.Now().UnixMilli(), "x", 100)
+// queryPlan returns EXPLAIN QUERY PLAN's details for q.
+func queryPlan(t testing.TB, s *Store, q string, args ...any) string {
+	t.Helper()
+	rows, err := s.read.Query(`EXPLAIN QUERY PLAN `+q, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,12 +413,73 @@ func TestClaimPlanUsesPendingIndex(t *testing.T) {
 	for rows.Next() {
 		var id, parent, unused int
 		var detail string
-		rows.Scan(&id, &parent, &unused, &detail)
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
 		plan = append(plan, detail)
 	}
-	text := strings.Join(plan, "; ")
-	if !strings.Contains(text, "USING COVERING INDEX event_queue_pending") || strings.Contains(text, "TEMP B-TREE") {
-		t.Fatalf("claim plan %q: want the pending index and no sort", text)
+	return strings.Join(plan, "; ")
+}
+
+// TestClaimCostFollowsTheBatch: with many done rows (and statistics
+// gathered), the claim walks the pending index in id order without a sort,
+// and the reclaim walks the processing index: neither touches done rows.
+func TestClaimCostFollowsTheBatch(t *testing.T) {
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000)
+		INSERT INTO event_queue (event_id, event_type, payload, status, processed_at) SELECT 'done-' || i, 'T', 'x', 'done', 1 FROM n`)
+	insertRows(t, db, 1000, "pending")
+	exec1(t, db, `ANALYZE`)
+	now := time.Now().UnixMilli()
+	claimSub := strings.Trim(regexp.MustCompile(`(?s)\(SELECT id FROM .*? LIMIT \?3\)`).FindString(s.q.claim), "()")
+	plan := queryPlan(t, s, claimSub, now, "x", 100)
+	if !strings.Contains(plan, "USING COVERING INDEX event_queue_pending") || strings.Contains(plan, "TEMP B-TREE") {
+		t.Errorf("claim plan %q: want the pending index and no sort", plan)
+	}
+	plan = queryPlan(t, s, s.q.reclaim, now, "x", now)
+	if !strings.Contains(plan, "USING INDEX event_queue_processing") || strings.Contains(plan, "SCAN event_queue\x00") {
+		t.Errorf("reclaim plan %q: want the processing index", plan)
+	}
+	b, err := s.Backlog(context.Background())
+	if err != nil || b.Pending != 1000 {
+		t.Fatalf("backlog %+v %v", b, err)
+	}
+	plan = queryPlan(t, s, `SELECT count(*) FROM event_queue WHERE status = 'dead_lettered'`)
+	if !strings.Contains(plan, "event_queue_dead_lettered") {
+		t.Errorf("dead-letter count plan %q", plan)
+	}
+}
+
+// BenchmarkClaim claims and releases a batch of 100 rows, with an empty
+// table around them and with a million done rows: the cost must not follow
+// the table (issue 2; compare the two with benchstat).
+func BenchmarkClaim(b *testing.B) {
+	for _, done := range []int{0, 1_000_000} {
+		b.Run(fmt.Sprintf("done=%d", done), func(b *testing.B) {
+			s := newStore(b)
+			db := appDB(b, s.Path())
+			if done > 0 {
+				exec1(b, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+					INSERT INTO event_queue (event_id, event_type, payload, status, processed_at) SELECT 'done-' || i, 'T', 'x', 'done', 1 FROM n`, done)
+			}
+			insertRows(b, db, 100, "pending")
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				rows, err := s.Claim(ctx, 100)
+				if err != nil || len(rows) != 100 {
+					b.Fatal(len(rows), err)
+				}
+				outs := make([]event.Outcome, len(rows))
+				for j, r := range rows {
+					outs[j] = event.Outcome{Row: r, Settlement: event.Release}
+				}
+				if _, err := s.Settle(ctx, outs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

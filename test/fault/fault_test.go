@@ -254,8 +254,11 @@ func (e *env) writer(args ...string) *exec.Cmd {
 }
 
 type writerSummary struct {
-	Written, PoisonBig, PoisonType, Holds int
-	MaxWaitMs                             float64 `json:"max_commit_wait_ms"`
+	Written    int     `json:"written"`
+	PoisonBig  int     `json:"poison_big"`
+	PoisonType int     `json:"poison_type"`
+	Holds      int     `json:"holds"`
+	MaxWaitMs  float64 `json:"max_commit_wait_ms"`
 }
 
 func (e *env) waitWriter(cmd *exec.Cmd) writerSummary {
@@ -408,13 +411,14 @@ func allDone(t *testing.T, db *sql.DB, ids []int64) bool {
 	return true
 }
 
-// TestKill9 kills the relay with SIGKILL at least five times while 20,000
-// rows are written; the rows a dead relay held are published again within
+// TestKill9 kills the relay with SIGKILL six times while 30,000 rows are
+// written; the rows a dead relay held are published again within
 // 10 s of the restart (the lease is the default 600 s).
 func TestKill9(t *testing.T) {
 	e := newEnv(t)
 	db := e.open()
-	w := e.writer("-rows", "20000", "-rate", "1500")
+	// Slow enough that the writer runs through all six kills and recoveries.
+	w := e.writer("-rows", "30000", "-rate", "600")
 	e.startRelay("relay")
 	rng := rand.New(rand.NewPCG(7, 7))
 	kills := 0
@@ -422,7 +426,10 @@ func TestKill9(t *testing.T) {
 	writerDone := make(chan struct{})
 	go func() { w.Wait(); close(writerDone) }()
 	for kills < 6 {
-		time.Sleep(time.Duration(1500+rng.IntN(1000)) * time.Millisecond)
+		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
+		// Kill while the relay holds rows, so every kill strands some.
+		for deadline := time.Now().Add(2 * time.Second); len(heldIDs(t, db)) == 0 && time.Now().Before(deadline); {
+		}
 		e.killRelay("relay")
 		kills++
 		held := heldIDs(t, db)
@@ -564,4 +571,63 @@ func TestPoisonRows(t *testing.T) {
 		}
 	}
 	summaries = append(summaries, summary{name: "poison rows (5 too big, 5 bad types)", rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
+}
+
+// TestSignals: SIGTERM drains and exits 0, leaving nothing claimed; with the
+// broker frozen (acks never come) a second SIGTERM exits at once, and the
+// next relay recovers the rows the first one held.
+func TestSignals(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	e.startRelay("relay", "OUTBOX_RELAY_RELAY_SHUTDOWN_TIMEOUT=30s")
+	w := e.writer("-rows", "6000", "-rate", "1000")
+	time.Sleep(2 * time.Second)
+	start := time.Now()
+	e.stopRelay("relay") // SIGTERM; expects exit 0
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("graceful stop took %v", d)
+	}
+	if held := heldIDs(t, db); len(held) != 0 {
+		t.Errorf("%d rows still claimed after a graceful stop", len(held))
+	}
+	// Freeze the broker: publishes are accepted by the socket, never acked.
+	e.startRelay("relay", "OUTBOX_RELAY_RELAY_SHUTDOWN_TIMEOUT=30s")
+	time.Sleep(time.Second)
+	e.nats.Process.Signal(syscall.SIGSTOP)
+	for deadline := time.Now().Add(5 * time.Second); len(heldIDs(t, db)) == 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	held := heldIDs(t, db)
+	cmd := e.relays["relay"]
+	cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(500 * time.Millisecond)
+	start = time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	delete(e.relays, "relay")
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("second signal took %v to exit", d)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("exit code after the second signal: %d (%v), want 1", code, err)
+	}
+	e.nats.Process.Signal(syscall.SIGCONT)
+	e.startRelay("relay")
+	restarted := time.Now()
+	for !allDone(t, db, held) {
+		if time.Since(restarted) > 30*time.Second {
+			t.Fatalf("%d rows held at the second signal not recovered", len(held))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	recovery := time.Since(restarted)
+	t.Logf("a relay stopped by a second signal held %d rows; published again %v after the restart", len(held), recovery.Round(time.Millisecond))
+	s := e.waitWriter(w)
+	e.waitSettled(db, 60*time.Second)
+	e.stopRelay("relay")
+	lost, dups, dead := e.verify(db, 0)
+	if recovery > 10*time.Second {
+		t.Errorf("recovery after the second signal took %v", recovery)
+	}
+	summaries = append(summaries, summary{name: "SIGTERM, then SIGTERM twice with the broker frozen", rows: s.Written, kills: 1, lost: lost, duplicates: dups, deadLettered: dead, maxRecovery: recovery, elapsed: time.Since(e.started)})
 }
