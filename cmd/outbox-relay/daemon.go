@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,7 @@ type app struct {
 	js       *publish.JetStream // nil in core mode
 	pub      relay.Publisher
 	relay    *relay.Relay
+	synced   atomic.Bool // the stream was reconciled since start
 }
 
 // openOptions vary what openApp does for the commands that share it.
@@ -129,16 +131,17 @@ func applySchema(ctx context.Context, s *claim.Store, mode string, log *zap.Logg
 }
 
 func (a *app) want() streamsync.Want {
-	s := a.cfg.Stream
+	s, c := a.cfg.Stream, a.cfg.Consumer
 	return streamsync.Want{
 		Stream: s.Name, Subjects: s.Subjects, DuplicateWindow: s.DuplicateWindow,
 		Replicas: s.Replicas, Create: s.Create, SubjectPrefix: s.SubjectPrefix,
+		Durable: c.Durable, MaxDeliver: a.cfg.Relay.MaxAttempts, AckWait: c.AckWait, CreateConsumer: c.Create,
 	}
 }
 
 // brokerReady is the relay's outage probe: the broker is connected and, in
-// JetStream mode, the stream exists (created if allowed) and captures the
-// relay's subjects.
+// JetStream mode, the stream exists and captures the relay's subjects. The
+// first time the broker answers, the stream and consumer are reconciled.
 func (a *app) brokerReady(ctx context.Context) error {
 	if err := a.pub.Ready(ctx); err != nil {
 		return err
@@ -146,15 +149,20 @@ func (a *app) brokerReady(ctx context.Context) error {
 	if a.js == nil {
 		return nil
 	}
-	created, err := streamsync.Ensure(ctx, a.js.API(), a.want())
-	if err != nil {
-		return err
-	}
-	if created {
-		a.log.Info("created stream", zap.String("stream", a.cfg.Stream.Name), zap.Strings("subjects", a.cfg.Stream.Subjects),
-			zap.Duration("duplicate_window", a.cfg.Stream.DuplicateWindow))
+	if !a.synced.Load() {
+		if _, err := streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions()); err != nil {
+			return err
+		}
+		a.synced.Store(true)
 	}
 	return streamsync.Check(ctx, a.js.API(), a.want())
+}
+
+func (a *app) syncOptions() streamsync.Options {
+	return streamsync.Options{
+		Log:     a.log.Named("streamsync"),
+		Patched: func(field string) { a.metrics.StreamConfigPatched.WithLabelValues(field).Inc() },
+	}
 }
 
 // ready is /readyz: the database answers, the broker is connected and the

@@ -61,7 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root := newRoot(stdout, stderr)
 	root.SetArgs(args)
 	err := root.Execute()
-	if err != nil {
+	if err != nil && !errors.Is(err, errNeedsAttention) {
 		fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
 	}
 	return exitCode(err)
@@ -108,6 +108,7 @@ stream has acknowledged it. "run" is the default command.`,
 			RunE:  func(cmd *cobra.Command, _ []string) error { return c.runDaemon(cmd) },
 		},
 		c.migrateCommand(),
+		c.streamsyncCommand(),
 		c.demoCommand(),
 		&cobra.Command{
 			Use:   "version",
@@ -119,7 +120,7 @@ stream has acknowledged it. "run" is the default command.`,
 			},
 		},
 	)
-	for _, name := range []string{"status", "dead-letters", "streamsync", "bench"} {
+	for _, name := range []string{"status", "dead-letters", "bench"} {
 		root.AddCommand(&cobra.Command{
 			Use:                name,
 			Short:              "Not implemented yet",

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -11,11 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -110,56 +114,112 @@ func TestMissingDatabaseIsReported(t *testing.T) {
 	}
 }
 
-// TestRunDaemonEmbedded runs the real binary with the embedded server:
-// rows flow, /metrics and /readyz answer, SIGTERM exits 0.
-func TestRunDaemonEmbedded(t *testing.T) {
-	bin := buildBinary(t)
-	dir := t.TempDir()
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
-	var evs []testenv.Event
-	for i := 0; i < 500; i++ {
-		evs = append(evs, testenv.NewEvent("DaemonThing", []byte(fmt.Sprint(i))))
-	}
-	if err := testenv.Insert(app, evs...); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "NATS_URL=embedded", "OUTBOX_RELAY_NATS_EMBEDDED_STORE_DIR="+filepath.Join(dir, "nats"), "OUTBOX_RELAY_LOG_LEVEL=debug")
-	stderr, err := cmd.StderrPipe()
+// daemon is a running outbox-relay binary whose JSON log lines are collected.
+type daemon struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	mu    sync.Mutex
+	lines []map[string]any
+	done  chan struct{}
+}
+
+// startDaemon runs the binary with args and extra environment.
+func startDaemon(t *testing.T, env []string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{t: t, cmd: exec.Command(buildBinary(t), args...), done: make(chan struct{})}
+	d.cmd.Env = append(append(os.Environ(), "OUTBOX_RELAY_LOG_LEVEL=debug"), env...)
+	stderr, err := d.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
-	lines := make(chan map[string]any, 1000)
+	t.Cleanup(func() { d.cmd.Process.Kill(); <-d.done })
 	go func() {
+		defer close(d.done)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			var m map[string]any
 			if json.Unmarshal(sc.Bytes(), &m) != nil {
 				m = map[string]any{"msg": "unparsed: " + sc.Text()}
 			}
-			lines <- m
+			d.mu.Lock()
+			d.lines = append(d.lines, m)
+			d.mu.Unlock()
 		}
-		close(lines)
 	}()
-	var logs []map[string]any
-	var metricsAddr string
-	deadline := time.After(30 * time.Second)
-	for metricsAddr == "" {
-		select {
-		case m := <-lines:
-			logs = append(logs, m)
-			if m["msg"] == "serving metrics" {
-				metricsAddr = m["listen"].(string)
-			}
-		case <-deadline:
-			t.Fatalf("no 'serving metrics' line; logs %v", logs)
+	return d
+}
+
+// find returns the log lines with message msg.
+func (d *daemon) find(msg string) []map[string]any {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []map[string]any
+	for _, m := range d.lines {
+		if m["msg"] == msg {
+			out = append(out, m)
 		}
 	}
+	return out
+}
+
+// waitFor waits for a log line with message msg and returns it.
+func (d *daemon) waitFor(msg string) map[string]any {
+	d.t.Helper()
+	var got []map[string]any
+	testenv.Eventually(d.t, 30*time.Second, "log line "+strconv.Quote(msg), func() bool {
+		got = d.find(msg)
+		return len(got) > 0
+	})
+	return got[0]
+}
+
+// stop sends SIGTERM and expects exit code 0.
+func (d *daemon) stop() {
+	d.t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		d.t.Fatal(err)
+	}
+	<-d.done
+	if err := d.cmd.Wait(); err != nil {
+		d.t.Fatalf("exit after SIGTERM: %v; logs %v", err, d.lines)
+	}
+}
+
+// levels counts log lines per level.
+func (d *daemon) levels() map[string]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]int{}
+	for _, m := range d.lines {
+		out[fmt.Sprint(m["level"])]++
+	}
+	return out
+}
+
+func insertEvents(t *testing.T, db *sql.DB, n int, eventType string) {
+	t.Helper()
+	var evs []testenv.Event
+	for i := 0; i < n; i++ {
+		evs = append(evs, testenv.NewEvent(eventType, []byte(fmt.Sprint(i))))
+	}
+	if err := testenv.Insert(db, evs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRunDaemonEmbedded runs the real binary with the embedded server:
+// rows flow, /metrics and /readyz answer, SIGTERM exits 0.
+func TestRunDaemonEmbedded(t *testing.T) {
+	dir := t.TempDir()
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertEvents(t, app, 500, "DaemonThing")
+	d := startDaemon(t, []string{"NATS_URL=embedded", "OUTBOX_RELAY_NATS_EMBEDDED_STORE_DIR=" + filepath.Join(dir, "nats")},
+		"run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
+	metricsAddr := d.waitFor("serving metrics")["listen"].(string)
 	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 500 })
 	body := httpGet(t, "http://"+metricsAddr+"/metrics")
 	if !strings.Contains(body, "outbox_relay_published_total 500") {
@@ -168,23 +228,136 @@ func TestRunDaemonEmbedded(t *testing.T) {
 	if got := httpGet(t, "http://"+metricsAddr+"/readyz"); got != "ok\n" {
 		t.Errorf("/readyz %q", got)
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	d.stop()
+	if len(d.find("relay stopped")) != 1 {
+		t.Fatalf("no 'relay stopped' line: %v", d.lines)
+	}
+}
+
+// operatorStream creates the stream an operator made by hand before the
+// relay existed (the server's 2 min dedup window) and a consumer with
+// max_deliver 3.
+func operatorStream(t *testing.T, js jetstream.JetStream, maxAge time.Duration) jetstream.StreamConfig {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "EVENTS", Description: "made by hand", Subjects: []string{"events.>", "audit.>"}, MaxAge: maxAge,
+		MaxMsgSize: 1 << 20, Discard: jetstream.DiscardOld, Metadata: map[string]string{"owner": "ops"},
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	for m := range lines {
-		logs = append(logs, m)
+	if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "worker", Description: "app worker", MaxDeliver: 3,
+		MaxAckPending: 50, FilterSubject: "events.>", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("exit after SIGTERM: %v; logs %v", err, logs)
+	return s.CachedInfo().Config
+}
+
+// TestStartupReconciles: the daemon patches the window and the consumer's
+// delivery limits at startup, logs each change at warn level, counts them,
+// and on the next start has nothing to say.
+func TestStartupReconciles(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	before := operatorStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertEvents(t, app, 50, "Reconciled")
+	env := []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_CONSUMER_DURABLE=worker", "EVENT_QUEUE_MAX_ATTEMPTS=7"}
+	d := startDaemon(t, env, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
+	metricsAddr := d.waitFor("serving metrics")["listen"].(string)
+	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 50 })
+	if got := len(d.find("patched stream config")) + len(d.find("patched consumer config")); got != 2 {
+		t.Fatalf("%d patch lines, want 2 (duplicate_window, max_deliver)", got)
 	}
-	var stopped bool
-	for _, m := range logs {
-		if m["msg"] == "relay stopped" {
-			stopped = true
+	body := httpGet(t, "http://"+metricsAddr+"/metrics")
+	for _, want := range []string{`outbox_relay_stream_config_patched_total{field="duplicate_window"} 1`, `outbox_relay_stream_config_patched_total{field="max_deliver"} 1`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	if !stopped {
-		t.Fatalf("no 'relay stopped' line: %v", logs)
+	d.stop()
+	ctx := context.Background()
+	s, _ := js.Stream(ctx, "EVENTS")
+	after := s.CachedInfo().Config
+	before.Duplicates = time.Hour
+	if a, b := fmt.Sprintf("%+v", after), fmt.Sprintf("%+v", before); a != b {
+		t.Fatalf("stream after startup:\n%s\nwant\n%s", a, b)
+	}
+	c, _ := s.Consumer(ctx, "worker")
+	if cfg := c.CachedInfo().Config; cfg.MaxDeliver != 7 || cfg.MaxAckPending != 50 || cfg.Description != "app worker" || cfg.FilterSubject != "events.>" {
+		t.Fatalf("consumer after startup %+v", cfg)
+	}
+	again := startDaemon(t, env, "run", "--database-path", path, "--metrics-listen", "")
+	again.waitFor("relay starting")
+	insertEvents(t, app, 10, "Again")
+	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 60 })
+	again.stop()
+	if lv := again.levels(); lv["warn"]+lv["error"] != 0 {
+		t.Fatalf("second startup logged warnings: %v", again.lines)
+	}
+}
+
+// TestRejectedUpdateStillPublishes: the server refuses a 1 h window on a
+// stream with max_age 30 min; the relay says how to fix it and publishes.
+func TestRejectedUpdateStillPublishes(t *testing.T) {
+	n := testenv.StartNATS(t)
+	operatorStream(t, n.JetStream(t), 30*time.Minute)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertEvents(t, app, 20, "Rejected")
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "")
+	line := d.waitFor("the server rejected the stream update the relay needs; starting anyway. Fix it by hand with the command")
+	if line["command"] != "nats stream edit EVENTS --dupe-window 1h -f" || line["level"] != "warn" {
+		t.Fatalf("rejection line %v", line)
+	}
+	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 20 })
+	d.stop()
+}
+
+// TestStreamsyncCommand: --dry-run lists the drift and changes nothing;
+// without it the changes are applied; a rejected update exits 1 with the
+// command to run.
+func TestStreamsyncCommand(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	before := operatorStream(t, js, 0)
+	t.Setenv("NATS_URL", n.URL())
+	t.Setenv("OUTBOX_RELAY_CONSUMER_DURABLE", "worker")
+	code, out, errOut := runCLI(t, "streamsync", "--dry-run")
+	if code != 0 || !strings.Contains(out, "duplicate_window   2m -> 1h") || !strings.Contains(out, "max_deliver        3 -> 10") || !strings.Contains(out, "nothing applied") {
+		t.Fatalf("dry run: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, _ = runCLI(t, "streamsync", "--dry-run", "--json")
+	var plan struct {
+		DryRun  bool `json:"dry_run"`
+		Changes struct {
+			Stream []struct{ Field, Old, New string } `json:"stream"`
+		} `json:"changes"`
+	}
+	if err := json.Unmarshal([]byte(out), &plan); err != nil || code != 0 || !plan.DryRun || len(plan.Changes.Stream) != 1 || plan.Changes.Stream[0].New != "1h" {
+		t.Fatalf("dry run --json: exit %d, %v\n%s", code, err, out)
+	}
+	s, _ := js.Stream(context.Background(), "EVENTS")
+	if got := s.CachedInfo().Config; fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", before) {
+		t.Fatal("--dry-run changed the stream")
+	}
+	code, out, _ = runCLI(t, "streamsync")
+	if code != 0 || !strings.Contains(out, "applied 2 change(s)") {
+		t.Fatalf("streamsync: exit %d\n%s", code, out)
+	}
+	code, out, _ = runCLI(t, "streamsync", "--dry-run")
+	if code != 0 || !strings.Contains(out, "in sync") {
+		t.Fatalf("after applying: exit %d\n%s", code, out)
+	}
+
+	n2 := testenv.StartNATS(t)
+	operatorStream(t, n2.JetStream(t), 30*time.Minute)
+	t.Setenv("NATS_URL", n2.URL())
+	code, out, _ = runCLI(t, "streamsync", "--log-level", "error")
+	if code != exitRuntime || !strings.Contains(out, "fix it by hand: nats stream edit EVENTS --dupe-window 1h -f") {
+		t.Fatalf("rejected: exit %d\n%s", code, out)
 	}
 }
 

@@ -46,27 +46,50 @@ var ErrAuth = errors.New("nats authentication failed")
 // paused; a credential or certificate problem is returned as an error
 // wrapping ErrAuth.
 func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, error) {
-	c := &Conn{log: log, denied: map[string]string{}}
-	opts, err := c.options(cfg, name)
-	if err != nil {
-		return nil, err
-	}
-	nc, err := nats.Connect(urls, opts...)
+	c, opts, err := connectOnce(urls, cfg, name, log)
 	if err == nil {
-		c.NC = nc
 		return c, nil
 	}
-	if fatalConnectError(err) {
-		return nil, fmt.Errorf("connect to nats %s: %w: %s", config.RedactURLs(urls), ErrAuth, err)
+	if c == nil {
+		return nil, err // bad options or credentials: waiting will not help
 	}
 	log.Warn("nats unavailable at startup; starting paused and reconnecting in the background",
 		zap.String("url", config.RedactURLs(urls)), zap.Error(err))
-	nc, err = nats.Connect(urls, append(opts, nats.RetryOnFailedConnect(true))...)
+	nc, err := nats.Connect(urls, append(opts, nats.RetryOnFailedConnect(true))...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
 	}
 	c.NC = nc
 	return c, nil
+}
+
+// ConnectOnce connects like Connect but fails when no server answers now:
+// for commands that do one thing and exit.
+func ConnectOnce(ctx context.Context, urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, error) {
+	c, _, err := connectOnce(urls, cfg, name, log)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// connectOnce tries the servers once. On failure it returns the Conn and
+// options for a retrying attempt (nil when the options themselves are wrong).
+func connectOnce(urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, []nats.Option, error) {
+	c := &Conn{log: log, denied: map[string]string{}}
+	opts, err := c.options(cfg, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(urls, opts...)
+	switch {
+	case err == nil:
+		c.NC = nc
+		return c, opts, nil
+	case fatalConnectError(err):
+		return nil, opts, fmt.Errorf("connect to nats %s: %w: %s", config.RedactURLs(urls), ErrAuth, err)
+	}
+	return c, opts, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
 }
 
 func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {

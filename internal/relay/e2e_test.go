@@ -102,7 +102,7 @@ func startRelay(t *testing.T, dbPath, natsURL string, ho harnessOptions) *harnes
 			if err := h.js.Ready(ctx); err != nil {
 				return err
 			}
-			if _, err := streamsync.Ensure(ctx, h.js.API(), want); err != nil {
+			if _, err := streamsync.Sync(ctx, h.js.API(), want, streamsync.Options{}); err != nil {
 				return err
 			}
 			return streamsync.Check(ctx, h.js.API(), want)

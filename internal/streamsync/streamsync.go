@@ -1,5 +1,9 @@
-// Package streamsync makes the JetStream stream (and consumer) what the
-// relay needs: it creates a missing stream and reconciles an existing one.
+// Package streamsync makes the JetStream stream and the optional durable
+// consumer what the relay needs. Existing deployments keep their stream:
+// the live configuration is cloned and only the managed fields are patched
+// (stream: duplicate_window; consumer: max_deliver, ack_wait); a rejected
+// update is reported with the natscli command that would make it, and the
+// relay keeps starting.
 package streamsync
 
 import (
@@ -10,38 +14,185 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
-// Want is what the relay needs of the stream.
+// Want is what the relay needs of the stream and consumer.
 type Want struct {
 	Stream          string
-	Subjects        []string
+	Subjects        []string // when creating the stream
 	DuplicateWindow time.Duration
-	Replicas        int
-	Create          bool
-	SubjectPrefix   string // the relay publishes on SubjectPrefix.<event_type>
+	Replicas        int  // when creating the stream
+	Create          bool // create the stream when missing
+	SubjectPrefix   string
+
+	Durable        string // consumer name; empty: no consumer is managed
+	MaxDeliver     int
+	AckWait        time.Duration
+	CreateConsumer bool
 }
 
-// ErrNoStream is returned by Ensure when the stream is missing and may not
-// be created.
-var ErrNoStream = errors.New("stream does not exist")
+// Errors callers branch on.
+var (
+	// ErrNoStream: the stream is missing and may not be created.
+	ErrNoStream = errors.New("stream does not exist")
+	// ErrNotCaptured: the stream does not capture the relay's subjects.
+	ErrNotCaptured = errors.New("relay subjects not captured")
+)
 
-// Ensure creates the stream when it is missing and want.Create is set. It
-// reports whether it created it.
-func Ensure(ctx context.Context, js jetstream.JetStream, want Want) (created bool, err error) {
-	_, err = js.Stream(ctx, want.Stream)
-	if err == nil {
-		return false, nil
+// Rejection is an update the server refused.
+type Rejection struct {
+	Part    string `json:"part"` // stream or consumer
+	Error   string `json:"error"`
+	Command string `json:"command"` // what an operator would run instead
+}
+
+// Result reports what a sync found and did.
+type Result struct {
+	Stream          string      `json:"stream"`
+	StreamCreated   bool        `json:"stream_created,omitempty"`   // (dry run: would be)
+	Consumer        string      `json:"consumer,omitempty"`         //
+	ConsumerMissing bool        `json:"consumer_missing,omitempty"` // absent and not created
+	ConsumerCreated bool        `json:"consumer_created,omitempty"` // (dry run: would be)
+	Changes         Changes     `json:"changes"`                    // the plan
+	Applied         bool        `json:"applied"`                    // changes were written
+	Rejected        []Rejection `json:"rejected,omitempty"`
+	NotCaptured     string      `json:"not_captured,omitempty"` // why the relay's subjects are not captured
+}
+
+// Options say how to sync.
+type Options struct {
+	DryRun  bool               // plan only: change nothing on the server
+	Log     *zap.Logger        // changes are logged at warn level
+	Patched func(field string) // called for every field changed (metrics)
+}
+
+// Sync creates a missing stream (if allowed) and consumer (if asked),
+// patches the managed fields of existing ones, and checks that the stream
+// captures the relay's subjects. A server that rejects an update is logged
+// and reported in the result, not returned: the relay keeps starting. An
+// error means the server could not be asked (or the stream is missing and
+// may not be created).
+func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Result, error) {
+	if o.Log == nil {
+		o.Log = zap.NewNop()
 	}
-	if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return false, fmt.Errorf("look up stream %s: %w", want.Stream, err)
+	if o.Patched == nil {
+		o.Patched = func(string) {}
 	}
-	if !want.Create {
-		return false, fmt.Errorf("%w: %s (stream.create is false; create it or set stream.create)", ErrNoStream, want.Stream)
+	res := Result{Stream: want.Stream, Consumer: want.Durable}
+	log := o.Log.With(zap.String("stream", want.Stream))
+
+	var live Live
+	stream, err := js.Stream(ctx, want.Stream)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		if !want.Create {
+			return res, fmt.Errorf("%w: %s (stream.create is false; create it or set stream.create)", ErrNoStream, want.Stream)
+		}
+		res.StreamCreated = true
+		if !o.DryRun {
+			if stream, err = create(ctx, js, want); err != nil {
+				return res, err
+			}
+			log.Info("created stream", zap.Strings("subjects", want.Subjects), zap.Duration("duplicate_window", want.DuplicateWindow), zap.Int("replicas", want.Replicas))
+		}
+	case err != nil:
+		return res, fmt.Errorf("look up stream %s: %w", want.Stream, err)
+	default:
+		cfg := stream.CachedInfo().Config
+		live.Stream = &cfg
 	}
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{
+
+	var consumer jetstream.Consumer
+	if want.Durable != "" && stream != nil {
+		consumer, err = stream.Consumer(ctx, want.Durable)
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+		case err != nil:
+			return res, fmt.Errorf("look up consumer %s/%s: %w", want.Stream, want.Durable, err)
+		default:
+			cfg := consumer.CachedInfo().Config
+			live.Consumer = &cfg
+		}
+	}
+	res.Changes = Plan(live, want)
+
+	subjects := want.Subjects
+	if live.Stream != nil {
+		subjects = live.Stream.Subjects
+	}
+	if !event.Covers(subjects, want.SubjectPrefix) {
+		res.NotCaptured = notCaptured(want.Stream, subjects, want.SubjectPrefix).Error()
+		log.Error("stream does not capture the relay's subjects; the relay stays not ready until it does",
+			zap.Strings("subjects", subjects), zap.String("needs", want.SubjectPrefix+".>"), zap.String("fix", captureCommand(want.Stream, subjects, want.SubjectPrefix)))
+	}
+
+	if want.Durable != "" && live.Consumer == nil {
+		switch {
+		case !want.CreateConsumer:
+			res.ConsumerMissing = true
+			log.Info("consumer not found; not managing it (set consumer.create to create it)", zap.String("consumer", want.Durable))
+		case o.DryRun || stream == nil:
+			res.ConsumerCreated = true
+		default:
+			if _, err := stream.CreateConsumer(ctx, newConsumer(want, subjects)); err != nil {
+				return res, fmt.Errorf("create consumer %s/%s: %w", want.Stream, want.Durable, err)
+			}
+			res.ConsumerCreated = true
+			log.Info("created consumer", zap.String("consumer", want.Durable), zap.Int("max_deliver", want.MaxDeliver), zap.Duration("ack_wait", want.AckWait))
+		}
+	}
+	if o.DryRun || res.Changes.Empty() {
+		return res, nil
+	}
+
+	if len(res.Changes.Stream) > 0 {
+		_, err := js.UpdateStream(ctx, patchStream(*live.Stream, want))
+		if done, err := report(err, log, "stream", res.Changes.Stream, StreamEditCommand(want.Stream, res.Changes.Stream), o.Patched, &res); !done {
+			return res, err
+		}
+	}
+	if len(res.Changes.Consumer) > 0 {
+		_, err := js.UpdateConsumer(ctx, want.Stream, patchConsumer(*live.Consumer, want))
+		clog := log.With(zap.String("consumer", want.Durable))
+		if done, err := report(err, clog, "consumer", res.Changes.Consumer, ConsumerEditCommand(want.Stream, want.Durable, res.Changes.Consumer), o.Patched, &res); !done {
+			return res, err
+		}
+	}
+	res.Applied = len(res.Rejected) == 0
+	return res, nil
+}
+
+// report logs the outcome of one update. It returns done=false with the
+// error when the server could not be asked (the caller retries later).
+func report(err error, log *zap.Logger, part string, changes []Change, command string, patched func(string), res *Result) (done bool, _ error) {
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil:
+		for _, c := range changes {
+			log.Warn("patched "+part+" config", zap.String("field", c.Field), zap.String("old", c.Old), zap.String("new", c.New))
+			patched(c.Field)
+		}
+		return true, nil
+	case errors.As(err, &apiErr):
+		res.Rejected = append(res.Rejected, Rejection{Part: part, Error: apiErr.Error(), Command: command})
+		fields := make([]string, len(changes))
+		for i, c := range changes {
+			fields[i] = fmt.Sprintf("%s %s -> %s", c.Field, c.Old, c.New)
+		}
+		log.Warn("the server rejected the "+part+" update the relay needs; starting anyway. Fix it by hand with the command",
+			zap.String("wanted", strings.Join(fields, ", ")), zap.String("reason", apiErr.Description), zap.Int("err_code", int(apiErr.ErrorCode)),
+			zap.String("command", command))
+		return true, nil
+	}
+	return false, fmt.Errorf("update %s: %w", part, err)
+}
+
+func create(ctx context.Context, js jetstream.JetStream, want Want) (jetstream.Stream, error) {
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:       want.Stream,
 		Subjects:   want.Subjects,
 		Storage:    jetstream.FileStorage,
@@ -49,12 +200,23 @@ func Ensure(ctx context.Context, js jetstream.JetStream, want Want) (created boo
 		Replicas:   want.Replicas,
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return false, nil // another relay created it first
+		return js.Stream(ctx, want.Stream) // another relay created it first
 	}
 	if err != nil {
-		return false, fmt.Errorf("create stream %s: %w", want.Stream, err)
+		return nil, fmt.Errorf("create stream %s: %w", want.Stream, err)
 	}
-	return true, nil
+	return s, nil
+}
+
+// newConsumer is the durable pull consumer the relay creates when asked.
+func newConsumer(want Want, subjects []string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        want.Durable,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		FilterSubjects: subjects,
+		MaxDeliver:     want.MaxDeliver,
+		AckWait:        want.AckWait,
+	}
 }
 
 // Check reports why the stream cannot take the relay's messages, or nil:
@@ -68,14 +230,19 @@ func Check(ctx context.Context, js jetstream.JetStream, want Want) error {
 	if err != nil {
 		return fmt.Errorf("look up stream %s: %w", want.Stream, err)
 	}
-	subjects := s.CachedInfo().Config.Subjects
-	if !event.Covers(subjects, want.SubjectPrefix) {
-		return fmt.Errorf("%w: stream %s (subjects %q) does not capture %s.>; add it: nats stream edit %s --subjects %s -f",
-			ErrNotCaptured, want.Stream, subjects, want.SubjectPrefix, want.Stream, strings.Join(append(subjects, want.SubjectPrefix+".>"), ","))
+	if subjects := s.CachedInfo().Config.Subjects; !event.Covers(subjects, want.SubjectPrefix) {
+		return notCaptured(want.Stream, subjects, want.SubjectPrefix)
 	}
 	return nil
 }
 
-// ErrNotCaptured is returned by Check when the stream does not capture the
-// relay's subjects.
-var ErrNotCaptured = errors.New("relay subjects not captured")
+func notCaptured(stream string, subjects []string, prefix string) error {
+	return fmt.Errorf("%w: stream %s (subjects %q) does not capture %s.>; add it: %s",
+		ErrNotCaptured, stream, subjects, prefix, captureCommand(stream, subjects, prefix))
+}
+
+// captureCommand is the natscli command that adds the relay's subjects.
+func captureCommand(stream string, subjects []string, prefix string) string {
+	all := append(append([]string(nil), subjects...), prefix+".>")
+	return fmt.Sprintf("nats stream edit %s --subjects %s -f", shellQuote(stream), shellQuote(strings.Join(all, ",")))
+}

@@ -2,52 +2,330 @@ package streamsync_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-func TestEnsureCreatesMissingStream(t *testing.T) {
-	ctx := context.Background()
-	js := testenv.StartNATS(t).JetStream(t)
-	want := streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>", "extra.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
-	created, err := streamsync.Ensure(ctx, js, want)
-	if err != nil || !created {
-		t.Fatalf("Ensure = %v, %v", created, err)
-	}
-	s, err := js.Stream(ctx, "EVENTS")
+var want = streamsync.Want{
+	Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true,
+	SubjectPrefix: "events", MaxDeliver: 10, AckWait: 30 * time.Second,
+}
+
+// countingJS counts the update calls that reach the server.
+type countingJS struct {
+	jetstream.JetStream
+	streamUpdates, consumerUpdates atomic.Int32
+}
+
+func (c *countingJS) UpdateStream(ctx context.Context, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	c.streamUpdates.Add(1)
+	return c.JetStream.UpdateStream(ctx, cfg)
+}
+
+func (c *countingJS) UpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c.consumerUpdates.Add(1)
+	return c.JetStream.UpdateConsumer(ctx, stream, cfg)
+}
+
+func observed() (*zap.Logger, *observer.ObservedLogs) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	return zap.New(core), logs
+}
+
+func streamConfig(t *testing.T, js jetstream.JetStream, name string) jetstream.StreamConfig {
+	t.Helper()
+	s, err := js.Stream(context.Background(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := s.CachedInfo().Config
-	if cfg.Duplicates != time.Hour || strings.Join(cfg.Subjects, ",") != "events.>,extra.>" || cfg.Storage != jetstream.FileStorage {
-		t.Fatalf("created stream config %+v", cfg)
-	}
-	if err := streamsync.Check(ctx, js, want); err != nil {
+	return s.CachedInfo().Config
+}
+
+func asJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
 		t.Fatal(err)
 	}
-	created, err = streamsync.Ensure(ctx, js, want)
-	if err != nil || created {
-		t.Fatalf("second Ensure = %v, %v", created, err)
+	return string(b)
+}
+
+func TestSyncCreatesMissingStream(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	w := want
+	w.Subjects = []string{"events.>", "extra.>"}
+	res, err := streamsync.Sync(ctx, js, w, streamsync.Options{})
+	if err != nil || !res.StreamCreated {
+		t.Fatalf("Sync = %+v, %v", res, err)
+	}
+	cfg := streamConfig(t, js, "EVENTS")
+	if cfg.Duplicates != time.Hour || strings.Join(cfg.Subjects, ",") != "events.>,extra.>" || cfg.Storage != jetstream.FileStorage || cfg.Replicas != 1 {
+		t.Fatalf("created stream config %+v", cfg)
+	}
+	if err := streamsync.Check(ctx, js, w); err != nil {
+		t.Fatal(err)
+	}
+	res, err = streamsync.Sync(ctx, js, w, streamsync.Options{})
+	if err != nil || res.StreamCreated || !res.Changes.Empty() {
+		t.Fatalf("second Sync = %+v, %v", res, err)
 	}
 }
 
-func TestEnsureWithoutCreate(t *testing.T) {
+func TestSyncWithoutCreate(t *testing.T) {
 	ctx := context.Background()
 	js := testenv.StartNATS(t).JetStream(t)
-	want := streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, SubjectPrefix: "events"}
-	_, err := streamsync.Ensure(ctx, js, want)
+	w := want
+	w.Create = false
+	_, err := streamsync.Sync(ctx, js, w, streamsync.Options{})
 	if !errors.Is(err, streamsync.ErrNoStream) || !strings.Contains(err.Error(), "stream.create") {
-		t.Fatalf("Ensure without create = %v", err)
+		t.Fatalf("Sync without create = %v", err)
 	}
 	if _, err := js.Stream(ctx, "EVENTS"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatal("stream created although stream.create is false")
+	}
+}
+
+// operatorStream is a stream an operator configured by hand, with the
+// server's 2 min default dedup window.
+func operatorStream() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              "EVENTS",
+		Description:       "the operator's events",
+		Subjects:          []string{"events.>", "audit.>"},
+		Retention:         jetstream.LimitsPolicy,
+		MaxConsumers:      20,
+		MaxMsgs:           5_000_000,
+		MaxBytes:          2 << 30,
+		Discard:           jetstream.DiscardOld,
+		MaxAge:            72 * time.Hour,
+		MaxMsgsPerSubject: 1_000_000,
+		MaxMsgSize:        512 << 10,
+		Storage:           jetstream.FileStorage,
+		Replicas:          1,
+		NoAck:             false,
+		AllowRollup:       true,
+		DenyDelete:        true,
+		AllowDirect:       true,
+		Compression:       jetstream.S2Compression,
+		Metadata:          map[string]string{"owner": "team-reviews", "tier": "gold"},
+	}
+}
+
+// TestSyncPatchesOnlyDuplicateWindow: a stream created beforehand with a
+// dozen operator-set fields keeps every one of them; only the window moves.
+func TestSyncPatchesOnlyDuplicateWindow(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	if _, err := js.CreateStream(ctx, operatorStream()); err != nil {
+		t.Fatal(err)
+	}
+	before := streamConfig(t, js, "EVENTS")
+	if before.Duplicates != 2*time.Minute {
+		t.Fatalf("server default window %v", before.Duplicates)
+	}
+	log, logs := observed()
+	var patched []string
+	res, err := streamsync.Sync(ctx, js, want, streamsync.Options{Log: log, Patched: func(f string) { patched = append(patched, f) }})
+	if err != nil || !res.Applied || len(res.Rejected) != 0 {
+		t.Fatalf("Sync = %+v, %v", res, err)
+	}
+	after := streamConfig(t, js, "EVENTS")
+	if after.Duplicates != time.Hour {
+		t.Fatalf("window after sync %v", after.Duplicates)
+	}
+	before.Duplicates = time.Hour
+	if asJSON(t, before) != asJSON(t, after) {
+		t.Fatalf("fields other than the window changed:\nbefore %s\nafter  %s", asJSON(t, before), asJSON(t, after))
+	}
+	warns := logs.FilterMessage("patched stream config").All()
+	if len(warns) != 1 || warns[0].Level != zapcore.WarnLevel {
+		t.Fatalf("patch log lines: %v", logs.All())
+	}
+	if f := warns[0].ContextMap(); f["field"] != "duplicate_window" || f["old"] != "2m" || f["new"] != "1h" {
+		t.Fatalf("patch log fields %v", f)
+	}
+	if strings.Join(patched, ",") != "duplicate_window" {
+		t.Fatalf("patched callback %v", patched)
+	}
+}
+
+// TestSyncPatchesConsumer: a consumer created beforehand keeps its
+// description, max_ack_pending and filter; max_deliver and ack_wait follow
+// the relay.
+func TestSyncPatchesConsumer(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: "worker", Description: "the application's worker", MaxDeliver: 3, MaxAckPending: 50,
+		FilterSubject: "events.review.>", AckPolicy: jetstream.AckExplicitPolicy, Metadata: map[string]string{"team": "reviews"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := c.CachedInfo().Config
+	if before.AckWait != 30*time.Second || before.MaxDeliver != 3 {
+		t.Fatalf("server defaults: %+v", before)
+	}
+	w := want
+	w.Durable, w.AckWait = "worker", 45*time.Second
+	log, logs := observed()
+	res, err := streamsync.Sync(ctx, js, w, streamsync.Options{Log: log})
+	if err != nil || !res.Applied || len(res.Changes.Consumer) != 2 || len(res.Changes.Stream) != 0 {
+		t.Fatalf("Sync = %+v, %v", res, err)
+	}
+	c, err = s.Consumer(ctx, "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := c.CachedInfo().Config
+	if after.MaxDeliver != 10 || after.AckWait != 45*time.Second {
+		t.Fatalf("consumer after sync: max_deliver %d ack_wait %v", after.MaxDeliver, after.AckWait)
+	}
+	before.MaxDeliver, before.AckWait = 10, 45*time.Second
+	if asJSON(t, before) != asJSON(t, after) {
+		t.Fatalf("other consumer fields changed:\nbefore %s\nafter  %s", asJSON(t, before), asJSON(t, after))
+	}
+	if n := logs.FilterMessage("patched consumer config").Len(); n != 2 {
+		t.Fatalf("%d consumer patch lines", n)
+	}
+}
+
+// TestSecondSyncIsQuiet: once in sync, a restart plans nothing, logs no
+// warning and sends no update.
+func TestSecondSyncIsQuiet(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	if _, err := js.CreateStream(ctx, operatorStream()); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, "EVENTS")
+	if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	w := want
+	w.Durable = "worker"
+	if res, err := streamsync.Sync(ctx, js, w, streamsync.Options{}); err != nil || !res.Applied {
+		t.Fatalf("first Sync = %+v, %v", res, err)
+	}
+	counting := &countingJS{JetStream: js}
+	log, logs := observed()
+	res, err := streamsync.Sync(ctx, counting, w, streamsync.Options{Log: log})
+	if err != nil || !res.Changes.Empty() {
+		t.Fatalf("second Sync = %+v, %v", res, err)
+	}
+	if n := counting.streamUpdates.Load() + counting.consumerUpdates.Load(); n != 0 {
+		t.Fatalf("second sync sent %d updates", n)
+	}
+	if n := logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != 0 {
+		t.Fatalf("second sync logged %d warnings: %v", n, logs.All())
+	}
+}
+
+// TestRejectedUpdateKeepsStarting: a 1 h window is refused on a stream whose
+// max_age is 30 min; the warning carries the natscli command and Sync
+// still succeeds.
+func TestRejectedUpdateKeepsStarting(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, MaxAge: 30 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	log, logs := observed()
+	res, err := streamsync.Sync(ctx, js, want, streamsync.Options{Log: log})
+	if err != nil {
+		t.Fatalf("Sync returned %v; a rejected update must not stop startup", err)
+	}
+	if res.Applied || len(res.Rejected) != 1 || res.Rejected[0].Command != "nats stream edit EVENTS --dupe-window 1h -f" {
+		t.Fatalf("result %+v", res)
+	}
+	lines := logs.FilterLevelExact(zapcore.WarnLevel).All()
+	if len(lines) != 1 || lines[0].ContextMap()["command"] != "nats stream edit EVENTS --dupe-window 1h -f" ||
+		!strings.Contains(lines[0].ContextMap()["reason"].(string), "duplicates window") {
+		t.Fatalf("warning lines %v", logs.All())
+	}
+	if got := streamConfig(t, js, "EVENTS").Duplicates; got != 2*time.Minute {
+		t.Fatalf("window changed to %v", got)
+	}
+}
+
+// TestRejectedConsumerUpdateCommand: the consumer command names both flags.
+func TestRejectedConsumerUpdateCommand(t *testing.T) {
+	got := streamsync.ConsumerEditCommand("EVENTS", "worker", []streamsync.Change{{Field: "max_deliver", New: "10"}, {Field: "ack_wait", New: "30s"}})
+	if got != "nats consumer edit EVENTS worker --max-deliver 10 --wait 30s -f" {
+		t.Fatal(got)
+	}
+}
+
+// TestDryRunChangesNothing: the plan of a drifted stream lists the fields
+// and the server keeps its config.
+func TestDryRunChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	if _, err := js.CreateStream(ctx, operatorStream()); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, "EVENTS")
+	if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "worker", MaxDeliver: 3, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	before := asJSON(t, streamConfig(t, js, "EVENTS"))
+	counting := &countingJS{JetStream: js}
+	w := want
+	w.Durable = "worker"
+	res, err := streamsync.Sync(ctx, counting, w, streamsync.Options{DryRun: true})
+	if err != nil || res.Applied {
+		t.Fatalf("dry run = %+v, %v", res, err)
+	}
+	if got := res.Changes.String(); got != "stream duplicate_window: 2m -> 1h\nconsumer max_deliver: 3 -> 10" {
+		t.Fatalf("plan text %q", got)
+	}
+	if counting.streamUpdates.Load()+counting.consumerUpdates.Load() != 0 || asJSON(t, streamConfig(t, js, "EVENTS")) != before {
+		t.Fatal("dry run changed the server")
+	}
+}
+
+func TestConsumerAbsent(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	w := want
+	w.Durable = "worker"
+	res, err := streamsync.Sync(ctx, js, w, streamsync.Options{})
+	if err != nil || !res.ConsumerMissing || res.ConsumerCreated {
+		t.Fatalf("Sync without consumer.create = %+v, %v", res, err)
+	}
+	if _, err := js.Consumer(ctx, "EVENTS", "worker"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("consumer created without consumer.create: %v", err)
+	}
+	w.CreateConsumer = true
+	res, err = streamsync.Sync(ctx, js, w, streamsync.Options{})
+	if err != nil || !res.ConsumerCreated {
+		t.Fatalf("Sync with consumer.create = %+v, %v", res, err)
+	}
+	c, err := js.Consumer(ctx, "EVENTS", "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.CachedInfo().Config
+	if cfg.Durable != "worker" || cfg.AckPolicy != jetstream.AckExplicitPolicy || cfg.MaxDeliver != 10 || cfg.AckWait != 30*time.Second ||
+		strings.Join(append(cfg.FilterSubjects, cfg.FilterSubject), ",") != "events.>," {
+		t.Fatalf("created consumer %+v", cfg)
 	}
 }
 
@@ -57,8 +335,17 @@ func TestCheckNamesUncapturedSubject(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"orders.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	err := streamsync.Check(ctx, js, streamsync.Want{Stream: "EVENTS", SubjectPrefix: "events"})
-	if !errors.Is(err, streamsync.ErrNotCaptured) || !strings.Contains(err.Error(), "events.>") || !strings.Contains(err.Error(), "nats stream edit EVENTS") {
+	err := streamsync.Check(ctx, js, want)
+	if !errors.Is(err, streamsync.ErrNotCaptured) || !strings.Contains(err.Error(), "events.>") ||
+		!strings.Contains(err.Error(), "nats stream edit EVENTS --subjects 'orders.>,events.>' -f") {
 		t.Fatalf("Check = %v", err)
+	}
+	log, logs := observed()
+	res, err := streamsync.Sync(ctx, js, want, streamsync.Options{Log: log})
+	if err != nil || res.NotCaptured == "" {
+		t.Fatalf("Sync = %+v, %v", res, err)
+	}
+	if l := logs.FilterLevelExact(zapcore.ErrorLevel).All(); len(l) != 1 || l[0].ContextMap()["needs"] != "events.>" {
+		t.Fatalf("error lines %v", logs.All())
 	}
 }

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
+)
+
+// errNeedsAttention makes a command exit 1 after printing its report.
+var errNeedsAttention = errors.New("needs attention")
+
+func (c *cli) streamsyncCommand() *cobra.Command {
+	var dryRun, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "streamsync [--dry-run] [--json]",
+		Short: "Reconcile the stream and consumer now, or print the plan without applying it",
+		Long: `streamsync does what the relay does at startup: it creates a missing stream
+(stream.create) and consumer (consumer.create), and patches only the fields the
+relay manages on existing ones (stream duplicate_window; consumer max_deliver
+and ack_wait), keeping every other field. With --dry-run it prints the plan
+and changes nothing. Exit code 0 when in sync or applied, 1 when the server
+rejected an update or the stream does not capture the relay's subjects.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			cfg, err := c.loadConfig()
+			if err != nil {
+				return err
+			}
+			if cfg.NATS.Mode == config.ModeCore {
+				return usagef("streamsync: nats.mode is core: there is no stream to reconcile")
+			}
+			if cfg.NATS.URL == config.EmbeddedURL {
+				return usagef("streamsync: nats.url is embedded: point it at the server to reconcile")
+			}
+			log, err := newLogger(cfg.Log, c.stderr)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err := publish.ConnectOnce(ctx, cfg.NATS.URL, cfg.NATS, "outbox-relay-streamsync", log.Named("nats"))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			js, err := publish.NewJetStream(conn, cfg.Stream.Name, 1, cfg.Relay.AckTimeout)
+			if err != nil {
+				return err
+			}
+			a := &app{cfg: cfg}
+			res, err := streamsync.Sync(ctx, js.API(), a.want(), streamsync.Options{DryRun: dryRun, Log: log.Named("streamsync")})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(c.stdout)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(struct {
+					streamsync.Result
+					DryRun bool `json:"dry_run"`
+				}{res, dryRun}); err != nil {
+					return err
+				}
+			} else {
+				printSync(c.stdout, res, dryRun)
+			}
+			if len(res.Rejected) > 0 || res.NotCaptured != "" {
+				return errNeedsAttention
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the plan; change nothing")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return cmd
+}
+
+// printSync renders a sync result for people.
+func printSync(w io.Writer, res streamsync.Result, dryRun bool) {
+	would := func(did, will string) string {
+		if dryRun {
+			return will
+		}
+		return did
+	}
+	fmt.Fprintf(w, "stream %s", res.Stream)
+	if res.StreamCreated {
+		fmt.Fprintf(w, ": %s", would("created", "missing; would be created"))
+	}
+	fmt.Fprintln(w)
+	for _, ch := range res.Changes.Stream {
+		fmt.Fprintf(w, "  %-18s %s -> %s\n", ch.Field, ch.Old, ch.New)
+	}
+	if res.Consumer != "" {
+		fmt.Fprintf(w, "consumer %s/%s", res.Stream, res.Consumer)
+		switch {
+		case res.ConsumerCreated:
+			fmt.Fprintf(w, ": %s", would("created", "missing; would be created"))
+		case res.ConsumerMissing:
+			fmt.Fprint(w, ": missing; not managed (set consumer.create to create it)")
+		}
+		fmt.Fprintln(w)
+		for _, ch := range res.Changes.Consumer {
+			fmt.Fprintf(w, "  %-18s %s -> %s\n", ch.Field, ch.Old, ch.New)
+		}
+	}
+	if res.NotCaptured != "" {
+		fmt.Fprintf(w, "problem: %s\n", res.NotCaptured)
+	}
+	n := len(res.Changes.Stream) + len(res.Changes.Consumer)
+	switch {
+	case len(res.Rejected) > 0:
+		for _, r := range res.Rejected {
+			fmt.Fprintf(w, "rejected: the server refused the %s update: %s\n  fix it by hand: %s\n", r.Part, r.Error, r.Command)
+		}
+	case n == 0:
+		fmt.Fprintln(w, "in sync: nothing to change")
+	case dryRun:
+		fmt.Fprintf(w, "dry run: %d change(s) planned, nothing applied (run without --dry-run to apply)\n", n)
+	default:
+		fmt.Fprintf(w, "applied %d change(s)\n", n)
+	}
+}

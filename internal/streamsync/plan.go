@@ -1,0 +1,181 @@
+package streamsync
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Server defaults the plan normalises before comparing, so that a stream or
+// consumer that already matches (whatever the server filled in) yields no
+// change.
+const (
+	defaultDuplicateWindow = 2 * time.Minute
+	defaultAckWait         = 30 * time.Second
+)
+
+// Change is one managed field that differs between the live configuration
+// and what the relay needs.
+type Change struct {
+	Field string `json:"field"` // JSON name of the field: duplicate_window, max_deliver, ack_wait
+	Old   string `json:"old"`
+	New   string `json:"new"`
+}
+
+// Live is what the server has; nil means absent.
+type Live struct {
+	Stream   *jetstream.StreamConfig
+	Consumer *jetstream.ConsumerConfig
+}
+
+// Changes is a plan: the changes to the stream and to the consumer.
+type Changes struct {
+	Stream   []Change `json:"stream"`
+	Consumer []Change `json:"consumer"`
+}
+
+// Empty reports whether nothing needs to change.
+func (c Changes) Empty() bool { return len(c.Stream) == 0 && len(c.Consumer) == 0 }
+
+// Plan compares the live stream and consumer with want and returns the
+// managed fields that differ. Absent parts yield no changes (creating them
+// is not a patch). It is pure: no server calls.
+func Plan(live Live, want Want) Changes {
+	var c Changes
+	if s := live.Stream; s != nil {
+		if have := effectiveDuplicateWindow(*s); have != want.DuplicateWindow {
+			c.Stream = append(c.Stream, Change{Field: "duplicate_window", Old: fmtDuration(have), New: fmtDuration(want.DuplicateWindow)})
+		}
+	}
+	if cc := live.Consumer; cc != nil && want.Durable != "" {
+		if have := effectiveMaxDeliver(*cc); have != want.MaxDeliver {
+			c.Consumer = append(c.Consumer, Change{Field: "max_deliver", Old: fmtMaxDeliver(have), New: fmtMaxDeliver(want.MaxDeliver)})
+		}
+		// With backoff set, the server derives the ack wait from it; the
+		// operator's backoff is theirs to keep.
+		if len(cc.BackOff) == 0 {
+			if have := effectiveAckWait(*cc); have != want.AckWait {
+				c.Consumer = append(c.Consumer, Change{Field: "ack_wait", Old: fmtDuration(have), New: fmtDuration(want.AckWait)})
+			}
+		}
+	}
+	return c
+}
+
+// patchStream returns a copy of live with the managed stream fields set.
+// Everything else, operator-set or immutable, is kept as the server had it.
+func patchStream(live jetstream.StreamConfig, want Want) jetstream.StreamConfig {
+	cfg := live
+	cfg.Duplicates = want.DuplicateWindow
+	return cfg
+}
+
+// patchConsumer returns a copy of live with the managed consumer fields set.
+func patchConsumer(live jetstream.ConsumerConfig, want Want) jetstream.ConsumerConfig {
+	cfg := live
+	cfg.MaxDeliver = want.MaxDeliver
+	if len(cfg.BackOff) == 0 {
+		cfg.AckWait = want.AckWait
+	}
+	return cfg
+}
+
+func effectiveDuplicateWindow(s jetstream.StreamConfig) time.Duration {
+	if s.Duplicates > 0 {
+		return s.Duplicates
+	}
+	if s.MaxAge > 0 && s.MaxAge < defaultDuplicateWindow {
+		return s.MaxAge
+	}
+	return defaultDuplicateWindow
+}
+
+func effectiveMaxDeliver(c jetstream.ConsumerConfig) int {
+	if c.MaxDeliver <= 0 {
+		return -1 // unlimited; the server reads back an unset value as -1
+	}
+	return c.MaxDeliver
+}
+
+func effectiveAckWait(c jetstream.ConsumerConfig) time.Duration {
+	if c.AckWait > 0 {
+		return c.AckWait
+	}
+	return defaultAckWait
+}
+
+func fmtMaxDeliver(n int) string {
+	if n < 0 {
+		return "unlimited"
+	}
+	return strconv.Itoa(n)
+}
+
+// fmtDuration prints durations as operators write them: 1h, 2m, 30s, 1h30m.
+func fmtDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// StreamEditCommand is the natscli (v0.5.0) command that makes the stream
+// what the relay needs.
+func StreamEditCommand(stream string, changes []Change) string {
+	args := []string{"nats", "stream", "edit", shellQuote(stream)}
+	for _, c := range changes {
+		if c.Field == "duplicate_window" {
+			args = append(args, "--dupe-window", c.New)
+		}
+	}
+	return strings.Join(append(args, "-f"), " ")
+}
+
+// ConsumerEditCommand is the natscli (v0.5.0) command that makes the
+// consumer what the relay needs.
+func ConsumerEditCommand(stream, consumer string, changes []Change) string {
+	args := []string{"nats", "consumer", "edit", shellQuote(stream), shellQuote(consumer)}
+	for _, c := range changes {
+		switch c.Field {
+		case "max_deliver":
+			args = append(args, "--max-deliver", c.New)
+		case "ack_wait":
+			args = append(args, "--wait", c.New)
+		}
+	}
+	return strings.Join(append(args, "-f"), " ")
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it (subjects hold '>').
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.,/:=", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// String renders the plan for people.
+func (c Changes) String() string {
+	if c.Empty() {
+		return "in sync: nothing to change"
+	}
+	var b strings.Builder
+	for _, part := range []struct {
+		name    string
+		changes []Change
+	}{{"stream", c.Stream}, {"consumer", c.Consumer}} {
+		for _, ch := range part.changes {
+			fmt.Fprintf(&b, "%s %s: %s -> %s\n", part.name, ch.Field, ch.Old, ch.New)
+		}
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
