@@ -25,6 +25,8 @@ import (
 const (
 	watchInterval     = 2 * time.Millisecond // commit detection: pickup latency vs. idle cost
 	heartbeatInterval = time.Second
+	statsInterval     = 5 * time.Second // backlog gauges
+	retentionInterval = time.Minute
 )
 
 // staleAfter is how long a relay may go without a heartbeat before its
@@ -95,20 +97,24 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		a.pub = a.js
 	}
 	a.relay = relay.New(a.store, a.pub, relay.Options{
-		SubjectPrefix:     cfg.Stream.SubjectPrefix,
-		BatchSize:         cfg.Relay.BatchSize,
-		MaxInFlight:       cfg.Relay.MaxInFlight,
-		PollInterval:      cfg.Relay.PollInterval,
-		WatchInterval:     watchInterval,
-		HeartbeatInterval: heartbeatInterval,
-		StaleAfter:        staleAfter(cfg.Database.BusyTimeout),
-		Lease:             cfg.Relay.Lease,
-		MaxAttempts:       cfg.Relay.MaxAttempts,
-		ShutdownTimeout:   cfg.Relay.ShutdownTimeout,
-		Version:           version,
-		Ready:             a.brokerReady,
-		Metrics:           a.metrics,
-		Log:               log.Named("relay"),
+		SubjectPrefix:         cfg.Stream.SubjectPrefix,
+		BatchSize:             cfg.Relay.BatchSize,
+		MaxInFlight:           cfg.Relay.MaxInFlight,
+		PollInterval:          cfg.Relay.PollInterval,
+		WatchInterval:         watchInterval,
+		HeartbeatInterval:     heartbeatInterval,
+		StaleAfter:            staleAfter(cfg.Database.BusyTimeout),
+		Lease:                 cfg.Relay.Lease,
+		MaxAttempts:           cfg.Relay.MaxAttempts,
+		ShutdownTimeout:       cfg.Relay.ShutdownTimeout,
+		Version:               version,
+		StatsInterval:         statsInterval,
+		RetentionInterval:     retentionInterval,
+		RetainDone:            cfg.Retention.Done,
+		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
+		Ready:                 a.brokerReady,
+		Metrics:               a.metrics,
+		Log:                   log.Named("relay"),
 	})
 	return a, nil
 }
@@ -166,19 +172,21 @@ func (a *app) syncOptions() streamsync.Options {
 }
 
 // ready is /readyz: the database answers, the broker is connected and the
-// stream takes the relay's subjects.
+// stream takes the relay's subjects. The reason names the part that is not.
 func (a *app) ready(ctx context.Context) error {
 	if err := a.store.Ping(ctx); err != nil {
-		return err
+		return fmt.Errorf("database: %w", err)
 	}
 	if err := a.relay.Paused(); err != nil {
-		return err
+		return fmt.Errorf("broker: %w", err)
 	}
 	if err := a.pub.Ready(ctx); err != nil {
-		return err
+		return fmt.Errorf("broker: %w", err)
 	}
 	if a.js != nil {
-		return streamsync.Check(ctx, a.js.API(), a.want())
+		if err := streamsync.Check(ctx, a.js.API(), a.want()); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
 	}
 	return nil
 }
@@ -213,10 +221,46 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	defer stop()
+	if a.js != nil && a.cfg.Consumer.Durable != "" {
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			if err := streamsync.WatchExhausted(watchCtx, a.conn.NC, a.js.API(), a.cfg.Stream.Name, a.cfg.Consumer.Durable, a.onExhausted); err != nil {
+				a.log.Warn("cannot watch max-deliveries advisories", zap.Error(err))
+			}
+		}()
+		defer func() { stopWatch(); <-watchDone }()
+	}
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
 		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
 		zap.String("instance", a.store.Instance()), zap.String("version", version))
 	return a.relay.Run(ctx)
+}
+
+// onExhausted records a message the consumer gave up on: JetStream has no
+// dead-letter queue, so the relay makes it as visible as its own dead
+// letters (log, metric, and a row that dead-letters list --consumer shows).
+func (a *app) onExhausted(e streamsync.Exhausted) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	isNew, err := a.store.RecordExhausted(ctx, claim.Exhausted{
+		EventID: e.EventID, Stream: e.Stream, Consumer: e.Consumer, StreamSeq: e.StreamSeq,
+		Subject: e.Subject, Deliveries: e.Deliveries, ObservedAt: time.Now(),
+	})
+	if err != nil {
+		a.log.Warn("record exhausted message", zap.Uint64("stream_seq", e.StreamSeq), zap.Error(err))
+	}
+	if !isNew && err == nil {
+		return // another relay recorded it
+	}
+	a.metrics.ConsumerExhausted.Inc()
+	fields := []zap.Field{zap.String("event_id", e.EventID), zap.String("stream", e.Stream), zap.String("consumer", e.Consumer),
+		zap.Uint64("stream_seq", e.StreamSeq), zap.String("subject", e.Subject), zap.Int64("deliveries", e.Deliveries)}
+	if e.Err != nil {
+		fields = append(fields, zap.NamedError("read_error", e.Err))
+	}
+	a.log.Error("event exhausted max deliveries", fields...)
 }
 
 // close releases everything openApp opened, in reverse order.

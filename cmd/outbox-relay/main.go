@@ -109,6 +109,8 @@ stream has acknowledged it. "run" is the default command.`,
 		},
 		c.migrateCommand(),
 		c.streamsyncCommand(),
+		c.statusCommand(),
+		c.deadLettersCommand(),
 		c.demoCommand(),
 		&cobra.Command{
 			Use:   "version",
@@ -120,7 +122,7 @@ stream has acknowledged it. "run" is the default command.`,
 			},
 		},
 	)
-	for _, name := range []string{"status", "dead-letters", "bench"} {
+	for _, name := range []string{"bench"} {
 		root.AddCommand(&cobra.Command{
 			Use:                name,
 			Short:              "Not implemented yet",
@@ -131,7 +133,16 @@ stream has acknowledged it. "run" is the default command.`,
 		})
 	}
 	// Flag and argument errors of every subcommand are usage errors too.
-	for _, sub := range root.Commands() {
+	var all []*cobra.Command
+	var walk func(*cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			all = append(all, sub)
+			walk(sub)
+		}
+	}
+	walk(root)
+	for _, sub := range all {
 		sub.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 		if sub.Args != nil {
 			check := sub.Args

@@ -71,7 +71,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 func TestMigrateCommand(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "new.db")
 	code, out, errOut := runCLI(t, "migrate", "--database-path", path)
-	if code != 0 || !strings.Contains(out, "applied migrations [101 102]") {
+	if code != 0 || !strings.Contains(out, "applied migrations [101 102 103]") {
 		t.Fatalf("migrate: %d %q %q", code, out, errOut)
 	}
 	code, out, _ = runCLI(t, "migrate", "--database-path", path)
@@ -410,5 +410,206 @@ func TestReadmeDocumentsEveryKey(t *testing.T) {
 		if !bytes.Contains(readme, []byte("`"+k.Name+"`")) {
 			t.Errorf("README does not document %s", k.Name)
 		}
+	}
+}
+
+// httpStatus returns the status code and body of a GET.
+func httpStatus(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := httpClient.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestReadyzFollowsTheBroker: /readyz answers 503 with the reason while
+// the broker is down and 200 again after it is back; /healthz stays 200.
+func TestReadyzFollowsTheBroker(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
+	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
+	testenv.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := httpStatus(t, addr+"/readyz"); return code == 200 })
+	n.Stop()
+	var body string
+	testenv.Eventually(t, 20*time.Second, "/readyz 503", func() bool {
+		var code int
+		code, body = httpStatus(t, addr+"/readyz")
+		return code == 503
+	})
+	if !strings.HasPrefix(body, "broker: ") || strings.Count(body, "\n") != 1 {
+		t.Errorf("/readyz reason %q: want one line about the broker", body)
+	}
+	if code, _ := httpStatus(t, addr+"/healthz"); code != 200 {
+		t.Errorf("/healthz %d while the broker is down; the loops still run", code)
+	}
+	n.Restart()
+	testenv.Eventually(t, 30*time.Second, "/readyz 200 again", func() bool { code, _ := httpStatus(t, addr+"/readyz"); return code == 200 })
+	d.stop()
+}
+
+// preparedDB has rows in every state, two dead letters among them.
+func preparedDB(t *testing.T) (string, *sql.DB) {
+	t.Helper()
+	path := testenv.NewDB(t)
+	db := testenv.AppDB(t, path)
+	for _, q := range []string{
+		`INSERT INTO event_queue (id, event_id, event_type, payload, status, processed_at) VALUES (1, 'e1', 'A', 'x', 'done', 1000)`,
+		`INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, last_error, processed_at) VALUES (2, 'e2', 'Big', 'x', 'dead_lettered', 10, 'nats: API error: code=400 err_code=10054 description=message size exceeds maximum allowed', 2000)`,
+		`INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, last_error, processed_at) VALUES (3, 'e3', 'bad type', 'x', 'dead_lettered', 1, 'event_type "bad type" cannot form a subject: it contains whitespace', 3000)`,
+		`INSERT INTO event_queue (id, event_id, event_type, payload, created_at) VALUES (4, 'e4', 'A', 'x', 5000)`,
+		`INSERT INTO event_queue (id, event_id, event_type, payload, status, claimed_at, claimed_by) VALUES (5, 'e5', 'A', 'x', 'processing', 6000, 'someone')`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return path, db
+}
+
+func TestStatusCommand(t *testing.T) {
+	path, _ := preparedDB(t)
+	code, out, errOut := runCLI(t, "status", "--database-path", path, "--json")
+	if code != 0 {
+		t.Fatalf("status: %d %s", code, errOut)
+	}
+	var st struct {
+		Database  string               `json:"database"`
+		Rows      map[string]int64     `json:"rows"`
+		OldestAge float64              `json:"oldest_pending_age_seconds"`
+		LastDead  []struct{ ID int64 } `json:"last_dead_letters"`
+		Relays    []any                `json:"relays"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if st.Database != path || st.Rows["pending"] != 1 || st.Rows["processing"] != 1 || st.Rows["done"] != 1 || st.Rows["dead_lettered"] != 2 {
+		t.Fatalf("status %+v", st)
+	}
+	if st.OldestAge < float64(time.Now().Unix()-10) || len(st.LastDead) != 2 || st.LastDead[0].ID != 3 {
+		t.Fatalf("oldest pending age %v, last dead letters %+v", st.OldestAge, st.LastDead)
+	}
+	code, out, _ = runCLI(t, "status", "--database-path", path)
+	if code != 0 || !strings.Contains(out, "pending 1   processing 1   done 1   dead_lettered 2") || !strings.Contains(out, "cannot form a subject") {
+		t.Fatalf("status text:\n%s", out)
+	}
+}
+
+func TestDeadLettersCommands(t *testing.T) {
+	path, db := preparedDB(t)
+	code, out, _ := runCLI(t, "dead-letters", "list", "--database-path", path, "--json", "--limit", "1")
+	var dls []struct {
+		ID        int64  `json:"id"`
+		EventID   string `json:"event_id"`
+		EventType string `json:"event_type"`
+		Attempts  int    `json:"attempts"`
+		LastError string `json:"last_error"`
+		Processed string `json:"processed_at"`
+	}
+	if err := json.Unmarshal([]byte(out), &dls); err != nil || code != 0 {
+		t.Fatalf("list: %d %v\n%s", code, err, out)
+	}
+	if len(dls) != 1 || dls[0].ID != 3 || dls[0].EventID != "e3" || dls[0].EventType != "bad type" || dls[0].Attempts != 1 ||
+		!strings.Contains(dls[0].LastError, "whitespace") || !strings.HasPrefix(dls[0].Processed, "1970-01-01T00:00:03") {
+		t.Fatalf("list --limit 1: %+v", dls)
+	}
+	code, out, _ = runCLI(t, "dead-letters", "list", "--database-path", path)
+	if code != 0 || !strings.Contains(out, "EVENT_ID") || !strings.Contains(out, "err_code=10054") {
+		t.Fatalf("list text:\n%s", out)
+	}
+	if code, _, errOut := runCLI(t, "dead-letters", "retry", "--database-path", path); code != exitUsage || !strings.Contains(errOut, "--all or row ids") {
+		t.Fatalf("retry without ids: %d %s", code, errOut)
+	}
+	code, out, _ = runCLI(t, "dead-letters", "retry", "--database-path", path, "2", "4")
+	if code != 0 || !strings.Contains(out, "requeued 1 dead-lettered row(s)") {
+		t.Fatalf("retry 2 4: %d\n%s", code, out)
+	}
+	var status, lastError string
+	var attempts int
+	var availableAt int64
+	var processed sql.NullInt64
+	db.QueryRow(`SELECT status, attempts, available_at, last_error, processed_at FROM event_queue WHERE id = 2`).Scan(&status, &attempts, &availableAt, &lastError, &processed)
+	if status != "pending" || attempts != 0 || time.Since(time.UnixMilli(availableAt)) > time.Minute || !strings.Contains(lastError, "10054") || processed.Valid {
+		t.Fatalf("requeued row: %s %d %d %q %v", status, attempts, availableAt, lastError, processed)
+	}
+	code, out, _ = runCLI(t, "dead-letters", "retry", "--database-path", path, "--all")
+	if code != 0 || !strings.Contains(out, "requeued 1 dead-lettered row(s)") {
+		t.Fatalf("retry --all: %d\n%s", code, out)
+	}
+	if c := testenv.Counts(t, db); c["dead_lettered"] != 0 || c["pending"] != 3 {
+		t.Fatalf("after retry --all: %v", c)
+	}
+}
+
+// TestMaxDeliveriesAdvisory: a consumer with max_deliver 2 naks a message
+// twice; the relay logs it at error level with the event id, counts it,
+// and records it where dead-letters list --consumer shows it.
+func TestMaxDeliveriesAdvisory(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_CONSUMER_DURABLE=worker", "EVENT_QUEUE_MAX_ATTEMPTS=2"},
+		"run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
+	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
+	d.waitFor("relay starting")
+	time.Sleep(200 * time.Millisecond) // let the advisory subscription settle
+	ev := testenv.NewEvent("Unprocessable", []byte("nope"))
+	if err := testenv.Insert(app, ev); err != nil {
+		t.Fatal(err)
+	}
+	delivered := 0
+	for i := 0; i < 2; i++ {
+		msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range msgs.Messages() {
+			m.Nak()
+			delivered++
+		}
+	}
+	if delivered != 2 {
+		t.Fatalf("the consumer got the message %d times, want 2", delivered)
+	}
+	// The server notices the exhausted message when it next looks for one
+	// to deliver: ask once more (nothing comes).
+	if msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second)); err == nil {
+		for range msgs.Messages() {
+			t.Fatal("a third delivery despite max_deliver 2")
+		}
+	}
+	line := d.waitFor("event exhausted max deliveries")
+	if line["level"] != "error" || line["event_id"] != *ev.EventID || line["deliveries"] != float64(2) {
+		t.Fatalf("log line %v", line)
+	}
+	if body := httpGet(t, addr+"/metrics"); !strings.Contains(body, "outbox_relay_consumer_exhausted_total 1") {
+		t.Error("/metrics lacks consumer_exhausted_total 1")
+	}
+	d.stop()
+	code, out, _ := runCLI(t, "dead-letters", "list", "--consumer", "--json", "--database-path", path)
+	var ex []struct {
+		EventID    string `json:"event_id"`
+		StreamSeq  uint64 `json:"stream_seq"`
+		Subject    string `json:"subject"`
+		Deliveries int64  `json:"deliveries"`
+	}
+	if err := json.Unmarshal([]byte(out), &ex); err != nil || code != 0 {
+		t.Fatalf("list --consumer: %d %v\n%s", code, err, out)
+	}
+	if len(ex) != 1 || ex[0].EventID != *ev.EventID || ex[0].StreamSeq != 1 || ex[0].Subject != "events.Unprocessable" || ex[0].Deliveries != 2 {
+		t.Fatalf("exhausted records %+v", ex)
 	}
 }

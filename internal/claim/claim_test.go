@@ -111,7 +111,7 @@ func TestMigrateFreshAndIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(applied) != "[101 102]" {
+	if fmt.Sprint(applied) != "[101 102 103]" {
 		t.Fatalf("applied %v", applied)
 	}
 	if err := s.Verify(ctx); err != nil {
@@ -132,7 +132,7 @@ func TestVerifyNamesEveryMissingPiece(t *testing.T) {
 	s := openStore(t, path, false)
 	err := s.Verify(context.Background())
 	for _, want := range []string{"column event_queue.event_id", "column event_queue.claimed_at", "column event_queue.claimed_by",
-		"index event_queue_event_id", "index event_queue_pending", "table processed_events", "table " + InstancesTable} {
+		"index event_queue_event_id", "index event_queue_pending", "table processed_events", "table " + InstancesTable, "table " + ExhaustedTable} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Verify error %v does not name %s", err, want)
 		}
@@ -276,7 +276,7 @@ func assertMigratedOnce(t *testing.T, path string) {
 	t.Helper()
 	s := openStore(t, path, false)
 	got, err := s.AppliedMigrations(context.Background())
-	if err != nil || fmt.Sprint(got) != "[101 102]" {
+	if err != nil || fmt.Sprint(got) != "[101 102 103]" {
 		t.Fatalf("migrations recorded %v, %v", got, err)
 	}
 	if err := s.Verify(context.Background()); err != nil {
@@ -716,5 +716,74 @@ func TestBacklog(t *testing.T) {
 	db.QueryRow(`SELECT created_at FROM event_queue WHERE status = 'pending' ORDER BY id LIMIT 1`).Scan(&want)
 	if b.OldestPending.UnixMilli() != want {
 		t.Fatalf("oldest pending %v, want %d", b.OldestPending, want)
+	}
+}
+
+// TestPruneLeavesTheApplicationAlone deletes 100,000 old done rows while an
+// application writes; pruning completes, keeps everything else, and the
+// writer never waits long for the lock.
+func TestPruneLeavesTheApplicationAlone(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	old := time.Now().Add(-8 * 24 * time.Hour).UnixMilli()
+	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at, last_error) VALUES ('old-dead', 'T', 'x', 'dead_lettered', ?1, ?1, 'kept')`, old)
+	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, created_at) VALUES ('old-pending', 'T', 'x', ?1)`, old)
+	insertRows(t, db, 100, "done") // recent
+	ledgerOld := time.Now().Add(-31 * 24 * time.Hour).UnixMilli()
+	exec1(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at, processed_at) VALUES ('a', 'h', 'done', ?1, ?1), ('b', 'h', 'in_progress', ?1, NULL), ('c', 'h', 'done', ?2, ?2), ('d', 'h', 'done', ?3, ?3)`,
+		ledgerOld, time.Now().UnixMilli(), old)
+
+	stop := make(chan struct{})
+	waits := make(chan time.Duration, 1)
+	writer := appDB(t, s.Path())
+	go func() {
+		var worst time.Duration
+		for {
+			select {
+			case <-stop:
+				waits <- worst
+				return
+			default:
+			}
+			start := time.Now()
+			tx, err := writer.Begin() // BEGIN IMMEDIATE: waits for the lock
+			if err != nil {
+				t.Error(err)
+				waits <- worst
+				return
+			}
+			worst = max(worst, time.Since(start))
+			tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'App', 'x')`, event.NewID())
+			tx.Commit()
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	before := time.Now().Add(-7 * 24 * time.Hour)
+	n, err := s.Prune(ctx, event.PruneOutbox, before, 20*time.Millisecond)
+	close(stop)
+	worst := <-waits
+	if err != nil || n != 100000 {
+		t.Fatalf("pruned %d, %v; want 100000", n, err)
+	}
+	var left, kept int
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'old-%'`).Scan(&left)
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id IN ('old-dead', 'old-pending')`).Scan(&kept)
+	if left != 2 || kept != 2 {
+		t.Fatalf("%d old rows left (want the dead letter and the pending row)", left)
+	}
+	t.Logf("writer's longest wait for the lock while pruning: %v", worst)
+	if worst >= 50*time.Millisecond {
+		t.Errorf("the application waited %v for the lock while pruning; want under 50ms", worst)
+	}
+	n, err = s.Prune(ctx, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond)
+	if err != nil || n != 2 {
+		t.Fatalf("pruned %d ledger rows, %v; want the old done one and the abandoned claim", n, err)
+	}
+	// Nothing is old any more: a second pass deletes nothing and stops early.
+	if n, err := s.Prune(ctx, event.PruneOutbox, before, time.Millisecond); err != nil || n != 0 {
+		t.Fatalf("second prune %d, %v", n, err)
 	}
 }

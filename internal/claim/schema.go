@@ -33,6 +33,29 @@ type migration struct {
 var migrations = []migration{
 	{101, "outbox_event_id", migrateOutbox},
 	{102, "relay_claims", migrateClaims},
+	{103, "consumer_exhausted", migrateExhausted},
+}
+
+// ExhaustedTable records messages a JetStream consumer gave up on after
+// max_deliver deliveries (JetStream has no dead-letter queue).
+const ExhaustedTable = "outbox_relay_exhausted"
+
+func migrateExhausted(ctx context.Context, tx *sql.Tx, _ string) error {
+	_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+ExhaustedTable+` (
+	id          INTEGER PRIMARY KEY,
+	event_id    TEXT,
+	stream      TEXT NOT NULL,
+	consumer    TEXT NOT NULL,
+	stream_seq  INTEGER NOT NULL,
+	subject     TEXT,
+	deliveries  INTEGER NOT NULL,
+	observed_at INTEGER NOT NULL,
+	UNIQUE (stream, consumer, stream_seq)
+)`)
+	if err != nil {
+		return fmt.Errorf("create table %s: %w", ExhaustedTable, err)
+	}
+	return nil
 }
 
 // baseColumns are the columns an existing event_queue must already have for
@@ -146,7 +169,7 @@ func migrateClaims(ctx context.Context, tx *sql.Tx, t string) error {
 var (
 	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by"}
 	requiredIndexes = []string{"_event_id", "_pending", "_processing", "_dead_lettered"}
-	requiredTables  = []string{"processed_events", InstancesTable}
+	requiredTables  = []string{"processed_events", InstancesTable, ExhaustedTable}
 )
 
 // Verify checks the schema without changing it and returns an error naming

@@ -5,20 +5,14 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
-// Backlog is the part of the outbox that is not finished, read through the
+// Backlog reads the unfinished rows' counts in one short read through the
 // partial indexes: its cost follows the backlog, not the table.
-type Backlog struct {
-	Pending       int64
-	Processing    int64
-	DeadLettered  int64
-	OldestPending time.Time // creation time of the oldest pending row; zero if none
-}
-
-// Backlog reads the unfinished rows' counts in one short read transaction.
-func (s *Store) Backlog(ctx context.Context) (Backlog, error) {
-	var b Backlog
+func (s *Store) Backlog(ctx context.Context) (event.Backlog, error) {
+	var b event.Backlog
 	var oldest sql.NullInt64
 	err := s.read.QueryRowContext(ctx, fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
@@ -27,7 +21,7 @@ func (s *Store) Backlog(ctx context.Context) (Backlog, error) {
 	(SELECT created_at FROM %[1]s WHERE status = 'pending' ORDER BY id LIMIT 1)`, s.table)).
 		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &oldest)
 	if err != nil {
-		return Backlog{}, fmt.Errorf("read backlog: %w", err)
+		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
 	}
 	if oldest.Valid {
 		b.OldestPending = time.UnixMilli(oldest.Int64)

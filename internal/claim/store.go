@@ -29,6 +29,7 @@ type Options struct {
 	Table       string        // a plain SQL identifier, validated by config
 	BusyTimeout time.Duration // how long a write waits for the application's lock
 	Create      bool          // create the file when it is missing
+	ReadOnly    bool          // never write (status, listings): writes fail
 }
 
 // Store is the relay's handle on the shared SQLite file: a single-connection
@@ -58,13 +59,17 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Create {
 		mode = "rwc"
 	}
-	write, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{
+	params := url.Values{
 		"mode":          {mode},
 		"_busy_timeout": {fmt.Sprint(busy)},
 		"_journal_mode": {"WAL"},
 		"_synchronous":  {"NORMAL"},
 		"_txlock":       {"immediate"},
-	}))
+	}
+	if opts.ReadOnly {
+		params = url.Values{"mode": {"ro"}, "_busy_timeout": {fmt.Sprint(busy)}}
+	}
+	write, err := sql.Open("sqlite3", dsn(opts.Path, params))
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}

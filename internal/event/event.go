@@ -39,6 +39,20 @@ type Row struct {
 	ClaimedAt int64 // Unix milliseconds; the lease start and owner token
 }
 
+// Backlog is the part of the outbox that is not finished.
+type Backlog struct {
+	Pending       int64
+	Processing    int64
+	DeadLettered  int64
+	OldestPending time.Time // creation time of the oldest pending row; zero if none
+}
+
+// What retention prunes (also the values of pruned_rows_total's label).
+const (
+	PruneOutbox          = "outbox"           // done rows of the outbox table
+	PruneProcessedEvents = "processed_events" // the consumers' dedup ledger
+)
+
 // Created returns the row's creation time.
 func (r Row) Created() time.Time { return time.UnixMilli(r.CreatedAt) }
 

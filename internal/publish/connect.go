@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,8 +29,9 @@ type Conn struct {
 	NC  *nats.Conn
 	log *zap.Logger
 
-	mu     sync.Mutex
-	denied map[string]string // subject -> the server's permission error
+	mu      sync.Mutex
+	denied  map[string]string // subject -> the server's permission error
+	closing atomic.Bool       // Close was called: closing is expected
 }
 
 // ErrClosed is returned by Ready when the connection is closed for good
@@ -105,7 +107,9 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 		nats.PingInterval(10 * time.Second),
 		nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			c.log.Info("nats disconnected", zap.Error(err))
+			if !c.closing.Load() {
+				c.log.Info("nats disconnected", zap.Error(err))
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			c.log.Info("nats reconnected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
@@ -114,7 +118,9 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 			c.log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
-			c.log.Debug("nats connection closed", zap.NamedError("last_error", nc.LastError()))
+			if !c.closing.Load() {
+				c.log.Error("nats connection closed by the client library; the relay cannot publish any more", zap.NamedError("last_error", nc.LastError()))
+			}
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { c.asyncError(err) }),
 	}
@@ -225,7 +231,10 @@ func (c *Conn) check() error {
 
 // Close closes the connection without draining: callers settle what is
 // outstanding before.
-func (c *Conn) Close() { c.NC.Close() }
+func (c *Conn) Close() {
+	c.closing.Store(true) // the handlers run after Close returns: keep them quiet
+	c.NC.Close()
+}
 
 // WaitConnected blocks until the connection is up or ctx ends.
 func (c *Conn) WaitConnected(ctx context.Context) error {

@@ -120,6 +120,7 @@ func startRelay(t *testing.T, dbPath, natsURL string, ho harnessOptions) *harnes
 		MaxAttempts:       ho.maxTries,
 		ShutdownTimeout:   ho.shutdown,
 		Version:           "test",
+		StatsInterval:     50 * time.Millisecond,
 		Ready:             ready,
 		Metrics:           h.metrics,
 		Log:               log,

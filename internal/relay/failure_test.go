@@ -296,9 +296,11 @@ func TestStaleRelayCannotOverwrite(t *testing.T) {
 	app := testenv.AppDB(t, path)
 	insertN(t, app, 50, "Lease")
 	gate := make(chan struct{})
-	stale := newStalledRelay(t, path, n.URL(), harnessOptions{lease: time.Second}, gate)
+	// The stalled relay may hold 50 rows at most: it cannot claim the rows
+	// back once they are taken from it.
+	stale := newStalledRelay(t, path, n.URL(), harnessOptions{lease: 2 * time.Second, batch: 50, inFlight: 50}, gate)
 	testenv.Eventually(t, 10*time.Second, "rows claimed by the stalled relay", func() bool { return testenv.Counts(t, app)["processing"] == 50 })
-	fresh := startRelay(t, path, n.URL(), harnessOptions{lease: time.Second})
+	fresh := startRelay(t, path, n.URL(), harnessOptions{lease: 2 * time.Second})
 	waitAllSettled(t, app, 50, 20*time.Second)
 	if got := metrics.Value(fresh.metrics.LeasesReclaimed); got != 50 {
 		t.Errorf("leases_reclaimed_total %v, want 50", got)

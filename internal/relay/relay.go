@@ -27,6 +27,8 @@ type Store interface {
 	Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error)
 	Leave(ctx context.Context) error
 	Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error
+	Backlog(ctx context.Context) (event.Backlog, error)
+	Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error)
 }
 
 // Publisher is the NATS side (implemented by *publish.JetStream and *publish.Core).
@@ -50,6 +52,13 @@ type Options struct {
 	MaxAttempts       int
 	ShutdownTimeout   time.Duration
 	Version           string
+	// StatsInterval refreshes the backlog gauges; RetentionInterval runs
+	// retention, deleting done rows older than RetainDone and ledger rows
+	// older than RetainProcessedEvents (0 keeps them).
+	StatsInterval         time.Duration
+	RetentionInterval     time.Duration
+	RetainDone            time.Duration
+	RetainProcessedEvents time.Duration
 	// Ready, when set, replaces Publisher.Ready as the outage probe (the
 	// command line adds creating the stream once the broker answers).
 	Ready   func(ctx context.Context) error
@@ -163,6 +172,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.o.HeartbeatInterval > 0 {
 		heartbeat.Add(1)
 		go func() { defer heartbeat.Done(); r.heartbeatLoop(hbCtx) }()
+	}
+	for _, loop := range []struct {
+		every time.Duration
+		run   func(context.Context)
+	}{{r.o.StatsInterval, r.statsLoop}, {r.o.RetentionInterval, r.retentionLoop}} {
+		if loop.every > 0 {
+			loops.Add(1)
+			go func() { defer loops.Done(); loop.run(ctx) }()
+		}
 	}
 	if r.o.WatchInterval > 0 {
 		loops.Add(1)

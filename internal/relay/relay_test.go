@@ -54,6 +54,14 @@ func (s *fakeStore) Heartbeat(context.Context, string, time.Duration, time.Durat
 	return 0, nil
 }
 func (s *fakeStore) Leave(context.Context) error { return nil }
+func (s *fakeStore) Backlog(context.Context) (event.Backlog, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return event.Backlog{Pending: int64(len(s.pending))}, nil
+}
+func (s *fakeStore) Prune(context.Context, string, time.Time, time.Duration) (int64, error) {
+	return 0, nil
+}
 func (s *fakeStore) Watch(ctx context.Context, _ time.Duration, _ chan<- struct{}) error {
 	<-ctx.Done()
 	return nil

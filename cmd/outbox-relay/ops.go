@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+)
+
+// openStore opens database.path for an operator command.
+func (c *cli) openStore(ctx context.Context, readOnly bool) (*claim.Store, config.Config, error) {
+	cfg, err := c.loadConfig()
+	if err != nil {
+		return nil, cfg, err
+	}
+	s, err := claim.Open(ctx, claim.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, ReadOnly: readOnly})
+	return s, cfg, err
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (c *cli) statusCommand() *cobra.Command {
+	var asJSON bool
+	var last int
+	cmd := &cobra.Command{
+		Use:   "status [--json]",
+		Short: "Rows per status, oldest pending age, relays, last dead letters (read-only)",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			ctx := context.Background()
+			s, cfg, err := c.openStore(ctx, true)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			st, err := s.Status(ctx, last)
+			if err != nil {
+				return err
+			}
+			now := time.Now()
+			age := 0.0
+			if !st.OldestPending.IsZero() {
+				age = max(0, now.Sub(st.OldestPending).Seconds())
+			}
+			if asJSON {
+				return printJSON(c.stdout, struct {
+					Database      string  `json:"database"`
+					Table         string  `json:"table"`
+					OldestPending float64 `json:"oldest_pending_age_seconds"`
+					claim.Status
+				}{cfg.Database.Path, cfg.Database.Table, age, st})
+			}
+			w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "database\t%s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
+			var counts []string
+			for _, status := range event.Statuses {
+				counts = append(counts, fmt.Sprintf("%s %d", status, st.Rows[status]))
+			}
+			fmt.Fprintf(w, "rows\t%s\n", strings.Join(counts, "   "))
+			if st.OldestPending.IsZero() {
+				fmt.Fprintf(w, "oldest pending\tnone\n")
+			} else {
+				fmt.Fprintf(w, "oldest pending\t%s old (created %s)\n", roundAge(age), st.OldestPending.UTC().Format(time.RFC3339))
+			}
+			fmt.Fprintf(w, "relays\t%d\n", len(st.Relays))
+			for _, r := range st.Relays {
+				fmt.Fprintf(w, "\t%s on %s (pid %d, %s), started %s, heartbeat %s ago\n", r.ID, r.Hostname, r.PID, r.Version,
+					r.StartedAt.UTC().Format(time.RFC3339), roundAge(now.Sub(r.HeartbeatAt).Seconds()))
+			}
+			fmt.Fprintf(w, "consumer exhausted\t%d message(s) (dead-letters list --consumer)\n", st.ConsumerExhausted)
+			w.Flush()
+			if len(st.LastDeadLetters) > 0 {
+				fmt.Fprintf(c.stdout, "last dead letters (dead-letters list for more):\n")
+				printDeadLetters(c.stdout, st.LastDeadLetters)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.Flags().IntVar(&last, "last", 5, "how many recent dead letters to show")
+	return cmd
+}
+
+func roundAge(seconds float64) string {
+	d := time.Duration(seconds * float64(time.Second))
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func printDeadLetters(w io.Writer, dls []claim.DeadLetter) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tEVENT_ID\tEVENT_TYPE\tATTEMPTS\tPROCESSED_AT\tLAST_ERROR")
+	for _, d := range dls {
+		fmt.Fprintf(tw, "%d\t%s\t%q\t%d\t%s\t%s\n", d.ID, d.EventID, d.EventType, d.Attempts, d.ProcessedAt.UTC().Format(time.RFC3339), oneLine(d.LastError))
+	}
+	tw.Flush()
+}
+
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 160 {
+		s = s[:157] + "..."
+	}
+	return s
+}
+
+func (c *cli) deadLettersCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dead-letters",
+		Short: "Inspect and requeue dead-lettered rows",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usagef("dead-letters needs a subcommand: list or retry")
+		},
+	}
+	var asJSON, consumer bool
+	var limit int
+	list := &cobra.Command{
+		Use:   "list [--json] [--limit N] [--consumer]",
+		Short: "List dead-lettered rows, newest first (--consumer: messages the JetStream consumer gave up on)",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if limit < 1 {
+				return usagef("--limit must be at least 1")
+			}
+			ctx := context.Background()
+			s, _, err := c.openStore(ctx, true)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			if consumer {
+				ex, err := s.ExhaustedMessages(ctx, limit)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(c.stdout, ex)
+				}
+				tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "EVENT_ID\tSTREAM\tCONSUMER\tSTREAM_SEQ\tSUBJECT\tDELIVERIES\tOBSERVED_AT")
+				for _, e := range ex {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", e.EventID, e.Stream, e.Consumer, e.StreamSeq, e.Subject, e.Deliveries, e.ObservedAt.UTC().Format(time.RFC3339))
+				}
+				return tw.Flush()
+			}
+			dls, err := s.DeadLetters(ctx, limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(c.stdout, dls)
+			}
+			printDeadLetters(c.stdout, dls)
+			return nil
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	list.Flags().IntVar(&limit, "limit", 50, "at most this many rows")
+	list.Flags().BoolVar(&consumer, "consumer", false, "list what the durable consumer gave up on (max-deliveries advisories)")
+
+	var all bool
+	retry := &cobra.Command{
+		Use:   "retry (--all | ID...)",
+		Short: "Requeue dead-lettered rows: pending, attempts 0, available now (last_error kept until the next attempt)",
+		RunE: func(_ *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return usagef("dead-letters retry: give --all or row ids, not both or neither")
+			}
+			var ids []int64
+			for _, a := range args {
+				id, err := strconv.ParseInt(a, 10, 64)
+				if err != nil {
+					return usagef("dead-letters retry: %q is not a row id", a)
+				}
+				ids = append(ids, id)
+			}
+			ctx := context.Background()
+			s, _, err := c.openStore(ctx, false)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			n, err := s.Requeue(ctx, all, ids)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.stdout, "requeued %d dead-lettered row(s)\n", n)
+			if !all && int(n) < len(ids) {
+				fmt.Fprintf(c.stdout, "%d of the ids given were not dead-lettered and were left alone\n", len(ids)-int(n))
+			}
+			return nil
+		},
+	}
+	retry.Flags().BoolVar(&all, "all", false, "requeue every dead-lettered row")
+	cmd.AddCommand(list, retry)
+	return cmd
+}

@@ -1,0 +1,298 @@
+package claim
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+)
+
+// DeadLetter is a row the relay gave up on.
+type DeadLetter struct {
+	ID          int64     `json:"id"`
+	EventID     string    `json:"event_id"`
+	EventType   string    `json:"event_type"`
+	Attempts    int       `json:"attempts"`
+	LastError   string    `json:"last_error"`
+	ProcessedAt time.Time `json:"processed_at"`
+}
+
+// Instance is a relay's heartbeat row.
+type Instance struct {
+	ID          string    `json:"instance"`
+	Hostname    string    `json:"hostname"`
+	PID         int64     `json:"pid"`
+	Version     string    `json:"version"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+}
+
+// Exhausted is a message a JetStream consumer stopped delivering after
+// max_deliver attempts.
+type Exhausted struct {
+	EventID    string    `json:"event_id"`
+	Stream     string    `json:"stream"`
+	Consumer   string    `json:"consumer"`
+	StreamSeq  uint64    `json:"stream_seq"`
+	Subject    string    `json:"subject"`
+	Deliveries int64     `json:"deliveries"`
+	ObservedAt time.Time `json:"observed_at"`
+}
+
+// Status is the outbox at a glance.
+type Status struct {
+	Rows              map[event.Status]int64 `json:"rows"`
+	OldestPending     time.Time              `json:"oldest_pending_created_at,omitzero"`
+	LastDeadLetters   []DeadLetter           `json:"last_dead_letters"`
+	Relays            []Instance             `json:"relays"`
+	ConsumerExhausted int64                  `json:"consumer_exhausted"`
+}
+
+// Status reads the outbox's state in one short read transaction, so it is
+// consistent and safe while relays and the application write.
+func (s *Store) Status(ctx context.Context, lastDead int) (Status, error) {
+	st := Status{Rows: map[event.Status]int64{}}
+	tx, err := s.read.BeginTx(ctx, nil)
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	defer tx.Rollback()
+	for _, status := range event.Statuses {
+		st.Rows[status] = 0
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT status, count(*) FROM `+s.table+` GROUP BY status`)
+	if err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	for rows.Next() {
+		var status string
+		var n int64
+		if err := rows.Scan(&status, &n); err != nil {
+			rows.Close()
+			return st, fmt.Errorf("read status: %w", err)
+		}
+		st.Rows[event.Status(status)] = n
+	}
+	rows.Close()
+	var oldest sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT created_at FROM `+s.table+` WHERE status = 'pending' ORDER BY id LIMIT 1`).Scan(&oldest); err != nil && err != sql.ErrNoRows {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	if oldest.Valid {
+		st.OldestPending = time.UnixMilli(oldest.Int64)
+	}
+	if st.LastDeadLetters, err = deadLetters(ctx, tx, s.table, lastDead); err != nil {
+		return st, err
+	}
+	if st.Relays, err = instances(ctx, tx); err != nil {
+		return st, err
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+ExhaustedTable).Scan(&st.ConsumerExhausted); err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	return st, nil
+}
+
+// DeadLetters lists the most recently dead-lettered rows, newest first.
+func (s *Store) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error) {
+	return deadLetters(ctx, s.read, s.table, limit)
+}
+
+func deadLetters(ctx context.Context, q querier, table string, limit int) ([]DeadLetter, error) {
+	rows, err := q.QueryContext(ctx, `SELECT id, coalesce(event_id, ''), event_type, attempts, coalesce(last_error, ''), coalesce(processed_at, 0)
+FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DESC LIMIT ?`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	defer rows.Close()
+	out := []DeadLetter{}
+	for rows.Next() {
+		var d DeadLetter
+		var processed int64
+		if err := rows.Scan(&d.ID, &d.EventID, &d.EventType, &d.Attempts, &d.LastError, &processed); err != nil {
+			return nil, fmt.Errorf("list dead letters: %w", err)
+		}
+		d.ProcessedAt = time.UnixMilli(processed)
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+func instances(ctx context.Context, q querier) ([]Instance, error) {
+	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at
+FROM `+InstancesTable+` ORDER BY started_at`)
+	if err != nil {
+		return nil, fmt.Errorf("list relays: %w", err)
+	}
+	defer rows.Close()
+	out := []Instance{}
+	for rows.Next() {
+		var in Instance
+		var started, beat int64
+		if err := rows.Scan(&in.ID, &in.Hostname, &in.PID, &in.Version, &started, &beat); err != nil {
+			return nil, fmt.Errorf("list relays: %w", err)
+		}
+		in.StartedAt, in.HeartbeatAt = time.UnixMilli(started), time.UnixMilli(beat)
+		out = append(out, in)
+	}
+	return out, rows.Err()
+}
+
+// Requeue puts dead-lettered rows back to pending with attempts 0,
+// available now; last_error stays until the next attempt. With all, every
+// dead-lettered row; otherwise the given ids (rows that are not
+// dead-lettered are left alone). It returns how many rows it requeued.
+func (s *Store) Requeue(ctx context.Context, all bool, ids []int64) (int64, error) {
+	q := `UPDATE ` + s.table + ` SET status = 'pending', attempts = 0, available_at = ?, processed_at = NULL WHERE status = 'dead_lettered'`
+	args := []any{nowMs()}
+	if !all {
+		if len(ids) == 0 {
+			return 0, nil
+		}
+		q += ` AND id IN (` + strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",") + `)`
+		for _, id := range ids {
+			args = append(args, id)
+		}
+	}
+	res, err := s.write.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, fmt.Errorf("requeue dead letters: %w", err)
+	}
+	return res.RowsAffected()
+}
+
+// pruneScan is how many rows one pruning step reads; the delete that
+// follows holds the write lock for a few milliseconds at most.
+const pruneScan = 500
+
+// Prune deletes finished rows older than before from table
+// (event.PruneOutbox: done rows by processed_at; event.PruneProcessedEvents: ledger rows by
+// processed_at, or started_at for abandoned claims). It walks the table in
+// rowid order, which is insertion order, reading a few hundred rows at a
+// time without a lock and deleting the old finished ones among them by
+// rowid in a short write transaction, and stops at the first batch that
+// ends in rows newer than before. No index is needed: the cost follows the
+// rows deleted, not the table. Between deletes it pauses, so that the
+// application's writers, sleeping in SQLite's busy handler, get the lock.
+// It returns how many rows it deleted.
+func (s *Store) Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error) {
+	var name, finished, when string
+	switch table {
+	case event.PruneOutbox:
+		name, finished, when = s.table, `status = 'done'`, `processed_at`
+	case event.PruneProcessedEvents:
+		name, finished, when = "processed_events", `1`, `coalesce(processed_at, started_at)`
+	default:
+		return 0, fmt.Errorf("prune: unknown table %q", table)
+	}
+	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s AND %s < ?2, 0), coalesce(%s, 0) FROM %s WHERE rowid > ?1 ORDER BY rowid LIMIT %d`, finished, when, when, name, pruneScan)
+	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
+	cutoff := before.UnixMilli()
+	var deleted int64
+	var cursor int64 = -1 << 62
+	for {
+		rows, err := s.read.QueryContext(ctx, scan, cursor, cutoff)
+		if err != nil {
+			return deleted, fmt.Errorf("prune %s: %w", name, err)
+		}
+		var victims []int64
+		var n int
+		var lastWhen int64
+		for rows.Next() {
+			var id, t int64
+			var old bool
+			if err := rows.Scan(&id, &old, &t); err != nil {
+				rows.Close()
+				return deleted, fmt.Errorf("prune %s: %w", name, err)
+			}
+			n++
+			cursor, lastWhen = id, t
+			if old {
+				victims = append(victims, id)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return deleted, fmt.Errorf("prune %s: %w", name, err)
+		}
+		if len(victims) > 0 {
+			k, err := s.deleteRows(ctx, del, victims, cutoff)
+			deleted += k
+			if err != nil {
+				return deleted, fmt.Errorf("prune %s: %w", name, err)
+			}
+			select {
+			case <-ctx.Done():
+				return deleted, ctx.Err()
+			case <-time.After(pause):
+			}
+		}
+		// Rows are appended in time order: a batch ending in a row finished
+		// after the cutoff (or not finished, with a recent time) means the
+		// rest is newer.
+		if n < pruneScan || (lastWhen >= cutoff && len(victims) == 0) {
+			return deleted, nil
+		}
+	}
+}
+
+// deleteRows deletes the given rowids in one short write transaction,
+// re-checking the condition (a row may have changed since it was read).
+func (s *Store) deleteRows(ctx context.Context, del string, ids []int64, cutoff int64) (int64, error) {
+	tx, err := s.write.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback()
+	st, err := tx.PrepareContext(ctx, del)
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	var n int64
+	for _, id := range ids {
+		res, err := st.ExecContext(ctx, id, cutoff)
+		if err != nil {
+			return 0, err
+		}
+		k, _ := res.RowsAffected()
+		n += k
+	}
+	return n, tx.Commit()
+}
+
+// RecordExhausted stores a consumer's max-deliveries advisory; a repeat
+// (another relay saw it too) is ignored. It reports whether it was new.
+func (s *Store) RecordExhausted(ctx context.Context, e Exhausted) (bool, error) {
+	res, err := s.write.ExecContext(ctx, `INSERT OR IGNORE INTO `+ExhaustedTable+` (event_id, stream, consumer, stream_seq, subject, deliveries, observed_at)
+VALUES (?, ?, ?, ?, ?, ?, ?)`, e.EventID, e.Stream, e.Consumer, int64(e.StreamSeq), e.Subject, e.Deliveries, e.ObservedAt.UnixMilli())
+	if err != nil {
+		return false, fmt.Errorf("record exhausted message: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return n > 0, nil
+}
+
+// ExhaustedMessages lists what consumers gave up on, newest first.
+func (s *Store) ExhaustedMessages(ctx context.Context, limit int) ([]Exhausted, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT coalesce(event_id, ''), stream, consumer, stream_seq, coalesce(subject, ''), deliveries, observed_at
+FROM `+ExhaustedTable+` ORDER BY observed_at DESC, id DESC LIMIT ?`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list exhausted messages: %w", err)
+	}
+	defer rows.Close()
+	out := []Exhausted{}
+	for rows.Next() {
+		var e Exhausted
+		var seq, observed int64
+		if err := rows.Scan(&e.EventID, &e.Stream, &e.Consumer, &seq, &e.Subject, &e.Deliveries, &observed); err != nil {
+			return nil, fmt.Errorf("list exhausted messages: %w", err)
+		}
+		e.StreamSeq, e.ObservedAt = uint64(seq), time.UnixMilli(observed)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
