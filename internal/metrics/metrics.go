@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
 // Namespace prefixes every metric name.
@@ -91,8 +93,15 @@ func New(version, commit string) *Metrics {
 	f(collectors.NewGoCollector())
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.BuildInfo.WithLabelValues(version, commit, runtime.Version()).Set(1)
+	// Known label values start at 0, so rate() and alerts see them at once.
 	for _, reason := range []string{DeferOutage, DeferShutdown} {
 		m.Deferred.WithLabelValues(reason)
+	}
+	for _, table := range []string{event.PruneOutbox, event.PruneProcessedEvents} {
+		m.PrunedRows.WithLabelValues(table)
+	}
+	for _, status := range []event.Status{event.StatusPending, event.StatusProcessing, event.StatusDeadLettered} {
+		m.Backlog.WithLabelValues(string(status))
 	}
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -107,3 +108,30 @@ func TestMetricsTellTheStory(t *testing.T) {
 }
 
 func goVersion() string { return runtime.Version() }
+
+// TestRetentionLoop: the relay prunes done rows past retention.done and
+// counts them; younger rows and unfinished ones stay.
+func TestRetentionLoop(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	old := time.Now().Add(-2 * time.Hour).UnixMilli()
+	if _, err := app.Exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1500)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.Exec(`INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at, last_error) VALUES ('dead', 'T', 'x', 'dead_lettered', ?1, ?1, 'kept')`, old); err != nil {
+		t.Fatal(err)
+	}
+	h := startRelay(t, path, n.URL(), harnessOptions{mutateOpt: func(o *relay.Options) {
+		o.RetentionInterval, o.RetainDone, o.RetainProcessedEvents = 50*time.Millisecond, time.Hour, 0
+	}})
+	insertN(t, app, 10, "Fresh")
+	testenv.Eventually(t, 20*time.Second, "old rows pruned", func() bool {
+		return scrape(t, h, `outbox_relay_pruned_rows_total{table="outbox"}`) == 1500
+	})
+	waitAllSettled(t, app, 11, 10*time.Second)
+	if c := testenv.Counts(t, app); c["done"] != 10 || c["dead_lettered"] != 1 {
+		t.Fatalf("after retention: %v", c)
+	}
+}
