@@ -30,12 +30,10 @@ const (
 )
 
 // staleAfter is how long a relay may go without a heartbeat before its
-// claims are taken for a dead relay's: short enough to recover a crash in
-// well under 10 s, longer than a heartbeat can be held up by the
-// application's lock (busy_timeout).
-func staleAfter(busyTimeout time.Duration) time.Duration {
-	return max(6*time.Second, busyTimeout+2*heartbeatInterval)
-}
+// claims are taken for a dead relay's: a crash is recovered in about this
+// long. A heartbeat held up by the application's lock does not count (see
+// claim.Store.Heartbeat), so it need not cover database.busy_timeout.
+const staleAfter = 6 * time.Second
 
 // app is a wired relay: database, broker, publisher, loop and HTTP.
 type app struct {
@@ -103,7 +101,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		PollInterval:          cfg.Relay.PollInterval,
 		WatchInterval:         watchInterval,
 		HeartbeatInterval:     heartbeatInterval,
-		StaleAfter:            staleAfter(cfg.Database.BusyTimeout),
+		StaleAfter:            staleAfter,
 		Lease:                 cfg.Relay.Lease,
 		MaxAttempts:           cfg.Relay.MaxAttempts,
 		ShutdownTimeout:       cfg.Relay.ShutdownTimeout,
@@ -155,13 +153,20 @@ func (a *app) brokerReady(ctx context.Context) error {
 	if a.js == nil {
 		return nil
 	}
-	if !a.synced.Load() {
+	err := streamsync.ErrNoStream
+	if a.synced.Load() {
+		err = streamsync.Check(ctx, a.js.API(), a.want())
+	}
+	if errors.Is(err, streamsync.ErrNoStream) {
+		// First answer since start, or the stream was deleted meanwhile:
+		// reconcile (and create it, if allowed).
 		if _, err := streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions()); err != nil {
 			return err
 		}
 		a.synced.Store(true)
+		err = streamsync.Check(ctx, a.js.API(), a.want())
 	}
-	return streamsync.Check(ctx, a.js.API(), a.want())
+	return err
 }
 
 func (a *app) syncOptions() streamsync.Options {

@@ -111,6 +111,8 @@ stream has acknowledged it. "run" is the default command.`,
 		c.streamsyncCommand(),
 		c.statusCommand(),
 		c.deadLettersCommand(),
+		c.healthcheckCommand(),
+		c.demoAppCommand(),
 		c.demoCommand(),
 		&cobra.Command{
 			Use:   "version",
@@ -193,6 +195,7 @@ func newLogger(cfg config.Log, w io.Writer) (*zap.Logger, error) {
 	} else {
 		encoder = zapcore.NewJSONEncoder(enc)
 	}
-	core := zapcore.NewCore(encoder, zapcore.AddSync(w), level)
+	// Locked: NATS callbacks log from their own goroutines.
+	core := zapcore.NewCore(encoder, zapcore.Lock(zapcore.AddSync(w)), level)
 	return zap.New(core), nil
 }

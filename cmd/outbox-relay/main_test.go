@@ -613,3 +613,57 @@ func TestMaxDeliveriesAdvisory(t *testing.T) {
 		t.Fatalf("exhausted records %+v", ex)
 	}
 }
+
+// TestDeletedStreamIsRecreated: a stream deleted while the relay runs is an
+// outage; the relay recreates it (stream.create) and goes on, spending no
+// attempts.
+func TestDeletedStreamIsRecreated(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "")
+	insertEvents(t, app, 10, "Before")
+	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 10 })
+	if err := js.DeleteStream(context.Background(), "EVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	insertEvents(t, app, 10, "After")
+	testenv.Eventually(t, 60*time.Second, "rows done after the stream was deleted", func() bool { return testenv.Counts(t, app)["done"] == 20 })
+	var attempts int
+	app.QueryRow(`SELECT coalesce(sum(attempts), 0) FROM event_queue`).Scan(&attempts)
+	if attempts != 0 {
+		t.Fatalf("a deleted stream spent %d attempts", attempts)
+	}
+	s, err := js.Stream(context.Background(), "EVENTS")
+	if err != nil || s.CachedInfo().Config.Duplicates != time.Hour {
+		t.Fatalf("stream not recreated as configured: %v", err)
+	}
+	d.stop()
+}
+
+// TestUncapturedPrefixKeepsRelayNotReady: a stream that does not capture
+// <prefix>.> makes the relay log the fix, claim nothing and answer 503.
+func TestUncapturedPrefixKeepsRelayNotReady(t *testing.T) {
+	n := testenv.StartNATS(t)
+	if _, err := n.JetStream(t).CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertEvents(t, app, 5, "Waiting")
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
+	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
+	line := d.waitFor("stream does not capture the relay's subjects; the relay stays not ready until it does")
+	if line["level"] != "error" || !strings.Contains(fmt.Sprint(line["fix"]), "nats stream edit EVENTS --subjects 'orders.>,events.>' -f") {
+		t.Fatalf("error line %v", line)
+	}
+	testenv.Eventually(t, 10*time.Second, "/readyz 503", func() bool {
+		code, body := httpStatus(t, addr+"/readyz")
+		return code == 503 && strings.Contains(body, "does not capture events.>")
+	})
+	if c := testenv.Counts(t, app); c["pending"] != 5 {
+		t.Fatalf("rows touched while not ready: %v", c)
+	}
+	d.stop()
+}

@@ -143,20 +143,30 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 // reclaimable whose lease expired or whose owner stopped heartbeating for
 // staleAfter; it removes such owners' heartbeat rows. It returns how many
 // rows went back to pending.
+//
+// When this heartbeat itself was held up (it waited a third of staleAfter
+// for the lock, or the previous one is that old), the application has
+// likely held the write lock, and every other relay's heartbeat waited
+// too: their silence proves nothing, so this round judges nobody dead.
 func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error) {
-	now := nowMs()
 	host, _ := os.Hostname()
-	tx, err := s.write.BeginTx(ctx, nil)
+	asked := time.Now()
+	tx, err := s.write.BeginTx(ctx, nil) // BEGIN IMMEDIATE: waits for the lock
 	if err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	defer tx.Rollback()
+	now := nowMs() // taken with the lock held, so it is not already late
+	heldUp := time.Since(asked) > staleAfter/3 || (!s.lastBeat.IsZero() && time.Since(s.lastBeat) > staleAfter/3)
 	if _, err := tx.ExecContext(ctx, `INSERT INTO `+InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version)
 VALUES (?1, ?2, ?2, ?3, ?4, ?5)
 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s.instance, now, host, os.Getpid(), version); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	staleBefore := now - staleAfter.Milliseconds()
+	if heldUp {
+		staleBefore = 0 // judge nobody dead this round; expired leases still count
+	}
 	res, err := tx.ExecContext(ctx, s.q.reclaim, now-lease.Milliseconds(), s.instance, staleBefore)
 	if err != nil {
 		return 0, fmt.Errorf("reclaim rows: %w", err)
@@ -168,6 +178,7 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
+	s.lastBeat = time.UnixMilli(now)
 	return reclaimed, nil
 }
 

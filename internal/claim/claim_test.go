@@ -787,3 +787,57 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 		t.Fatalf("second prune %d, %v", n, err)
 	}
 }
+
+// TestHeldUpHeartbeatJudgesNobody: when the application held the write lock
+// longer than the staleness limit, every relay's heartbeat waited; the first
+// one through must not take the others for dead.
+func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
+	ctx := context.Background()
+	a := newStore(t)
+	b := openStore(t, a.Path(), false)
+	db := appDB(t, a.Path())
+	insertRows(t, db, 5, "pending")
+	const stale = 1500 * time.Millisecond
+	for _, s := range []*Store{a, b} {
+		if _, err := s.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rows, err := b.Claim(ctx, 5); err != nil || len(rows) != 5 {
+		t.Fatal(rows, err)
+	}
+	tx, err := db.Begin() // the application's long transaction
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES ('long', 'T', 'x')`)
+	time.AfterFunc(2*time.Second, func() { tx.Commit() })
+	n, err := a.Heartbeat(ctx, "t", time.Hour, stale) // waits 2 s for the lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("a held-up heartbeat reclaimed %d rows of a relay that was only held up too", n)
+	}
+	// b really is dead now: the next, timely heartbeats take its rows.
+	time.Sleep(stale)
+	if _, err := a.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
+		t.Fatal(err)
+	}
+	var reclaimed int64
+	step := func() bool {
+		n, err := a.Heartbeat(ctx, "t", time.Hour, stale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reclaimed += n
+		return reclaimed == 5
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !step() {
+		if time.Now().After(deadline) {
+			t.Fatalf("dead relay's rows not reclaimed (%d)", reclaimed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

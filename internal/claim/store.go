@@ -42,6 +42,7 @@ type Store struct {
 	path     string
 	instance string
 	q        queries
+	lastBeat time.Time // the last committed heartbeat; one heartbeat loop per store
 }
 
 // Open opens the database at opts.Path. It does not touch the schema.

@@ -66,13 +66,20 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for {
+		for i := 0; ; i++ {
 			select {
 			case <-stopWriter:
 				return
 			default:
 			}
-			insertN(t, app, 10, "Outage")
+			evs := make([]testenv.Event, 10)
+			for j := range evs {
+				evs[j] = testenv.NewEvent("Outage", []byte(fmt.Sprint(i, j)))
+			}
+			if err := testenv.Insert(app, evs...); err != nil {
+				t.Error(err) // not Fatal: this is not the test's goroutine
+				return
+			}
 			written += 10
 			time.Sleep(2 * time.Millisecond)
 		}
@@ -98,7 +105,9 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 		t.Fatalf("the outage spent %d attempts", attempts)
 	}
 	assertOncePerEvent(t, n, app, written)
-	if a, b := logCount(h, "broker unavailable; pausing without spending attempts"), logCount(h, "broker recovered; resuming"); a != 1 || b != 1 {
+	// One line when it goes away, one when it is back: not one per row. (A
+	// server that is still recovering may make a second, short outage.)
+	if a, b := logCount(h, "broker unavailable; pausing without spending attempts"), logCount(h, "broker recovered; resuming"); a != b || a < 1 || a > 2 {
 		t.Fatalf("%d unavailable and %d recovered log lines; want one each", a, b)
 	}
 	rec := h.logs.FilterMessage("broker recovered; resuming").All()[0]
@@ -164,6 +173,7 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	insertN(t, app, 5, "Small")
+	started := time.Now()
 	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
 	var attempts int
 	var availableAt int64
@@ -172,9 +182,10 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 		app.QueryRow(`SELECT attempts, available_at, coalesce(last_error, '') FROM event_queue WHERE event_id = ?`, *big.EventID).Scan(&attempts, &availableAt, &lastError)
 		return attempts == 1
 	})
-	now := time.Now().UnixMilli()
-	if d := time.Duration(availableAt-now) * time.Millisecond; d < 3*time.Second || d > 5*time.Second {
-		t.Errorf("retry scheduled in %v, want about %v", d, event.RetryBackoff(1))
+	// The rejection happened between the start and now; the retry is due
+	// RetryBackoff(1) after it.
+	if at := time.UnixMilli(availableAt); at.Before(started.Add(event.RetryBackoff(1)).Add(-time.Millisecond)) || at.After(time.Now().Add(event.RetryBackoff(1))) {
+		t.Errorf("retry scheduled at %v, want %v after the rejection (between %v and %v)", at, event.RetryBackoff(1), started, time.Now())
 	}
 	if !strings.Contains(lastError, "message size exceeds maximum") {
 		t.Errorf("last_error %q", lastError)
@@ -251,7 +262,7 @@ func TestShutdownReleasesUnackedRows(t *testing.T) {
 	if err := h.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d < 300*time.Millisecond || d > 5*time.Second {
+	if d := time.Since(start); d < 300*time.Millisecond || d > 15*time.Second {
 		t.Errorf("shutdown took %v with shutdown_timeout 300ms", d)
 	}
 	var pending, attempts, claimed int

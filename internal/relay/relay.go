@@ -113,7 +113,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		m:        o.Metrics,
 		wake:     make(chan struct{}, 1),
 		settled:  make(chan struct{}, 1),
-		pipeline: make(chan *batch, o.MaxInFlight/max(o.BatchSize, 1)+2),
+		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
 	}
 	r.dbTrouble = stateLog{log: o.Log, down: "database unavailable; retrying", up: "database available again"}
 	r.m.BrokerConnected.Set(0) // until the first probe answers
@@ -136,9 +136,9 @@ const writeGrace = 5 * time.Second
 // Run runs until ctx ends, then stops claiming, waits up to
 // ShutdownTimeout for outstanding acknowledgements, releases what is left
 // without spending attempts, and returns nil; it returns within
-// ShutdownTimeout plus a few seconds. It returns an error when the relay
-// cannot start or cannot go on: the NATS connection was closed for good
-// (the process should exit and be restarted).
+// ShutdownTimeout plus a few seconds. It returns an error only when the
+// relay cannot go on: the NATS connection was closed for good (the process
+// should exit and be restarted).
 func (r *Relay) Run(ctx context.Context) error {
 	// Acknowledgements are awaited until ShutdownTimeout after ctx ends;
 	// settlements, heartbeats and the goodbye are written until writeGrace
@@ -155,17 +155,19 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	if r.o.HeartbeatInterval > 0 {
 		// Be visibly alive before the first claim, or another relay would
-		// take this one's claims for a dead relay's.
-		if _, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("start relay: %w", err)
+		// take this one's claims for a dead relay's. A locked database is
+		// waited out (logged once); /healthz fails meanwhile.
+		if !r.firstHeartbeat(ctx) {
+			return nil
 		}
 	}
 	r.running.Store(true)
 	defer r.running.Store(false)
 
+	// claimCtx ends the claim loop and every helper loop: at shutdown, or
+	// when the relay cannot go on.
+	claimCtx, stopClaiming := context.WithCancel(ctx)
+	defer stopClaiming()
 	var loops, heartbeat sync.WaitGroup
 	hbCtx, stopHeartbeat := context.WithCancel(writeCtx)
 	defer stopHeartbeat()
@@ -179,14 +181,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	}{{r.o.StatsInterval, r.statsLoop}, {r.o.RetentionInterval, r.retentionLoop}} {
 		if loop.every > 0 {
 			loops.Add(1)
-			go func() { defer loops.Done(); loop.run(ctx) }()
+			go func() { defer loops.Done(); loop.run(claimCtx) }()
 		}
 	}
 	if r.o.WatchInterval > 0 {
 		loops.Add(1)
 		go func() {
 			defer loops.Done()
-			if err := r.store.Watch(ctx, r.o.WatchInterval, r.wake); err != nil {
+			if err := r.store.Watch(claimCtx, r.o.WatchInterval, r.wake); err != nil {
 				r.log.Warn("commit watch stopped; falling back to polling", zap.Error(err))
 			}
 		}()
@@ -194,8 +196,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	settlerDone := make(chan struct{})
 	go func() { defer close(settlerDone); r.settleLoop(ctx, ackCtx, writeCtx) }()
 
-	claimCtx, stopClaiming := context.WithCancel(ctx)
-	defer stopClaiming()
 	fatal := r.claimLoop(claimCtx)
 	if fatal != nil {
 		// Nothing more can be published: release what is in flight now.
@@ -214,6 +214,35 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.log.Info("relay stopped")
 	return fatal
+}
+
+// firstHeartbeat registers this relay, retrying database errors until it
+// succeeds (true) or ctx ends (false). Rows it reclaims from dead relays
+// are counted like every later reclaim.
+func (r *Relay) firstHeartbeat(ctx context.Context) bool {
+	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	for {
+		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
+		if err == nil {
+			r.dbTrouble.ok()
+			r.reclaimed(n)
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		r.dbTrouble.fail(err)
+		sleep(ctx, retry.next())
+	}
+}
+
+// reclaimed counts and logs rows a heartbeat made claimable again.
+func (r *Relay) reclaimed(n int64) {
+	if n > 0 {
+		r.log.Info("reclaimed rows of an expired lease or a stopped relay", zap.Int64("rows", n))
+		r.m.LeasesReclaimed.Add(float64(n))
+		r.Wake()
+	}
 }
 
 // claimLoop claims and publishes until ctx ends or the broker connection is
@@ -450,11 +479,8 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 			}
 			continue
 		}
-		if n > 0 {
-			r.log.Info("reclaimed rows of an expired lease or a stopped relay", zap.Int64("rows", n))
-			r.m.LeasesReclaimed.Add(float64(n))
-			r.Wake()
-		}
+		r.dbTrouble.ok()
+		r.reclaimed(n)
 	}
 }
 

@@ -179,8 +179,17 @@ func TestClosedConnectionIsFatal(t *testing.T) {
 	store := &fakeStore{}
 	store.add(5, "T")
 	flaky := &flakyReady{closedPublisher: closedPublisher{}}
-	r := New(store, flaky, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, MaxAttempts: 3, ShutdownTimeout: time.Second})
-	err := r.Run(context.Background())
+	// Every helper loop runs, as in the daemon: none may keep Run from returning.
+	r := New(store, flaky, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, MaxAttempts: 3, ShutdownTimeout: time.Second,
+		WatchInterval: time.Millisecond, HeartbeatInterval: 10 * time.Millisecond, StatsInterval: 10 * time.Millisecond, RetentionInterval: 10 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after the connection closed for good")
+	}
 	if !errors.Is(err, publish.ErrClosed) {
 		t.Fatalf("Run = %v, want ErrClosed", err)
 	}

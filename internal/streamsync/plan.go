@@ -153,6 +153,17 @@ func ConsumerEditCommand(stream, consumer string, changes []Change) string {
 	return strings.Join(append(args, "-f"), " ")
 }
 
+// ConsumerAddCommand is the natscli (v0.5.0) command that creates the
+// consumer the relay would create.
+func ConsumerAddCommand(want Want, filters []string) string {
+	args := []string{"nats", "consumer", "add", shellQuote(want.Stream), shellQuote(want.Durable), "--pull", "--ack", "explicit", "--deliver", "all",
+		"--max-deliver", strconv.Itoa(want.MaxDeliver), "--wait", fmtDuration(want.AckWait)}
+	for _, f := range filters {
+		args = append(args, "--filter", shellQuote(f))
+	}
+	return strings.Join(append(args, "--defaults"), " ")
+}
+
 // shellQuote quotes s for a POSIX shell when it needs it (subjects hold '>').
 func shellQuote(s string) string {
 	if s != "" && strings.IndexFunc(s, func(r rune) bool {

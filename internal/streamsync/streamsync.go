@@ -138,11 +138,22 @@ func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Re
 		case o.DryRun || stream == nil:
 			res.ConsumerCreated = true
 		default:
-			if _, err := stream.CreateConsumer(ctx, newConsumer(want, subjects)); err != nil {
+			_, err := stream.CreateConsumer(ctx, newConsumer(want, subjects))
+			var apiErr *jetstream.APIError
+			switch {
+			case err == nil:
+				res.ConsumerCreated = true
+				log.Info("created consumer", zap.String("consumer", want.Durable), zap.Int("max_deliver", want.MaxDeliver), zap.Duration("ack_wait", want.AckWait))
+			case errors.As(err, &apiErr):
+				// Publishing does not need the consumer: say so and go on.
+				command := ConsumerAddCommand(want, subjects)
+				res.Rejected = append(res.Rejected, Rejection{Part: "consumer", Error: apiErr.Error(), Command: command})
+				log.Warn("the server refused to create the consumer; starting anyway. Create it by hand with the command",
+					zap.String("consumer", want.Durable), zap.String("reason", apiErr.Description), zap.Int("err_code", int(apiErr.ErrorCode)),
+					zap.String("command", command))
+			default:
 				return res, fmt.Errorf("create consumer %s/%s: %w", want.Stream, want.Durable, err)
 			}
-			res.ConsumerCreated = true
-			log.Info("created consumer", zap.String("consumer", want.Durable), zap.Int("max_deliver", want.MaxDeliver), zap.Duration("ack_wait", want.AckWait))
 		}
 	}
 	if o.DryRun || res.Changes.Empty() {
@@ -183,12 +194,23 @@ func report(err error, log *zap.Logger, part string, changes []Change, command s
 		for i, c := range changes {
 			fields[i] = fmt.Sprintf("%s %s -> %s", c.Field, c.Old, c.New)
 		}
-		log.Warn("the server rejected the "+part+" update the relay needs; starting anyway. Fix it by hand with the command",
-			zap.String("wanted", strings.Join(fields, ", ")), zap.String("reason", apiErr.Description), zap.Int("err_code", int(apiErr.ErrorCode)),
-			zap.String("command", command))
+		fieldsLog := []zap.Field{zap.String("wanted", strings.Join(fields, ", ")), zap.String("reason", apiErr.Description),
+			zap.Int("err_code", int(apiErr.ErrorCode)), zap.String("command", command)}
+		if h := hint(apiErr); h != "" {
+			fieldsLog = append(fieldsLog, zap.String("hint", h))
+		}
+		log.Warn("the server rejected the "+part+" update the relay needs; starting anyway. Fix it by hand with the command", fieldsLog...)
 		return true, nil
 	}
 	return false, fmt.Errorf("update %s: %w", part, err)
+}
+
+// hint explains rejections whose fix is more than the command.
+func hint(apiErr *jetstream.APIError) string {
+	if strings.Contains(strings.ToLower(apiErr.Description), "max age") || strings.Contains(strings.ToLower(apiErr.Description), "max_age") {
+		return "the duplicate window cannot be longer than the stream's max_age: raise max_age too (add --max-age with at least the window), or lower stream.duplicate_window"
+	}
+	return ""
 }
 
 func create(ctx context.Context, js jetstream.JetStream, want Want) (jetstream.Stream, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -257,7 +258,8 @@ func TestRejectedUpdateKeepsStarting(t *testing.T) {
 	}
 	lines := logs.FilterLevelExact(zapcore.WarnLevel).All()
 	if len(lines) != 1 || lines[0].ContextMap()["command"] != "nats stream edit EVENTS --dupe-window 1h -f" ||
-		!strings.Contains(lines[0].ContextMap()["reason"].(string), "duplicates window") {
+		!strings.Contains(lines[0].ContextMap()["reason"].(string), "duplicates window") ||
+		!strings.Contains(fmt.Sprint(lines[0].ContextMap()["hint"]), "max_age") {
 		t.Fatalf("warning lines %v", logs.All())
 	}
 	if got := streamConfig(t, js, "EVENTS").Duplicates; got != 2*time.Minute {
@@ -326,6 +328,34 @@ func TestConsumerAbsent(t *testing.T) {
 	if cfg.Durable != "worker" || cfg.AckPolicy != jetstream.AckExplicitPolicy || cfg.MaxDeliver != 10 || cfg.AckWait != 30*time.Second ||
 		strings.Join(append(cfg.FilterSubjects, cfg.FilterSubject), ",") != "events.>," {
 		t.Fatalf("created consumer %+v", cfg)
+	}
+}
+
+// TestRefusedConsumerCreationKeepsStarting: publishing does not need the
+// consumer, so a server that refuses to create it (here: the stream allows
+// one consumer and has one) is a warning with the command, not a stop.
+func TestRefusedConsumerCreationKeepsStarting(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxConsumers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "other", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	w := want
+	w.Durable, w.CreateConsumer = "worker", true
+	log, logs := observed()
+	res, err := streamsync.Sync(ctx, js, w, streamsync.Options{Log: log})
+	if err != nil {
+		t.Fatalf("Sync = %v; a refused consumer must not stop startup", err)
+	}
+	if len(res.Rejected) != 1 || res.Rejected[0].Command != "nats consumer add EVENTS worker --pull --ack explicit --deliver all --max-deliver 10 --wait 30s --filter 'events.>' --defaults" {
+		t.Fatalf("result %+v", res)
+	}
+	if n := logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != 1 {
+		t.Fatalf("%d warnings: %v", n, logs.All())
 	}
 }
 

@@ -211,6 +211,23 @@ func (e *env) stopRelay(name string) {
 	delete(e.relays, name)
 }
 
+// logCount counts a relay's log lines with message msg.
+func (e *env) logCount(name, msg string) int {
+	e.t.Helper()
+	b, err := os.ReadFile(e.relayLog(name))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == msg {
+			n++
+		}
+	}
+	return n
+}
+
 // metric scrapes one metric value from a running relay's /metrics.
 func (e *env) metric(name, metric string) float64 {
 	e.t.Helper()
@@ -427,10 +444,23 @@ func TestKill9(t *testing.T) {
 	go func() { w.Wait(); close(writerDone) }()
 	for kills < 6 {
 		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
-		// Kill while the relay holds rows, so every kill strands some.
-		for deadline := time.Now().Add(2 * time.Second); len(heldIDs(t, db)) == 0 && time.Now().Before(deadline); {
+		// Kill while the relay holds rows, so every kill strands some; every
+		// other time with the broker frozen first, so it holds many.
+		frozen := kills%2 == 1
+		if frozen {
+			e.nats.Process.Signal(syscall.SIGSTOP)
+		}
+		want := 1
+		if frozen {
+			want = 100
+		}
+		for deadline := time.Now().Add(3 * time.Second); len(heldIDs(t, db)) < want && time.Now().Before(deadline); {
+			time.Sleep(2 * time.Millisecond)
 		}
 		e.killRelay("relay")
+		if frozen {
+			e.nats.Process.Signal(syscall.SIGCONT)
+		}
 		kills++
 		held := heldIDs(t, db)
 		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
@@ -481,6 +511,10 @@ func TestBrokerOutage(t *testing.T) {
 	}
 	deferred := e.metric("relay", `outbox_relay_deferred_total{reason="outage"}`)
 	e.stopRelay("relay")
+	down, up := e.logCount("relay", "broker unavailable; pausing without spending attempts"), e.logCount("relay", "broker recovered; resuming")
+	if down != up || down < 1 || down > 2 {
+		t.Errorf("%d 'unavailable' and %d 'recovered' lines for one outage; want one each", down, up)
+	}
 	lost, dups, dead := e.verify(db, 0)
 	if deferred == 0 {
 		t.Error("no row was deferred for the outage")
@@ -626,6 +660,11 @@ func TestSignals(t *testing.T) {
 	e.waitSettled(db, 60*time.Second)
 	e.stopRelay("relay")
 	lost, dups, dead := e.verify(db, 0)
+	var attempts int
+	db.QueryRow(`SELECT coalesce(sum(attempts), 0) FROM event_queue`).Scan(&attempts)
+	if attempts != 0 {
+		t.Errorf("stopping relays spent %d attempts", attempts)
+	}
 	if recovery > 10*time.Second {
 		t.Errorf("recovery after the second signal took %v", recovery)
 	}
