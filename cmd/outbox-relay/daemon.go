@@ -303,18 +303,26 @@ func signalContext(log *zap.Logger) (context.Context, func()) {
 	return ctx, func() { signal.Stop(ch); close(ch); cancel() }
 }
 
+// start builds the logger and the signal context of a long-running command;
+// stop flushes and releases both.
+func (c *cli) start(cfg config.Config) (log *zap.Logger, ctx context.Context, stop func(), err error) {
+	if log, err = newLogger(cfg.Log, c.stderr); err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, stopSignals := signalContext(log)
+	return log, ctx, func() { stopSignals(); log.Sync() }, nil
+}
+
 // runDaemon is the run command.
 func (c *cli) runDaemon(*cobra.Command) error {
 	cfg, err := c.loadConfig()
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(cfg.Log, c.stderr)
+	log, ctx, stop, err := c.start(cfg)
 	if err != nil {
 		return err
 	}
-	defer log.Sync()
-	ctx, stop := signalContext(log)
 	defer stop()
 	a, err := openApp(ctx, cfg, log, openOptions{})
 	if err == nil {

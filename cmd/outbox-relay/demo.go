@@ -80,12 +80,10 @@ func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, 
 	if !cmd.Flags().Changed("log-format") && os.Getenv(config.EnvName("log.format")) == "" {
 		cfg.Log.Format = "console"
 	}
-	log, err := newLogger(cfg.Log, c.stderr)
+	log, ctx, stop, err := c.start(cfg)
 	if err != nil {
 		return err
 	}
-	defer log.Sync()
-	ctx, stop := signalContext(log)
 	defer stop()
 	if duration > 0 {
 		var cancel context.CancelFunc

@@ -81,11 +81,10 @@ func (c *cli) demoAppCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(cfg.Log, c.stderr)
+			log, ctx, stop, err := c.start(cfg)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(log)
 			defer stop()
 			s, err := claim.Open(ctx, claim.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: true})
 			if err != nil {

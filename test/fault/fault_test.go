@@ -33,6 +33,8 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 var bin struct{ relay, natsServer, writer string }
@@ -301,28 +303,12 @@ func (e *env) open() *sql.DB {
 	return db
 }
 
-func counts(t *testing.T, db *sql.DB) map[string]int {
-	rows, err := db.Query(`SELECT status, count(*) FROM event_queue GROUP BY status`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var s string
-		var n int
-		rows.Scan(&s, &n)
-		out[s] = n
-	}
-	return out
-}
-
 // waitSettled waits until no row is pending or processing.
 func (e *env) waitSettled(db *sql.DB, timeout time.Duration) {
 	e.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		c := counts(e.t, db)
+		c := testenv.Counts(e.t, db)
 		if c["pending"]+c["processing"] == 0 {
 			return
 		}
@@ -338,7 +324,7 @@ func (e *env) waitSettled(db *sql.DB, timeout time.Duration) {
 // row. It returns lost and duplicate counts for the summary.
 func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
 	e.t.Helper()
-	c := counts(e.t, db)
+	c := testenv.Counts(e.t, db)
 	dead = c["dead_lettered"]
 	lost = c["pending"] + c["processing"]
 	done := map[string]bool{}
