@@ -113,6 +113,7 @@ stream has acknowledged it. "run" is the default command.`,
 		c.deadLettersCommand(),
 		c.healthcheckCommand(),
 		c.demoAppCommand(),
+		c.benchCommand(),
 		c.demoCommand(),
 		&cobra.Command{
 			Use:   "version",
@@ -124,16 +125,6 @@ stream has acknowledged it. "run" is the default command.`,
 			},
 		},
 	)
-	for _, name := range []string{"bench"} {
-		root.AddCommand(&cobra.Command{
-			Use:                name,
-			Short:              "Not implemented yet",
-			DisableFlagParsing: true,
-			RunE: func(*cobra.Command, []string) error {
-				return usagef("%s: not implemented yet", name)
-			},
-		})
-	}
 	// Flag and argument errors of every subcommand are usage errors too.
 	var all []*cobra.Command
 	var walk func(*cobra.Command)

@@ -296,3 +296,52 @@ FROM `+ExhaustedTable+` ORDER BY observed_at DESC, id DESC LIMIT ?`, limit)
 	}
 	return out, rows.Err()
 }
+
+// Seed inserts n synthetic rows with payloads of size random bytes, in the
+// given status (done rows get processed_at), as fast as SQLite can: for
+// benchmarks and load tests.
+func (s *Store) Seed(ctx context.Context, n, size int, status event.Status) error {
+	const chunk = 50_000
+	for left := n; left > 0; left -= chunk {
+		k := min(left, chunk)
+		processed := "NULL"
+		if status == event.StatusDone {
+			processed = nowSQL
+		}
+		_, err := s.write.ExecContext(ctx, fmt.Sprintf(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+INSERT INTO %s (event_id, event_type, payload, status, processed_at) SELECT %s, 'BenchEvent', randomblob(?), ?, %s FROM n`, s.table, uuidSQL, processed), k, size, string(status))
+		if err != nil {
+			return fmt.Errorf("seed rows: %w", err)
+		}
+	}
+	return nil
+}
+
+// Lags returns, for done rows with an id above afterID, processed_at minus
+// created_at in milliseconds, sorted: the time from the application's
+// insert to the row being marked done after its PubAck.
+func (s *Store) Lags(ctx context.Context, afterID int64) ([]int64, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT processed_at - created_at FROM `+s.table+` WHERE id > ? AND status = 'done' ORDER BY 1`, afterID)
+	if err != nil {
+		return nil, fmt.Errorf("read lags: %w", err)
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// LastProcessed returns the latest processed_at of the table.
+func (s *Store) LastProcessed(ctx context.Context) (time.Time, error) {
+	var v sql.NullInt64
+	if err := s.read.QueryRowContext(ctx, `SELECT max(processed_at) FROM `+s.table).Scan(&v); err != nil {
+		return time.Time{}, fmt.Errorf("read last processed: %w", err)
+	}
+	return time.UnixMilli(v.Int64), nil
+}

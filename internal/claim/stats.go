@@ -37,3 +37,14 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Drained reports whether no row is pending or processing, in two index
+// probes: cheap enough to poll while a large backlog drains.
+func (s *Store) Drained(ctx context.Context) (bool, error) {
+	var busy bool
+	err := s.read.QueryRowContext(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending') OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'processing')`, s.table)).Scan(&busy)
+	if err != nil {
+		return false, fmt.Errorf("read backlog: %w", err)
+	}
+	return !busy, nil
+}

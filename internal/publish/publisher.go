@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -312,4 +313,37 @@ func (p *Core) Ready(context.Context) error {
 		return fmt.Errorf("nats flush: %w", err)
 	}
 	return nil
+}
+
+// Ceiling publishes n messages of size bytes to subject asynchronously,
+// each with a fresh Nats-Msg-Id, keeping at most maxPending acks
+// outstanding, and returns how long it took until every PubAck arrived:
+// the raw JetStream rate a relay is measured against.
+func Ceiling(ctx context.Context, c *Conn, subject string, n, size, maxPending int) (time.Duration, error) {
+	var failed atomic.Int64
+	js, err := jetstream.New(c.NC,
+		jetstream.WithPublishAsyncMaxPending(maxPending),
+		jetstream.WithPublishAsyncTimeout(30*time.Second),
+		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { failed.Add(1) }))
+	if err != nil {
+		return 0, err
+	}
+	payload := make([]byte, size)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		m := &nats.Msg{Subject: subject, Data: payload, Header: nats.Header{HeaderMsgID: {event.NewID()}}}
+		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
+			return 0, fmt.Errorf("publish: %w", err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	elapsed := time.Since(start)
+	if k := failed.Load(); k > 0 {
+		return elapsed, fmt.Errorf("%d of %d publishes failed", k, n)
+	}
+	return elapsed, nil
 }

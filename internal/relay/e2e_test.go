@@ -27,7 +27,7 @@ import (
 
 // harness is a relay wired to real parts, as the command line wires it.
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	store   *claim.Store
 	conn    *publish.Conn
 	js      *publish.JetStream
@@ -53,7 +53,7 @@ type harnessOptions struct {
 
 var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
 
-func startRelay(t *testing.T, dbPath, natsURL string, ho harnessOptions) *harness {
+func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harness {
 	t.Helper()
 	if ho.batch == 0 {
 		ho.batch = 100

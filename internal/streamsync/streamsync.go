@@ -268,3 +268,16 @@ func captureCommand(stream string, subjects []string, prefix string) string {
 	all := append(append([]string(nil), subjects...), prefix+".>")
 	return fmt.Sprintf("nats stream edit %s --subjects %s -f", shellQuote(stream), shellQuote(strings.Join(all, ",")))
 }
+
+// Recreate deletes the stream if it exists and creates it empty, with file
+// storage and the given dedup window: for benchmarks that need a fresh one.
+func Recreate(ctx context.Context, js jetstream.JetStream, name string, subjects []string, window time.Duration) error {
+	if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("delete stream %s: %w", name, err)
+	}
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, Duplicates: window})
+	if err != nil {
+		return fmt.Errorf("create stream %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,451 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
+)
+
+// benchOptions are the bench command's flags.
+type benchOptions struct {
+	rows, size, doneRows, rate int
+	duration, idle             time.Duration
+	natsURL, dir               string
+	ceilingBatches             []int
+	asJSON                     bool
+}
+
+// relayRun is what one run of the relay (a child process) measured.
+type relayRun struct {
+	Rows        int     `json:"rows"`
+	DoneRows    int     `json:"done_rows_before"`
+	Seconds     float64 `json:"seconds"`
+	RowsPerSec  float64 `json:"rows_per_second"`
+	LagP50Ms    float64 `json:"lag_p50_ms"`
+	LagP99Ms    float64 `json:"lag_p99_ms"`
+	LagMaxMs    float64 `json:"lag_max_ms"`
+	CPUSeconds  float64 `json:"cpu_seconds"`
+	PeakRSSMiB  float64 `json:"peak_rss_mib"`
+	OfferedRate int     `json:"offered_rate,omitempty"`
+}
+
+// benchReport is the bench command's result.
+type benchReport struct {
+	Machine        string             `json:"machine"`
+	Rows           int                `json:"rows"`
+	PayloadBytes   int                `json:"payload_bytes"`
+	CeilingByBatch map[string]float64 `json:"ceiling_by_batch,omitempty"`
+	Ceiling        float64            `json:"ceiling_rows_per_second,omitempty"`
+	Drain          *relayRun          `json:"drain,omitempty"`
+	DrainRatio     float64            `json:"drain_to_ceiling,omitempty"`
+	DrainWithDone  *relayRun          `json:"drain_with_done,omitempty"`
+	DoneRatio      float64            `json:"with_done_to_empty,omitempty"`
+	Rate           *relayRun          `json:"rate,omitempty"`
+	IdleCPUPercent *float64           `json:"idle_cpu_percent_of_one_core,omitempty"`
+	IdleSeconds    float64            `json:"idle_seconds,omitempty"`
+}
+
+func (c *cli) benchCommand() *cobra.Command {
+	var o benchOptions
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the relay against the raw JetStream publish ceiling on the same server",
+		Long: `bench measures, in one run on one server (an embedded one unless --nats-url):
+  the ceiling: async JetStream publishing of --rows messages of --size bytes
+    with Nats-Msg-Id, the best of several in-flight limits;
+  drain: the relay (this binary's "run", a child process, default
+    configuration) draining a fresh table of --rows pending rows to done:
+    rows/s, ratio to the ceiling, lag percentiles, CPU seconds, peak RSS;
+  with --done-rows N: the same drain with N done rows in the table too;
+  with --rate R: a writer inserting R rows/s for --duration while the relay
+    runs: insert-to-done lag percentiles;
+  with --idle D: the relay's CPU over D on an empty table, connected.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if o.rows < 1 || o.size < 0 || o.rate < 0 || o.doneRows < 0 {
+				return usagef("bench: --rows must be positive; --size, --rate, --done-rows not negative")
+			}
+			rep, err := c.bench(o)
+			if err != nil {
+				return err
+			}
+			if o.asJSON {
+				return printJSON(c.stdout, rep)
+			}
+			printBench(c, rep)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.rows, "rows", 200_000, "rows (and ceiling messages) per measurement")
+	f.IntVar(&o.size, "size", 256, "payload bytes")
+	f.IntVar(&o.doneRows, "done-rows", 0, "also drain with this many done rows in the table, and compare")
+	f.IntVar(&o.rate, "rate", 0, "also measure lag with a writer inserting this many rows/s")
+	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long the --rate writer writes")
+	f.DurationVar(&o.idle, "idle", 0, "also measure the relay's CPU while idle for this long (e.g. 60s)")
+	f.StringVar(&o.natsURL, "nats-url", "", "use this server instead of an embedded one")
+	f.StringVar(&o.dir, "dir", "", "work directory (default: a new temporary directory, removed after)")
+	f.IntSliceVar(&o.ceilingBatches, "ceiling-in-flight", []int{500, 1000, 2000, 4000}, "in-flight limits the ceiling is measured with")
+	f.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
+	return cmd
+}
+
+func (c *cli) bench(o benchOptions) (*benchReport, error) {
+	ctx := context.Background()
+	log := zap.NewNop()
+	dir := o.dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "outbox-relay-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	url := o.natsURL
+	if url == "" {
+		srv, err := publish.StartEmbedded("127.0.0.1:0", filepath.Join(dir, "nats"))
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Shutdown()
+		url = srv.URL()
+	}
+	conn, err := publish.ConnectOnce(ctx, url, config.NATS{}, "outbox-relay-bench", log)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	js, err := publish.NewJetStream(conn, "EVENTS", 1, time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	rep := &benchReport{Machine: machine(), Rows: o.rows, PayloadBytes: o.size, CeilingByBatch: map[string]float64{}}
+	progress := func(format string, args ...any) {
+		if !o.asJSON {
+			fmt.Fprintf(c.stderr, format+"\n", args...)
+		}
+	}
+
+	for _, b := range o.ceilingBatches {
+		if err := streamsync.Recreate(ctx, js.API(), "BENCH_CEILING", []string{"bench.ceiling"}, time.Hour); err != nil {
+			return nil, err
+		}
+		d, err := publish.Ceiling(ctx, conn, "bench.ceiling", o.rows, o.size, b)
+		if err != nil {
+			return nil, fmt.Errorf("ceiling with %d in flight: %w", b, err)
+		}
+		r := float64(o.rows) / d.Seconds()
+		rep.CeilingByBatch[strconv.Itoa(b)] = r
+		rep.Ceiling = max(rep.Ceiling, r)
+		progress("ceiling, %d in flight: %.0f msgs/s", b, r)
+	}
+	if err := js.API().DeleteStream(ctx, "BENCH_CEILING"); err != nil {
+		return nil, err
+	}
+
+	run := func(name string, done, rate int) (*relayRun, error) {
+		if err := streamsync.Recreate(ctx, js.API(), "EVENTS", []string{"events.>"}, time.Hour); err != nil {
+			return nil, err
+		}
+		r, err := c.benchRelay(ctx, filepath.Join(dir, name+".db"), url, o, done, rate)
+		if err == nil {
+			progress("%s: %.0f rows/s, lag p50 %.1f ms p99 %.1f ms, CPU %.2f s, peak RSS %.1f MiB", name, r.RowsPerSec, r.LagP50Ms, r.LagP99Ms, r.CPUSeconds, r.PeakRSSMiB)
+		}
+		return r, err
+	}
+	if rep.Drain, err = run("drain", 0, 0); err != nil {
+		return nil, err
+	}
+	rep.DrainRatio = rep.Drain.RowsPerSec / rep.Ceiling
+	if o.doneRows > 0 {
+		if rep.DrainWithDone, err = run("drain-with-done", o.doneRows, 0); err != nil {
+			return nil, err
+		}
+		rep.DoneRatio = rep.DrainWithDone.RowsPerSec / rep.Drain.RowsPerSec
+	}
+	if o.rate > 0 {
+		if rep.Rate, err = run("rate", 0, o.rate); err != nil {
+			return nil, err
+		}
+	}
+	if o.idle > 0 {
+		pct, err := c.benchIdle(ctx, filepath.Join(dir, "idle.db"), url, o.idle)
+		if err != nil {
+			return nil, err
+		}
+		rep.IdleCPUPercent, rep.IdleSeconds = &pct, o.idle.Seconds()
+		progress("idle: %.2f%% of one core over %v", pct, o.idle)
+	}
+	return rep, nil
+}
+
+// child is a relay process started by the bench.
+type child struct {
+	cmd     *exec.Cmd
+	started chan time.Time // when it logged "relay starting"
+}
+
+// startChild runs this binary's "run" on path against url with the default
+// configuration (metrics off, warnings only).
+func startChild(path, url string) (*child, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, "run")
+	cmd.Env = append(os.Environ(),
+		config.EnvName("database.path")+"="+path,
+		config.EnvName("nats.url")+"="+url,
+		config.EnvName("metrics.listen")+"=",
+		config.EnvName("log.level")+"=info",
+	)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	ch := &child{cmd: cmd, started: make(chan time.Time, 1)}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), `"msg":"relay starting"`) {
+				ch.started <- time.Now()
+			}
+		}
+	}()
+	return ch, nil
+}
+
+// stop ends the child with SIGTERM and returns its CPU seconds and peak RSS.
+func (ch *child) stop() (cpu, rssMiB float64, err error) {
+	ch.cmd.Process.Signal(syscall.SIGTERM)
+	if err := ch.cmd.Wait(); err != nil {
+		return 0, 0, fmt.Errorf("relay: %w", err)
+	}
+	ru, ok := ch.cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return 0, 0, errors.New("no resource usage for the relay")
+	}
+	cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	return cpu, float64(ru.Maxrss) / 1024, nil // Maxrss is in KiB on Linux
+}
+
+// benchRelay prepares a database, runs the relay on it until every row is
+// done, and measures. With rate > 0 a writer inserts rows at that rate for
+// o.duration while the relay runs, instead of a prepared backlog.
+func (c *cli) benchRelay(ctx context.Context, path, url string, o benchOptions, doneRows, rate int) (*relayRun, error) {
+	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if _, err := s.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	if doneRows > 0 {
+		if err := s.Seed(ctx, doneRows, o.size, event.StatusDone); err != nil {
+			return nil, err
+		}
+	}
+	pending := o.rows
+	if rate > 0 {
+		pending = 0
+	} else if err := s.Seed(ctx, pending, o.size, event.StatusPending); err != nil {
+		return nil, err
+	}
+	ch, err := startChild(path, url)
+	if err != nil {
+		return nil, err
+	}
+	var start time.Time
+	select {
+	case start = <-ch.started:
+	case <-time.After(30 * time.Second):
+		ch.cmd.Process.Kill()
+		return nil, errors.New("the relay did not start within 30 s")
+	}
+	res := &relayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
+	if rate > 0 {
+		n, err := writeRate(ctx, path, rate, o.duration, o.size)
+		if err != nil {
+			ch.stop()
+			return nil, err
+		}
+		res.Rows = n
+	}
+	for {
+		drained, err := s.Drained(ctx)
+		if err != nil {
+			ch.stop()
+			return nil, err
+		}
+		if drained {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	last, err := s.LastProcessed(ctx)
+	if err != nil {
+		ch.stop()
+		return nil, err
+	}
+	res.Seconds = last.Sub(start).Seconds()
+	res.RowsPerSec = float64(res.Rows) / res.Seconds
+	if res.CPUSeconds, res.PeakRSSMiB, err = ch.stop(); err != nil {
+		return nil, err
+	}
+	lags, err := s.Lags(ctx, int64(doneRows)) // the seeded done rows come first
+	if err != nil {
+		return nil, err
+	}
+	res.LagP50Ms, res.LagP99Ms, res.LagMaxMs = percentile(lags, 0.5), percentile(lags, 0.99), percentile(lags, 1)
+	return res, nil
+}
+
+// writeRate is the --rate writer: one row per transaction, as an
+// application writes, paced to rate rows/s for d. It returns how many rows
+// it wrote.
+func writeRate(ctx context.Context, path string, rate int, d time.Duration, size int) (int, error) {
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate")
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	payload := make([]byte, size)
+	start := time.Now()
+	n := 0
+	for time.Since(start) < d {
+		due := int(time.Since(start).Seconds() * float64(rate))
+		for ; n < due; n++ {
+			if _, err := db.ExecContext(ctx, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'BenchEvent', ?)`, event.NewID(), payload); err != nil {
+				return n, fmt.Errorf("writer: %w", err)
+			}
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return n, nil
+}
+
+// benchIdle measures the relay's CPU while it is connected with nothing to do.
+func (c *cli) benchIdle(ctx context.Context, path, url string, d time.Duration) (float64, error) {
+	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	if err != nil {
+		return 0, err
+	}
+	_, err = s.Migrate(ctx)
+	s.Close()
+	if err != nil {
+		return 0, err
+	}
+	ch, err := startChild(path, url)
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-ch.started:
+	case <-time.After(30 * time.Second):
+		ch.cmd.Process.Kill()
+		return 0, errors.New("the relay did not start within 30 s")
+	}
+	time.Sleep(3 * time.Second) // let startup settle
+	before, err := procCPU(ch.cmd.Process.Pid)
+	if err != nil {
+		ch.stop()
+		return 0, err
+	}
+	time.Sleep(d)
+	after, err := procCPU(ch.cmd.Process.Pid)
+	ch.stop()
+	if err != nil {
+		return 0, err
+	}
+	return 100 * (after - before).Seconds() / d.Seconds(), nil
+}
+
+// procCPU reads a process's user+system CPU time from /proc.
+func procCPU(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which may hold spaces) start after ')'.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticks, nil
+}
+
+func percentile(sorted []int64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	if !sort.SliceIsSorted(sorted, func(i, j int) bool { return sorted[i] < sorted[j] }) {
+		sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	}
+	i := int(p * float64(len(sorted)-1))
+	return float64(sorted[i])
+}
+
+func machine() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s, %d CPUs", host, runtime.NumCPU())
+}
+
+func printBench(c *cli, r *benchReport) {
+	w := c.stdout
+	fmt.Fprintf(w, "outbox-relay bench: %d rows of %d bytes (%s)\n", r.Rows, r.PayloadBytes, r.Machine)
+	keys := make([]int, 0, len(r.CeilingByBatch))
+	for k := range r.CeilingByBatch {
+		n, _ := strconv.Atoi(k)
+		keys = append(keys, n)
+	}
+	sort.Ints(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "  ceiling, %4d in flight     %9.0f msgs/s\n", k, r.CeilingByBatch[strconv.Itoa(k)])
+	}
+	fmt.Fprintf(w, "  ceiling (best)              %9.0f msgs/s\n", r.Ceiling)
+	line := func(name string, x *relayRun) {
+		fmt.Fprintf(w, "  %-27s %9.0f rows/s  lag p50 %.1f ms p99 %.1f ms  CPU %.2f s  peak RSS %.1f MiB\n",
+			name, x.RowsPerSec, x.LagP50Ms, x.LagP99Ms, x.CPUSeconds, x.PeakRSSMiB)
+	}
+	line("relay drain", r.Drain)
+	fmt.Fprintf(w, "  drain / ceiling             %9.2f\n", r.DrainRatio)
+	if r.DrainWithDone != nil {
+		line(fmt.Sprintf("drain, %d done rows", r.DrainWithDone.DoneRows), r.DrainWithDone)
+		fmt.Fprintf(w, "  with done / empty           %9.2f\n", r.DoneRatio)
+	}
+	if r.Rate != nil {
+		line(fmt.Sprintf("%d rows/s offered", r.Rate.OfferedRate), r.Rate)
+	}
+	if r.IdleCPUPercent != nil {
+		fmt.Fprintf(w, "  idle CPU                    %9.2f %% of one core over %.0f s\n", *r.IdleCPUPercent, r.IdleSeconds)
+	}
+}
