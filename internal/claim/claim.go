@@ -13,7 +13,7 @@ import (
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	claim, done, retry, deadLetter, release, reclaim string
+	claim, assignID, done, retry, deadLetter, release, reclaim string
 }
 
 // owned is the condition every settle carries: the row is still held by the
@@ -24,10 +24,13 @@ func newQueries(t string) queries {
 	return queries{
 		// One statement claims atomically; the subquery walks the pending
 		// index in id order and stops at the limit.
+		// event_id is not in the SET list: SQLite then leaves the unique
+		// index on it alone, instead of rewriting a random-key entry per row.
 		claim: fmt.Sprintf(`UPDATE %[1]s
-SET status = 'processing', claimed_at = ?1, claimed_by = ?2, event_id = COALESCE(event_id, %[2]s)
+SET status = 'processing', claimed_at = ?1, claimed_by = ?2
 WHERE id IN (SELECT id FROM %[1]s WHERE status = 'pending' AND available_at <= ?1 ORDER BY id LIMIT ?3)
-RETURNING id, event_id, event_type, payload, attempts, created_at`, t, uuidSQL),
+RETURNING id, event_id, event_type, payload, attempts, created_at`, t),
+		assignID: fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE id = ? AND event_id IS NULL RETURNING event_id`, t, uuidSQL),
 		done:       fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
 		retry:      fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = ?, available_at = ?, last_error = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
 		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
@@ -59,19 +62,24 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
 	// The open RETURNING result holds the write lock: read it all at once.
-	var out []event.Row
+	out := make([]event.Row, 0, limit)
+	var noID []int // rows a foreign writer left without an event id
 	for rows.Next() {
 		var (
 			r         event.Row
+			eventID   sql.NullString
 			eventType sql.NullString
 			attempts  sql.NullInt64
 			created   sql.NullInt64
 		)
-		if err := rows.Scan(&r.ID, &r.EventID, &eventType, &r.Payload, &attempts, &created); err != nil {
+		if err := rows.Scan(&r.ID, &eventID, &eventType, &r.Payload, &attempts, &created); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
-		r.EventType, r.Attempts, r.CreatedAt, r.ClaimedAt = eventType.String, int(attempts.Int64), created.Int64, now
+		if !eventID.Valid {
+			noID = append(noID, len(out))
+		}
+		r.EventID, r.EventType, r.Attempts, r.CreatedAt, r.ClaimedAt = eventID.String, eventType.String, int(attempts.Int64), created.Int64, now
 		out = append(out, r)
 	}
 	if err := rows.Close(); err != nil {
@@ -79,6 +87,11 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
+	}
+	for _, i := range noID {
+		if err := tx.QueryRowContext(ctx, s.q.assignID, out[i].ID).Scan(&out[i].EventID); err != nil {
+			return nil, fmt.Errorf("assign event id to row %d: %w", out[i].ID, err)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
