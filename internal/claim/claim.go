@@ -13,24 +13,28 @@ import (
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	claim, assignID, done, retry, deadLetter, release, reclaim string
+	claim, assignIDs, claimed, countClaim, doneClaim, done, retry, deadLetter, release, reclaim string
 }
 
-// owned is the condition every settle carries: the row is still held by the
-// claim (claimed_at, owner) that the relay presents.
+// owned is the condition every single-row settle carries: the row is still
+// held by the claim (claimed_at, owner) that the relay presents.
 const owned = `id = ? AND status = 'processing' AND claimed_at = ? AND claimed_by = ?`
+
+// ofClaim selects the rows of one claim through the processing index (a
+// claim's claimed_at is unique per owner).
+const ofClaim = `status = 'processing' AND claimed_at = ?1 AND claimed_by = ?2`
 
 func newQueries(t string) queries {
 	return queries{
 		// One statement claims atomically; the subquery walks the pending
-		// index in id order and stops at the limit.
-		// event_id is not in the SET list: SQLite then leaves the unique
-		// index on it alone, instead of rewriting a random-key entry per row.
-		claim: fmt.Sprintf(`UPDATE %[1]s
-SET status = 'processing', claimed_at = ?1, claimed_by = ?2
-WHERE id IN (SELECT id FROM %[1]s WHERE status = 'pending' AND available_at <= ?1 ORDER BY id LIMIT ?3)
-RETURNING id, event_id, event_type, payload, attempts, created_at`, t),
-		assignID: fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE id = ? AND event_id IS NULL RETURNING event_id`, t, uuidSQL),
+		// index in id order and stops at the limit. event_id is not in the
+		// SET list, so SQLite leaves its unique index alone.
+		claim: fmt.Sprintf(`UPDATE %[1]s SET status = 'processing', claimed_at = ?1, claimed_by = ?2
+WHERE id IN (SELECT id FROM %[1]s WHERE status = 'pending' AND available_at <= ?1 ORDER BY id LIMIT ?3)`, t),
+		assignIDs:  fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE `+ofClaim+` AND event_id IS NULL`, t, uuidSQL),
+		claimed:    fmt.Sprintf(`SELECT id, event_id, event_type, payload, attempts, created_at FROM %s WHERE `+ofClaim+` ORDER BY id`, t),
+		countClaim: fmt.Sprintf(`SELECT count(*) FROM %s WHERE `+ofClaim, t),
+		doneClaim:  fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?3, claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
 		done:       fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
 		retry:      fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = ?, available_at = ?, last_error = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
 		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
@@ -46,24 +50,61 @@ WHERE status = 'processing' AND (
 	}
 }
 
+// claimTime returns the claimed_at of a new claim: the current millisecond,
+// or one more than the previous claim's, so that (claimed_at, owner)
+// identifies one claim.
+func (s *Store) claimTime() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastClaim = max(nowMs(), s.lastClaim+1)
+	return s.lastClaim
+}
+
+// claimSize records (n > 0) or takes back (n == 0) how many rows the claim
+// at claimed_at holds, so Settle knows when it has the whole claim.
+func (s *Store) claimSize(at int64, n int) (size int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n > 0 {
+		s.claims[at] = n
+		return n
+	}
+	size = s.claims[at]
+	delete(s.claims, at)
+	return size
+}
+
 // Claim claims up to limit due rows in id order in one short BEGIN
-// IMMEDIATE transaction: status becomes processing, claimed_at the current
-// millisecond (the lease start and owner token), and a NULL event_id gets a
-// fresh UUID. The rows are returned in id order.
+// IMMEDIATE transaction: status becomes processing, claimed_at the claim's
+// millisecond (the lease start and, with the owner, the claim's token), and
+// a NULL event_id gets a fresh UUID. The rows are then read through the
+// read-only pool, outside the write lock, and returned in id order.
 func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
-	now := nowMs()
+	at := s.claimTime()
 	tx, err := s.write.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, s.q.claim, now, s.instance, limit)
+	res, err := tx.ExecContext(ctx, s.q.claim, at, s.instance, limit)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
-	// The open RETURNING result holds the write lock: read it all at once.
+	if n, _ := res.RowsAffected(); n == 0 {
+		return nil, nil
+	}
+	if _, err := tx.ExecContext(ctx, s.q.assignIDs, at, s.instance); err != nil {
+		return nil, fmt.Errorf("assign event ids: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("claim rows: %w", err)
+	}
+	rows, err := s.read.QueryContext(ctx, s.q.claimed, at, s.instance)
+	if err != nil {
+		return nil, fmt.Errorf("read claimed rows: %w", err)
+	}
+	defer rows.Close()
 	out := make([]event.Row, 0, limit)
-	var noID []int // rows a foreign writer left without an event id
 	for rows.Next() {
 		var (
 			r         event.Row
@@ -73,36 +114,24 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 			created   sql.NullInt64
 		)
 		if err := rows.Scan(&r.ID, &eventID, &eventType, &r.Payload, &attempts, &created); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("claim rows: %w", err)
+			return nil, fmt.Errorf("read claimed rows: %w", err)
 		}
-		if !eventID.Valid {
-			noID = append(noID, len(out))
-		}
-		r.EventID, r.EventType, r.Attempts, r.CreatedAt, r.ClaimedAt = eventID.String, eventType.String, int(attempts.Int64), created.Int64, now
+		r.EventID, r.EventType, r.Attempts, r.CreatedAt, r.ClaimedAt = eventID.String, eventType.String, int(attempts.Int64), created.Int64, at
 		out = append(out, r)
 	}
-	if err := rows.Close(); err != nil {
-		return nil, fmt.Errorf("claim rows: %w", err)
-	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim rows: %w", err)
+		return nil, fmt.Errorf("read claimed rows: %w", err)
 	}
-	for _, i := range noID {
-		if err := tx.QueryRowContext(ctx, s.q.assignID, out[i].ID).Scan(&out[i].EventID); err != nil {
-			return nil, fmt.Errorf("assign event id to row %d: %w", out[i].ID, err)
-		}
+	if len(out) > 0 {
+		s.claimSize(at, len(out))
 	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("claim rows: %w", err)
-	}
-	slices.SortFunc(out, func(a, b event.Row) int { return int(a.ID - b.ID) })
 	return out, nil
 }
 
 // Settle writes outcomes in one transaction. Each update is conditioned on
 // the claim it was made under, so a relay that lost its lease changes
-// nothing; stale lists the indexes of those outcomes.
+// nothing; stale lists the indexes of those outcomes. When every row of a
+// claim that is still held is done, one statement settles them all.
 func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error) {
 	if len(outs) == 0 {
 		return nil, nil
@@ -113,42 +142,81 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 		return nil, fmt.Errorf("settle rows: %w", err)
 	}
 	defer tx.Rollback()
+	done := map[int64][]int{} // claimed_at -> indexes of done outcomes
 	stmts := map[event.Settlement]*sql.Stmt{}
-	for i, o := range outs {
+	one := func(i int, q string, args ...any) error {
+		o := outs[i]
 		st := stmts[o.Settlement]
 		if st == nil {
-			q := map[event.Settlement]string{event.Done: s.q.done, event.Retry: s.q.retry, event.DeadLetter: s.q.deadLetter, event.Release: s.q.release}[o.Settlement]
-			if q == "" {
-				return nil, fmt.Errorf("settle row %d: unknown settlement %v", o.Row.ID, o.Settlement)
-			}
+			var err error
 			if st, err = tx.PrepareContext(ctx, q); err != nil {
-				return nil, fmt.Errorf("settle rows: %w", err)
+				return fmt.Errorf("settle rows: %w", err)
 			}
-			defer st.Close()
 			stmts[o.Settlement] = st
-		}
-		var args []any
-		switch o.Settlement {
-		case event.Done:
-			args = []any{now}
-		case event.Retry:
-			args = []any{o.Attempts, o.AvailableAt.UnixMilli(), o.Error}
-		case event.DeadLetter:
-			args = []any{o.Attempts, o.Error, now}
-		case event.Release:
-			args = []any{o.AvailableAt.UnixMilli()}
 		}
 		res, err := st.ExecContext(ctx, append(args, o.Row.ID, o.Row.ClaimedAt, s.instance)...)
 		if err != nil {
-			return nil, fmt.Errorf("settle row %d: %w", o.Row.ID, err)
+			return fmt.Errorf("settle row %d: %w", o.Row.ID, err)
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
 			stale = append(stale, i)
+		}
+		return nil
+	}
+	defer func() {
+		for _, st := range stmts {
+			st.Close()
+		}
+	}()
+	for i, o := range outs {
+		var err error
+		switch o.Settlement {
+		case event.Done:
+			done[o.Row.ClaimedAt] = append(done[o.Row.ClaimedAt], i)
+		case event.Retry:
+			err = one(i, s.q.retry, o.Attempts, o.AvailableAt.UnixMilli(), o.Error)
+		case event.DeadLetter:
+			err = one(i, s.q.deadLetter, o.Attempts, o.Error, now)
+		case event.Release:
+			err = one(i, s.q.release, o.AvailableAt.UnixMilli())
+		default:
+			err = fmt.Errorf("settle row %d: unknown settlement %v", o.Row.ID, o.Settlement)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	claimed := map[int64]int{} // claimed_at -> outcomes of that claim
+	for _, o := range outs {
+		claimed[o.Row.ClaimedAt]++
+	}
+	for at, idx := range done {
+		// When these outcomes are the whole claim and the rows still held
+		// are exactly the done ones, one statement settles them. Otherwise
+		// (a lease was lost, the claim is settled in parts) row by row.
+		whole := s.claimSize(at, 0) == claimed[at]
+		var held int
+		if whole {
+			if err := tx.QueryRowContext(ctx, s.q.countClaim, at, s.instance).Scan(&held); err != nil {
+				return nil, fmt.Errorf("settle rows: %w", err)
+			}
+		}
+		if whole && held == len(idx) {
+			if _, err := tx.ExecContext(ctx, s.q.doneClaim, at, s.instance, now); err != nil {
+				return nil, fmt.Errorf("settle rows: %w", err)
+			}
+			continue
+		}
+		for _, i := range idx {
+			if err := one(i, s.q.done, now); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("settle rows: %w", err)
 	}
+	slices.Sort(stale)
 	return stale, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
@@ -43,6 +44,10 @@ type Store struct {
 	instance string
 	q        queries
 	lastBeat time.Time // the last committed heartbeat; one heartbeat loop per store
+
+	mu        sync.Mutex
+	lastClaim int64         // claimed_at of the latest claim
+	claims    map[int64]int // claimed_at -> rows, for claims not yet settled
 }
 
 // Open opens the database at opts.Path. It does not touch the schema.
@@ -93,7 +98,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
 	read.SetMaxOpenConns(4)
-	s := &Store{write: write, read: read, table: opts.Table, path: opts.Path, instance: event.NewID()}
+	s := &Store{write: write, read: read, table: opts.Table, path: opts.Path, instance: event.NewID(), claims: map[int64]int{}}
 	s.q = newQueries(opts.Table)
 	// Reading the schema proves the file is a database.
 	if err := retryBusy(ctx, func() error {
