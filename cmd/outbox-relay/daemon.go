@@ -23,10 +23,11 @@ import (
 
 // Internal timings that are not worth a config key.
 const (
-	watchInterval     = 2 * time.Millisecond // commit detection: pickup latency vs. idle cost
-	heartbeatInterval = time.Second
-	statsInterval     = 5 * time.Second // backlog gauges
-	retentionInterval = time.Minute
+	watchInterval      = 100 * time.Millisecond // commit detection: file notifications do the work; this is the fallback poll
+	heartbeatInterval  = time.Second
+	statsInterval      = 5 * time.Second // backlog gauges
+	retentionInterval  = time.Minute
+	checkpointInterval = 200 * time.Millisecond // WAL checkpoints, off the claim/settle path
 )
 
 // staleAfter is how long a relay may go without a heartbeat before its
@@ -76,6 +77,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 	}
 	if a.store, err = claim.Open(ctx, claim.Options{
 		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.createDB,
+		OwnCheckpoints: true,
 	}); err != nil {
 		return nil, err
 	}
@@ -108,6 +110,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		Version:               version,
 		StatsInterval:         statsInterval,
 		RetentionInterval:     retentionInterval,
+		CheckpointInterval:    checkpointInterval,
 		RetainDone:            cfg.Retention.Done,
 		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
 		Ready:                 a.brokerReady,

@@ -54,7 +54,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{args: []string{"migrate"}, env: map[string]string{"OUTBOX_RELAY_RELAY_LEASE": "ten minutes"}, want: "relay.lease"},
 		{args: []string{"migrate", "--relay-poll-interval", "fast"}, want: "relay-poll-interval"},
 		{args: []string{"run"}, env: map[string]string{"NATS_MODE": "kafka"}, want: "nats.mode"},
-		{args: []string{"bench"}, want: "not implemented yet"},
+		{args: []string{"bench", "--rows", "0"}, want: "--rows must be positive"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			for k, v := range tc.env {
@@ -666,4 +666,40 @@ func TestUncapturedPrefixKeepsRelayNotReady(t *testing.T) {
 		t.Fatalf("rows touched while not ready: %v", c)
 	}
 	d.stop()
+}
+
+// TestBenchSmoke runs a small bench with the real binary and parses its
+// JSON report: every measurement is there and plausible.
+func TestBenchSmoke(t *testing.T) {
+	bin := buildBinary(t)
+	out, err := exec.Command(bin, "bench", "--rows", "3000", "--ceiling-in-flight", "500,1000", "--done-rows", "5000", "--rate", "200", "--duration", "2s", "--idle", "2s", "--json").Output()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	var rep struct {
+		Ceiling        float64            `json:"ceiling_rows_per_second"`
+		CeilingByBatch map[string]float64 `json:"ceiling_by_batch"`
+		Drain          struct {
+			Rows       int     `json:"rows"`
+			RowsPerSec float64 `json:"rows_per_second"`
+			CPU        float64 `json:"cpu_seconds"`
+			RSS        float64 `json:"peak_rss_mib"`
+			LagP99     float64 `json:"lag_p99_ms"`
+		} `json:"drain"`
+		DrainRatio float64 `json:"drain_to_ceiling"`
+		DoneRatio  float64 `json:"with_done_to_empty"`
+		Rate       struct {
+			Rows    int     `json:"rows"`
+			Offered int     `json:"offered_rate"`
+			LagP99  float64 `json:"lag_p99_ms"`
+		} `json:"rate"`
+		Idle *float64 `json:"idle_cpu_percent_of_one_core"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if rep.Ceiling <= 0 || len(rep.CeilingByBatch) != 2 || rep.Drain.Rows != 3000 || rep.Drain.RowsPerSec <= 0 || rep.Drain.CPU <= 0 || rep.Drain.RSS <= 0 ||
+		rep.DrainRatio <= 0 || rep.DoneRatio <= 0 || rep.Rate.Offered != 200 || rep.Rate.Rows < 300 || rep.Idle == nil {
+		t.Fatalf("report %+v", rep)
+	}
 }

@@ -13,7 +13,7 @@ import (
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	claim, assignIDs, claimed, countClaim, doneClaim, done, retry, deadLetter, release, reclaim string
+	due, claim, assignIDs, claimed, countClaim, doneClaim, done, retry, deadLetter, release, reclaim string
 }
 
 // owned is the condition every single-row settle carries: the row is still
@@ -26,6 +26,7 @@ const ofClaim = `status = 'processing' AND claimed_at = ?1 AND claimed_by = ?2`
 
 func newQueries(t string) queries {
 	return queries{
+		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND available_at <= ?)`, t),
 		// One statement claims atomically; the subquery walks the pending
 		// index in id order and stops at the limit. event_id is not in the
 		// SET list, so SQLite leaves its unique index alone.
@@ -80,8 +81,18 @@ func (s *Store) claimSize(at int64, n int) (size int) {
 // a NULL event_id gets a fresh UUID. The rows are then read through the
 // read-only pool, outside the write lock, and returned in id order.
 func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
+	// Most wake-ups find nothing due (they follow this relay's own
+	// commits): find out with a read, without taking the write lock the
+	// application needs.
+	var due bool
+	if err := s.read.QueryRowContext(ctx, s.q.due, nowMs()).Scan(&due); err != nil {
+		return nil, fmt.Errorf("look for due rows: %w", err)
+	}
+	if !due {
+		return nil, nil
+	}
 	at := s.claimTime()
-	tx, err := s.write.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
@@ -99,12 +110,14 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
-	rows, err := s.read.QueryContext(ctx, s.q.claimed, at, s.instance)
+	// A context that cannot be cancelled lets go-sqlite3 read each row in
+	// one cgo call; the read is short and holds no lock.
+	rows, err := s.read.QueryContext(context.WithoutCancel(ctx), s.q.claimed, at, s.instance)
 	if err != nil {
 		return nil, fmt.Errorf("read claimed rows: %w", err)
 	}
 	defer rows.Close()
-	out := make([]event.Row, 0, limit)
+	var out []event.Row
 	for rows.Next() {
 		var (
 			r         event.Row
@@ -137,7 +150,7 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 		return nil, nil
 	}
 	now := nowMs()
-	tx, err := s.write.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("settle rows: %w", err)
 	}
@@ -232,7 +245,7 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error) {
 	host, _ := os.Hostname()
 	asked := time.Now()
-	tx, err := s.write.BeginTx(ctx, nil) // BEGIN IMMEDIATE: waits for the lock
+	tx, err := s.begin(ctx) // BEGIN IMMEDIATE: waits for the lock
 	if err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
@@ -266,7 +279,7 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s
 // Leave removes this instance's heartbeat row; call it after every claim
 // of this instance has been settled.
 func (s *Store) Leave(ctx context.Context) error {
-	if _, err := s.write.ExecContext(ctx, `DELETE FROM `+InstancesTable+` WHERE instance_id = ?`, s.instance); err != nil {
+	if _, err := s.exec(ctx, `DELETE FROM `+InstancesTable+` WHERE instance_id = ?`, s.instance); err != nil {
 		return fmt.Errorf("remove instance: %w", err)
 	}
 	return nil

@@ -716,7 +716,8 @@ func TestWatchSeesForeignCommits(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	wake := make(chan struct{}, 1)
 	done := make(chan error, 1)
-	go func() { done <- s.Watch(ctx, time.Millisecond, wake) }()
+	// An hour-long fallback poll: only the file notification can wake it.
+	go func() { done <- s.Watch(ctx, time.Hour, wake) }()
 	time.Sleep(20 * time.Millisecond) // let it read the first version
 	select {
 	case <-wake:

@@ -157,7 +157,7 @@ func (s *Store) Requeue(ctx context.Context, all bool, ids []int64) (int64, erro
 			args = append(args, id)
 		}
 	}
-	res, err := s.write.ExecContext(ctx, q, args...)
+	res, err := s.exec(ctx, q, args...)
 	if err != nil {
 		return 0, fmt.Errorf("requeue dead letters: %w", err)
 	}
@@ -242,7 +242,7 @@ func (s *Store) Prune(ctx context.Context, table string, before time.Time, pause
 // deleteRows deletes the given rowids in one short write transaction,
 // re-checking the condition (a row may have changed since it was read).
 func (s *Store) deleteRows(ctx context.Context, del string, ids []int64, cutoff int64) (int64, error) {
-	tx, err := s.write.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -267,7 +267,7 @@ func (s *Store) deleteRows(ctx context.Context, del string, ids []int64, cutoff 
 // RecordExhausted stores a consumer's max-deliveries advisory; a repeat
 // (another relay saw it too) is ignored. It reports whether it was new.
 func (s *Store) RecordExhausted(ctx context.Context, e Exhausted) (bool, error) {
-	res, err := s.write.ExecContext(ctx, `INSERT OR IGNORE INTO `+ExhaustedTable+` (event_id, stream, consumer, stream_seq, subject, deliveries, observed_at)
+	res, err := s.exec(ctx, `INSERT OR IGNORE INTO `+ExhaustedTable+` (event_id, stream, consumer, stream_seq, subject, deliveries, observed_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)`, e.EventID, e.Stream, e.Consumer, int64(e.StreamSeq), e.Subject, e.Deliveries, e.ObservedAt.UnixMilli())
 	if err != nil {
 		return false, fmt.Errorf("record exhausted message: %w", err)
@@ -308,7 +308,7 @@ func (s *Store) Seed(ctx context.Context, n, size int, status event.Status) erro
 		if status == event.StatusDone {
 			processed = nowSQL
 		}
-		_, err := s.write.ExecContext(ctx, fmt.Sprintf(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+		_, err := s.exec(ctx, fmt.Sprintf(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
 INSERT INTO %s (event_id, event_type, payload, status, processed_at) SELECT %s, 'BenchEvent', randomblob(?), ?, %s FROM n`, s.table, uuidSQL, processed), k, size, string(status))
 		if err != nil {
 			return fmt.Errorf("seed rows: %w", err)

@@ -257,7 +257,7 @@ func retryBusy(ctx context.Context, fn func() error) error {
 }
 
 func (s *Store) applyMigration(ctx context.Context, m migration) (applied bool, err error) {
-	tx, err := s.write.BeginTx(ctx, nil)
+	tx, err := s.begin(ctx)
 	if err != nil {
 		return false, err
 	}

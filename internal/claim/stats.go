@@ -48,3 +48,15 @@ func (s *Store) Drained(ctx context.Context) (bool, error) {
 	}
 	return !busy, nil
 }
+
+// Checkpoint copies what it can of the WAL into the database without
+// waiting for any lock (PRAGMA wal_checkpoint(PASSIVE)) and returns the
+// WAL's size and how much of it is now in the database, in pages. It runs
+// on a connection of its own, beside claims and settles.
+func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err error) {
+	var busy int
+	if err := s.ckpt.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &walPages, &checkpointed); err != nil {
+		return 0, 0, fmt.Errorf("checkpoint: %w", err)
+	}
+	return walPages, checkpointed, nil
+}

@@ -3,29 +3,50 @@ package claim
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
+
+	"github.com/fsnotify/fsnotify"
 )
 
 // Watch sends on wake (without blocking: signals coalesce) whenever another
 // connection (the application, or this process's own writer) has committed
-// to the database. It polls PRAGMA data_version on one pinned read-only
-// connection every interval: a few microseconds each, and no snapshot is
-// held between polls, so checkpoints are never starved. It returns when ctx
-// ends; the caller runs it in a goroutine it tracks.
+// to the database. The truth is PRAGMA data_version on one pinned read-only
+// connection (it changes with every other connection's commit); what makes
+// Watch look is a file-system notification on the database's directory (a
+// commit writes the -wal file, which may also be deleted and recreated),
+// and, as a fallback where notifications do not work, a poll every
+// interval. Idle, it costs nothing but that poll; no snapshot is held
+// between looks, so checkpoints are never starved. It returns when ctx ends;
+// the caller runs it in a goroutine it tracks.
 func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error {
 	conn, err := s.read.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("watch commits: %w", err)
 	}
 	defer conn.Close()
+	stmt, err := conn.PrepareContext(ctx, `PRAGMA data_version`)
+	if err != nil {
+		return fmt.Errorf("watch commits: %w", err)
+	}
+	defer stmt.Close()
 	version := func() (v int64, err error) {
-		err = conn.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v)
+		err = stmt.QueryRowContext(ctx).Scan(&v)
 		return v, err
 	}
 	last, err := version()
 	if err != nil {
 		return fmt.Errorf("watch commits: %w", err)
 	}
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if w, err := fsnotify.NewWatcher(); err == nil {
+		defer w.Close()
+		if w.Add(filepath.Dir(s.path)) == nil {
+			events, errs = w.Events, w.Errors
+		}
+	}
+	wal := filepath.Base(s.path) + "-wal"
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -33,10 +54,28 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-errs: // an overflowed queue: the version check below catches up
+		case ev, ok := <-events:
+			if !ok {
+				events = nil // notifications stopped; the poll goes on
+				continue
+			}
+			if filepath.Base(ev.Name) != wal {
+				continue
+			}
+			// One commit writes many pages: look once for all of them.
+			for drained := false; !drained; {
+				select {
+				case _, ok := <-events:
+					drained = !ok
+				default:
+					drained = true
+				}
+			}
 		}
 		v, err := version()
 		if err != nil || v == last {
-			continue // a failed poll only delays a wake-up; the poll timer is the fallback
+			continue // a failed look only delays a wake-up; the claim timer is the fallback
 		}
 		last = v
 		select {

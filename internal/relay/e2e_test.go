@@ -77,7 +77,7 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		ho.busyTimeout = 5 * time.Second
 	}
 	var err error
-	h.store, err = claim.Open(context.Background(), claim.Options{Path: dbPath, Table: "event_queue", BusyTimeout: ho.busyTimeout})
+	h.store, err = claim.Open(context.Background(), claim.Options{Path: dbPath, Table: "event_queue", BusyTimeout: ho.busyTimeout, OwnCheckpoints: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,21 +109,22 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		}
 	}
 	o := relay.Options{
-		SubjectPrefix:     "events",
-		BatchSize:         ho.batch,
-		MaxInFlight:       ho.inFlight,
-		PollInterval:      200 * time.Millisecond,
-		WatchInterval:     2 * time.Millisecond,
-		HeartbeatInterval: 100 * time.Millisecond,
-		StaleAfter:        2 * time.Second,
-		Lease:             ho.lease,
-		MaxAttempts:       ho.maxTries,
-		ShutdownTimeout:   ho.shutdown,
-		Version:           "test",
-		StatsInterval:     50 * time.Millisecond,
-		Ready:             ready,
-		Metrics:           h.metrics,
-		Log:               log,
+		SubjectPrefix:      "events",
+		BatchSize:          ho.batch,
+		MaxInFlight:        ho.inFlight,
+		PollInterval:       200 * time.Millisecond,
+		WatchInterval:      100 * time.Millisecond,
+		HeartbeatInterval:  100 * time.Millisecond,
+		StaleAfter:         2 * time.Second,
+		Lease:              ho.lease,
+		MaxAttempts:        ho.maxTries,
+		ShutdownTimeout:    ho.shutdown,
+		Version:            "test",
+		StatsInterval:      50 * time.Millisecond,
+		CheckpointInterval: 200 * time.Millisecond,
+		Ready:              ready,
+		Metrics:            h.metrics,
+		Log:                log,
 	}
 	if ho.noWatch {
 		o.WatchInterval = 0

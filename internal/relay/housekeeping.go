@@ -75,3 +75,21 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 		}
 	}
 }
+
+// checkpointLoop copies the WAL into the database beside the claim/settle
+// path, so that their commits do not pay for it. Checkpoints are PASSIVE:
+// they never wait for or block the application.
+func (r *Relay) checkpointLoop(ctx context.Context) {
+	t := time.NewTicker(r.o.CheckpointInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, _, err := r.store.Checkpoint(ctx); err != nil && ctx.Err() == nil {
+			r.log.Debug("checkpoint", zap.Error(err))
+		}
+	}
+}

@@ -29,6 +29,7 @@ type Store interface {
 	Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error
 	Backlog(ctx context.Context) (event.Backlog, error)
 	Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error)
+	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
 }
 
 // Publisher is the NATS side (implemented by *publish.JetStream and *publish.Core).
@@ -45,7 +46,7 @@ type Options struct {
 	BatchSize         int
 	MaxInFlight       int
 	PollInterval      time.Duration // fallback claim timer when no wake-up comes
-	WatchInterval     time.Duration // commit detection (PRAGMA data_version) period
+	WatchInterval     time.Duration // commit detection: the fallback poll of PRAGMA data_version
 	HeartbeatInterval time.Duration // instance heartbeat and reclaim period
 	StaleAfter        time.Duration // a relay silent this long is dead; its claims are reclaimed
 	Lease             time.Duration
@@ -55,8 +56,11 @@ type Options struct {
 	// StatsInterval refreshes the backlog gauges; RetentionInterval runs
 	// retention, deleting done rows older than RetainDone and ledger rows
 	// older than RetainProcessedEvents (0 keeps them).
-	StatsInterval         time.Duration
-	RetentionInterval     time.Duration
+	StatsInterval     time.Duration
+	RetentionInterval time.Duration
+	// CheckpointInterval runs WAL checkpoints from their own connection
+	// (for a store whose writer does not checkpoint by itself); 0: never.
+	CheckpointInterval    time.Duration
 	RetainDone            time.Duration
 	RetainProcessedEvents time.Duration
 	// Ready, when set, replaces Publisher.Ready as the outage probe (the
@@ -178,7 +182,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	for _, loop := range []struct {
 		every time.Duration
 		run   func(context.Context)
-	}{{r.o.StatsInterval, r.statsLoop}, {r.o.RetentionInterval, r.retentionLoop}} {
+	}{{r.o.StatsInterval, r.statsLoop}, {r.o.RetentionInterval, r.retentionLoop}, {r.o.CheckpointInterval, r.checkpointLoop}} {
 		if loop.every > 0 {
 			loops.Add(1)
 			go func() { defer loops.Done(); loop.run(claimCtx) }()
@@ -281,12 +285,14 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			sleep(ctx, retry.next())
 			continue
 		}
-		r.dbTrouble.ok()
 		retry.reset()
 		if len(rows) == 0 {
+			// An empty claim may not have written (it looks first): it
+			// proves nothing about the lock.
 			r.idle(ctx)
 			continue
 		}
+		r.dbTrouble.ok()
 		r.inflight.Add(int64(len(rows)))
 		r.pipeline <- r.publish(ctx, rows)
 		if int64(len(rows)) < limit {

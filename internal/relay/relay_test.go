@@ -62,6 +62,7 @@ func (s *fakeStore) Backlog(context.Context) (event.Backlog, error) {
 func (s *fakeStore) Prune(context.Context, string, time.Time, time.Duration) (int64, error) {
 	return 0, nil
 }
+func (s *fakeStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
 func (s *fakeStore) Watch(ctx context.Context, _ time.Duration, _ chan<- struct{}) error {
 	<-ctx.Done()
 	return nil
