@@ -240,17 +240,42 @@ func startChild(path, url string) (*child, error) {
 }
 
 // stop ends the child with SIGTERM and returns its CPU seconds and peak RSS.
+// The peak is the kernel's high-water mark of the relay's own image
+// (VmHWM, read just before it exits): rusage's maxrss would also count the
+// bench process's memory that the child shared between fork and exec.
 func (ch *child) stop() (cpu, rssMiB float64, err error) {
+	hwm, hwmErr := procHWM(ch.cmd.Process.Pid)
 	ch.cmd.Process.Signal(syscall.SIGTERM)
 	if err := ch.cmd.Wait(); err != nil {
 		return 0, 0, fmt.Errorf("relay: %w", err)
+	}
+	if hwmErr != nil {
+		return 0, 0, hwmErr
 	}
 	ru, ok := ch.cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	if !ok {
 		return 0, 0, errors.New("no resource usage for the relay")
 	}
 	cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-	return cpu, float64(ru.Maxrss) / 1024, nil // Maxrss is in KiB on Linux
+	return cpu, hwm, nil
+}
+
+// procHWM reads a process's peak resident set size in MiB from /proc.
+func procHWM(pid int) (float64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse VmHWM %q: %w", rest, err)
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
 }
 
 // benchRelay prepares a database, runs the relay on it until every row is
