@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -191,6 +192,10 @@ func (a *app) ready(ctx context.Context) error {
 	}
 	if err := a.pub.Ready(ctx); err != nil {
 		return fmt.Errorf("broker: %w", err)
+	}
+	if denied := a.conn.DeniedSubjects(); len(denied) > 0 {
+		return fmt.Errorf("broker: permission denied on subject %s: rows on it are rejected (grant this user publish on %s.>)",
+			strings.Join(denied, ", "), a.cfg.Stream.SubjectPrefix)
 	}
 	if a.js != nil {
 		if err := streamsync.Check(ctx, a.js.API(), a.want()); err != nil {

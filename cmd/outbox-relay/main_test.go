@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
@@ -702,4 +703,117 @@ func TestBenchSmoke(t *testing.T) {
 		rep.DrainRatio <= 0 || rep.DoneRatio <= 0 || rep.Rate.Offered != 200 || rep.Rate.Rows < 300 || rep.Idle == nil {
 		t.Fatalf("report %+v", rep)
 	}
+}
+
+// TestWrongPasswordExits1: bad credentials stop startup with a clear
+// message and exit code 1, without hanging and without the password.
+func TestWrongPasswordExits1(t *testing.T) {
+	bin := buildBinary(t)
+	n := testenv.StartNATS(t, func(o *server.Options) { o.Username, o.Password = "relay", "right-pw" })
+	path := testenv.NewDB(t)
+	cmd := exec.Command(bin, "run", "--database-path", path, "--metrics-listen", "")
+	cmd.Env = append(os.Environ(), "NATS_URL="+n.URL(), "OUTBOX_RELAY_NATS_USER=relay", "OUTBOX_RELAY_NATS_PASSWORD=wrong-pw-123")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("the relay hung on a wrong password")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != exitRuntime {
+		t.Fatalf("exit code %d after %v, want 1; stderr %s", code, time.Since(start), stderr.String())
+	}
+	if !strings.Contains(strings.ToLower(stderr.String()), "authorization violation") || strings.Contains(stderr.String(), "wrong-pw-123") {
+		t.Fatalf("stderr %q: want the reason, not the password", stderr.String())
+	}
+}
+
+// TestSecretsNeverShown runs the relay with a password, a token and a creds
+// file, at debug level, and checks that no secret appears in any log line
+// or in status output.
+func TestSecretsNeverShown(t *testing.T) {
+	jwtAuth := testenv.NewJWTAuth(t)
+	for _, tc := range []struct {
+		name    string
+		server  func(*server.Options)
+		env     func(url string) []string
+		secrets []string
+	}{
+		{"password", func(o *server.Options) { o.Username, o.Password = "relay", "pw-SECRET-1" },
+			func(url string) []string {
+				return []string{"NATS_URL=" + url, "OUTBOX_RELAY_NATS_USER=relay", "OUTBOX_RELAY_NATS_PASSWORD=pw-SECRET-1"}
+			}, []string{"pw-SECRET-1"}},
+		{"password in the URL", func(o *server.Options) { o.Username, o.Password = "relay", "pw-SECRET-2" },
+			func(url string) []string {
+				return []string{"NATS_URL=" + strings.Replace(url, "nats://", "nats://relay:pw-SECRET-2@", 1)}
+			}, []string{"pw-SECRET-2"}},
+		{"token", func(o *server.Options) { o.Authorization = "tok-SECRET-3" },
+			func(url string) []string { return []string{"NATS_URL=" + url, "OUTBOX_RELAY_NATS_TOKEN=tok-SECRET-3"} }, []string{"tok-SECRET-3"}},
+		{"creds file", jwtAuth.Configure,
+			func(url string) []string {
+				return []string{"NATS_URL=" + url, "OUTBOX_RELAY_NATS_CREDS=" + jwtAuth.CredsFile}
+			},
+			[]string{jwtAuth.UserJWT, jwtAuth.UserSeed}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := testenv.StartNATS(t, tc.server)
+			path := testenv.NewDB(t)
+			app := testenv.AppDB(t, path)
+			insertEvents(t, app, 20, "Secret")
+			d := startDaemon(t, tc.env(n.URL()), "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
+			addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
+			testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 20 })
+			metricsBody := httpGet(t, addr+"/metrics")
+			d.stop()
+			var everything strings.Builder
+			for _, m := range d.lines {
+				b, _ := json.Marshal(m)
+				everything.Write(b)
+			}
+			everything.WriteString(metricsBody)
+			for _, args := range [][]string{{"status"}, {"status", "--json"}} {
+				code, out, errOut := runCLI(t, append(args, "--database-path", path)...)
+				if code != 0 {
+					t.Fatalf("%v: %d %s", args, code, errOut)
+				}
+				everything.WriteString(out + errOut)
+			}
+			for _, secret := range tc.secrets {
+				if strings.Contains(everything.String(), secret) {
+					t.Fatalf("a secret appears in the logs, metrics or status output")
+				}
+			}
+			if len(d.lines) < 5 {
+				t.Fatalf("only %d log lines: the check saw nothing", len(d.lines))
+			}
+		})
+	}
+}
+
+// TestReadyzNamesDeniedSubject: /readyz says why when the server refuses
+// the relay's publishes on a subject.
+func TestReadyzNamesDeniedSubject(t *testing.T) {
+	n := testenv.StartNATS(t, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "relay", Password: "pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{"events.allowed.>", "$JS.API.>", "_INBOX.>"}},
+		}}}
+	})
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertEvents(t, app, 1, "denied.thing")
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_NATS_USER=relay", "OUTBOX_RELAY_NATS_PASSWORD=pw", "OUTBOX_RELAY_RELAY_ACK_TIMEOUT=500ms"},
+		"run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
+	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
+	testenv.Eventually(t, 30*time.Second, "/readyz naming the denied subject", func() bool {
+		code, body := httpStatus(t, addr+"/readyz")
+		return code == 503 && strings.Contains(body, "permission denied on subject events.denied.thing")
+	})
+	d.stop()
 }

@@ -142,6 +142,10 @@ func Classify(err error) Kind {
 	return Rejected
 }
 
+// PermissionDenied reports whether a publish failed because the server does
+// not let this user publish on the subject.
+func PermissionDenied(err error) bool { return errors.Is(err, nats.ErrPermissionViolation) }
+
 // JetStream publishes asynchronously to a JetStream stream, keeping up to
 // the configured number of acknowledgements outstanding.
 type JetStream struct {

@@ -47,6 +47,9 @@ type harnessOptions struct {
 	maxTries      int
 	noWatch       bool
 	busyTimeout   time.Duration
+	natsCfg       config.NATS   // credentials and TLS
+	ackTimeout    time.Duration // default 5 s
+	replicas      int           // of the stream the relay creates
 	wrapPublisher func(relay.Publisher) relay.Publisher
 	mutateOpt     func(*relay.Options)
 }
@@ -82,7 +85,14 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.store.Close() })
-	h.conn, err = publish.Connect(context.Background(), natsURL, config.Default().NATS, "test-relay", log)
+	if ho.ackTimeout == 0 {
+		ho.ackTimeout = 5 * time.Second
+	}
+	w := want
+	if ho.replicas > 0 {
+		w.Replicas = ho.replicas
+	}
+	h.conn, err = publish.Connect(context.Background(), natsURL, ho.natsCfg, "test-relay", log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +103,7 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		pub = publish.NewCore(h.conn, 5*time.Second)
 		ready = pub.Ready
 	} else {
-		h.js, err = publish.NewJetStream(h.conn, "EVENTS", ho.inFlight, 5*time.Second)
+		h.js, err = publish.NewJetStream(h.conn, "EVENTS", ho.inFlight, ho.ackTimeout)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,10 +112,10 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 			if err := h.js.Ready(ctx); err != nil {
 				return err
 			}
-			if _, err := streamsync.Sync(ctx, h.js.API(), want, streamsync.Options{}); err != nil {
+			if _, err := streamsync.Sync(ctx, h.js.API(), w, streamsync.Options{}); err != nil {
 				return err
 			}
-			return streamsync.Check(ctx, h.js.API(), want)
+			return streamsync.Check(ctx, h.js.API(), w)
 		}
 	}
 	o := relay.Options{

@@ -366,7 +366,11 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Done})
 		case publish.Rejected:
 			o := event.Reject(row, res.Err.Error(), r.o.MaxAttempts, now)
-			r.log.Warn("broker rejected event", zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID),
+			level := zap.WarnLevel
+			if publish.PermissionDenied(res.Err) && o.Settlement == event.Retry {
+				level = zap.DebugLevel // the connection logs a denied subject once, not once a row
+			}
+			r.log.Log(level, "broker rejected event", zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID),
 				zap.String("subject", b.msgs[i].Subject), zap.Int("attempts", o.Attempts), zap.Stringer("next", o.Settlement), zap.Error(res.Err))
 			outs = append(outs, o)
 		case publish.Transport:

@@ -77,3 +77,19 @@ func TestFmtDuration(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicasAndPlacementAreNeverPatched: stream.replicas applies only when
+// the relay creates the stream; an existing stream keeps its replicas and
+// placement whatever the relay is configured with.
+func TestReplicasAndPlacementAreNeverPatched(t *testing.T) {
+	live := jetstream.StreamConfig{Name: "EVENTS", Duplicates: time.Minute, Replicas: 1, Placement: &jetstream.Placement{Cluster: "east", Tags: []string{"ssd"}}}
+	want := Want{Stream: "EVENTS", DuplicateWindow: time.Hour, Replicas: 3}
+	plan := Plan(Live{Stream: &live}, want)
+	if len(plan.Stream) != 1 || plan.Stream[0].Field != "duplicate_window" {
+		t.Fatalf("plan %+v", plan)
+	}
+	got := patchStream(live, want)
+	if got.Replicas != 1 || got.Placement == nil || got.Placement.Cluster != "east" || got.Placement.Tags[0] != "ssd" {
+		t.Fatalf("patched %+v", got)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -222,4 +223,109 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Cluster is a JetStream cluster of in-process servers on loopback, each
+// with its own store directory.
+type Cluster struct {
+	t       testing.TB
+	opts    []server.Options
+	Servers []*server.Server // nil where stopped
+}
+
+// StartCluster starts n clustered JetStream servers and waits until the
+// cluster has elected its meta leader. They are shut down when the test ends.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, Servers: make([]*server.Server, n)}
+	clusterPorts := make([]int, n)
+	for i := range clusterPorts {
+		clusterPorts[i] = freePort(t)
+	}
+	var routes []string
+	for _, p := range clusterPorts {
+		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", p))
+	}
+	for i := 0; i < n; i++ {
+		c.opts = append(c.opts, server.Options{
+			ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: freePort(t),
+			JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+			Cluster: server.ClusterOpts{Name: "outbox-test", Host: "127.0.0.1", Port: clusterPorts[i]},
+			Routes:  server.RoutesFromStr(strings.Join(routes, ",")),
+		})
+	}
+	for i := range c.opts {
+		opts := c.opts[i]
+		s, err := server.NewServer(&opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		c.Servers[i] = s
+	}
+	t.Cleanup(func() {
+		for i := range c.Servers {
+			c.Stop(i)
+		}
+	})
+	for _, s := range c.Servers {
+		if !s.ReadyForConnections(20 * time.Second) {
+			t.Fatal("cluster server not ready")
+		}
+	}
+	nc, err := nats.Connect(c.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	Eventually(t, 60*time.Second, "a JetStream meta leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err == nil
+	})
+	return c
+}
+
+// URLs are the client URLs of every server, comma-separated.
+func (c *Cluster) URLs() string {
+	var urls []string
+	for _, o := range c.opts {
+		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", o.Port))
+	}
+	return strings.Join(urls, ",")
+}
+
+// Index returns the index of the server named name.
+func (c *Cluster) Index(name string) int {
+	for i, o := range c.opts {
+		if o.ServerName == name {
+			return i
+		}
+	}
+	c.t.Fatalf("no server %s", name)
+	return -1
+}
+
+// URL is one server's client URL.
+func (c *Cluster) URL(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", c.opts[i].Port) }
+
+// Stop shuts server i down (a crash of that node); safe to call twice.
+func (c *Cluster) Stop(i int) {
+	if s := c.Servers[i]; s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+		c.Servers[i] = nil
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
