@@ -32,8 +32,9 @@ COPY --from=build /out/outbox-relay /usr/local/bin/outbox-relay
 COPY --from=build --chown=65532:65532 /out/data /data
 USER 65532:65532
 VOLUME ["/data"]
-ENV OUTBOX_RELAY_DATABASE_PATH=/data/app.db \
-    OUTBOX_RELAY_METRICS_LISTEN=:9108
+# The default database.path, app.db, is then /data/app.db. (No ENV for
+# config keys here: the environment would override a --config file.)
+WORKDIR /data
 EXPOSE 9108
 # No shell in the image: the binary probes its own /healthz.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \

@@ -150,8 +150,10 @@ func TestComposeSidecar(t *testing.T) {
 	if got := env(relay, "NATS_URL"); got != "nats://nats:4222" {
 		t.Errorf("relay NATS_URL %q, want the nats service", got)
 	}
-	if dep, ok := relay.DependsOn["nats"]; !ok || dep.Condition != types.ServiceConditionHealthy {
-		t.Errorf("relay does not wait for a healthy nats: %+v", relay.DependsOn)
+	for _, dep := range []string{"nats", "app"} {
+		if d, ok := relay.DependsOn[dep]; !ok || d.Condition != types.ServiceConditionHealthy {
+			t.Errorf("relay does not wait for a healthy %s: %+v", dep, relay.DependsOn)
+		}
 	}
 
 	known := map[string]bool{}
@@ -320,7 +322,7 @@ func TestDockerfile(t *testing.T) {
 	if uid := strings.Split(user, ":")[0]; user == "" || uid == "0" || uid == "root" {
 		t.Errorf("final stage runs as %q; want a non-root user", user)
 	}
-	if health == nil || len(health.Health.Test) < 2 || health.Health.Test[0] != "CMD" ||
+	if health == nil || len(health.Health.Test) < 3 || health.Health.Test[0] != "CMD" ||
 		!strings.HasSuffix(health.Health.Test[1], "outbox-relay") || health.Health.Test[2] != "healthcheck" {
 		t.Errorf("healthcheck %+v: want the exec form running outbox-relay healthcheck (no shell in the image)", health)
 	}

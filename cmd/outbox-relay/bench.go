@@ -71,8 +71,9 @@ func (c *cli) benchCommand() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure the relay against the raw JetStream publish ceiling on the same server",
 		Long: `bench measures, in one run on one server (an embedded one unless --nats-url):
-  the ceiling: async JetStream publishing of --rows messages of --size bytes
-    with Nats-Msg-Id, the best of several in-flight limits;
+  the ceiling: async JetStream publishing of the messages the relay would
+    publish for --rows rows of --size bytes (Nats-Msg-Id and the other
+    headers), the best of several in-flight limits;
   drain: the relay (this binary's "run", a child process, default
     configuration) draining a fresh table of --rows pending rows to done:
     rows/s, ratio to the ceiling, lag percentiles, CPU seconds, peak RSS;
@@ -131,7 +132,13 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		defer srv.Shutdown()
 		url = srv.URL()
 	}
-	conn, err := publish.ConnectOnce(ctx, url, config.NATS{}, "outbox-relay-bench", log)
+	// Credentials and TLS come from the configuration (file, environment,
+	// flags), as the relay children get them.
+	cfg, err := c.loadConfig()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := publish.ConnectOnce(ctx, url, cfg.NATS, "outbox-relay-bench", log)
 	if err != nil {
 		return nil, err
 	}
@@ -140,6 +147,15 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Streams and subjects of the bench's own, so that a bench against a
+	// real server (--nats-url) never touches its streams; removed after.
+	tag := strings.ToUpper(strings.ReplaceAll(event.NewID()[:8], "-", ""))
+	names := benchNames{ceiling: "OUTBOX_RELAY_BENCH_CEILING_" + tag, relay: "OUTBOX_RELAY_BENCH_" + tag, prefix: "outbox_relay_bench_" + strings.ToLower(tag)}
+	defer func() {
+		for _, name := range []string{names.ceiling, names.relay} {
+			js.API().DeleteStream(context.Background(), name)
+		}
+	}()
 	rep := &benchReport{Machine: machine(), Rows: o.rows, PayloadBytes: o.size, CeilingByBatch: map[string]float64{}}
 	progress := func(format string, args ...any) {
 		if !o.asJSON {
@@ -148,10 +164,10 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 	}
 
 	for _, b := range o.ceilingBatches {
-		if err := streamsync.Recreate(ctx, js.API(), "BENCH_CEILING", []string{"bench.ceiling"}, time.Hour); err != nil {
+		if err := streamsync.Recreate(ctx, js.API(), names.ceiling, []string{names.prefix + "_ceiling.>"}, time.Hour); err != nil {
 			return nil, err
 		}
-		d, err := publish.Ceiling(ctx, conn, "bench.ceiling", o.rows, o.size, b)
+		d, err := publish.Ceiling(ctx, conn, names.prefix+"_ceiling.BenchEvent", o.rows, o.size, b)
 		if err != nil {
 			return nil, fmt.Errorf("ceiling with %d in flight: %w", b, err)
 		}
@@ -160,15 +176,15 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		rep.Ceiling = max(rep.Ceiling, r)
 		progress("ceiling, %d in flight: %.0f msgs/s", b, r)
 	}
-	if err := js.API().DeleteStream(ctx, "BENCH_CEILING"); err != nil {
+	if err := js.API().DeleteStream(ctx, names.ceiling); err != nil {
 		return nil, err
 	}
 
 	run := func(name string, done, rate int) (*relayRun, error) {
-		if err := streamsync.Recreate(ctx, js.API(), "EVENTS", []string{"events.>"}, time.Hour); err != nil {
+		if err := streamsync.Recreate(ctx, js.API(), names.relay, []string{names.prefix + ".>"}, time.Hour); err != nil {
 			return nil, err
 		}
-		r, err := c.benchRelay(ctx, filepath.Join(dir, name+".db"), url, o, done, rate)
+		r, err := c.benchRelay(ctx, filepath.Join(dir, name+".db"), url, names, o, done, rate)
 		if err == nil {
 			progress("%s: %.0f rows/s, lag p50 %.1f ms p99 %.1f ms, CPU %.2f s, peak RSS %.1f MiB", name, r.RowsPerSec, r.LagP50Ms, r.LagP99Ms, r.CPUSeconds, r.PeakRSSMiB)
 		}
@@ -190,7 +206,7 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		}
 	}
 	if o.idle > 0 {
-		pct, err := c.benchIdle(ctx, filepath.Join(dir, "idle.db"), url, o.idle)
+		pct, err := c.benchIdle(ctx, filepath.Join(dir, "idle.db"), url, names, o.idle)
 		if err != nil {
 			return nil, err
 		}
@@ -200,6 +216,9 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 	return rep, nil
 }
 
+// benchNames are the streams and subject prefix a bench run uses.
+type benchNames struct{ ceiling, relay, prefix string }
+
 // child is a relay process started by the bench.
 type child struct {
 	cmd     *exec.Cmd
@@ -208,7 +227,7 @@ type child struct {
 
 // startChild runs this binary's "run" on path against url with the default
 // configuration (metrics off, warnings only).
-func startChild(path, url string) (*child, error) {
+func startChild(path, url string, names benchNames) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -218,6 +237,9 @@ func startChild(path, url string) (*child, error) {
 		config.EnvName("database.path")+"="+path,
 		config.EnvName("nats.url")+"="+url,
 		config.EnvName("metrics.listen")+"=",
+		config.EnvName("stream.name")+"="+names.relay,
+		config.EnvName("stream.subjects")+"="+names.prefix+".>",
+		config.EnvName("stream.subject_prefix")+"="+names.prefix,
 		config.EnvName("log.level")+"=info",
 	)
 	stderr, err := cmd.StderrPipe()
@@ -281,7 +303,7 @@ func procHWM(pid int) (float64, error) {
 // benchRelay prepares a database, runs the relay on it until every row is
 // done, and measures. With rate > 0 a writer inserts rows at that rate for
 // o.duration while the relay runs, instead of a prepared backlog.
-func (c *cli) benchRelay(ctx context.Context, path, url string, o benchOptions, doneRows, rate int) (*relayRun, error) {
+func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames, o benchOptions, doneRows, rate int) (*relayRun, error) {
 	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
 	if err != nil {
 		return nil, err
@@ -301,7 +323,7 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, o benchOptions, 
 	} else if err := s.Seed(ctx, pending, o.size, event.StatusPending); err != nil {
 		return nil, err
 	}
-	ch, err := startChild(path, url)
+	ch, err := startChild(path, url, names)
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +398,7 @@ func writeRate(ctx context.Context, path string, rate int, d time.Duration, size
 }
 
 // benchIdle measures the relay's CPU while it is connected with nothing to do.
-func (c *cli) benchIdle(ctx context.Context, path, url string, d time.Duration) (float64, error) {
+func (c *cli) benchIdle(ctx context.Context, path, url string, names benchNames, d time.Duration) (float64, error) {
 	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
 	if err != nil {
 		return 0, err
@@ -386,7 +408,7 @@ func (c *cli) benchIdle(ctx context.Context, path, url string, d time.Duration) 
 	if err != nil {
 		return 0, err
 	}
-	ch, err := startChild(path, url)
+	ch, err := startChild(path, url, names)
 	if err != nil {
 		return 0, err
 	}

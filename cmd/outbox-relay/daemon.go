@@ -30,6 +30,9 @@ const (
 	statsInterval      = 5 * time.Second // backlog gauges
 	retentionInterval  = time.Minute
 	checkpointInterval = 200 * time.Millisecond // WAL checkpoints, off the claim/settle path
+	// maxInFlightBytes bounds the payload in memory: with large payloads
+	// the row count alone (relay.max_in_flight) would hold hundreds of MB.
+	maxInFlightBytes = 8 << 20
 )
 
 // staleAfter is how long a relay may go without a heartbeat before its
@@ -102,6 +105,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		SubjectPrefix:         cfg.Stream.SubjectPrefix,
 		BatchSize:             cfg.Relay.BatchSize,
 		MaxInFlight:           cfg.Relay.MaxInFlight,
+		MaxInFlightBytes:      maxInFlightBytes,
 		PollInterval:          cfg.Relay.PollInterval,
 		WatchInterval:         watchInterval,
 		HeartbeatInterval:     heartbeatInterval,

@@ -566,7 +566,9 @@ func TestMaxDeliveriesAdvisory(t *testing.T) {
 		"run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
 	d.waitFor("relay starting")
-	time.Sleep(200 * time.Millisecond) // let the advisory subscription settle
+	testenv.Eventually(t, 10*time.Second, "the relay to listen for advisories", func() bool {
+		return n.Srv.GlobalAccount().SubscriptionInterest("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.EVENTS.worker")
+	})
 	ev := testenv.NewEvent("Unprocessable", []byte("nope"))
 	if err := testenv.Insert(app, ev); err != nil {
 		t.Fatal(err)
@@ -778,6 +780,10 @@ func TestSecretsNeverShown(t *testing.T) {
 				everything.Write(b)
 			}
 			everything.WriteString(metricsBody)
+			for _, kv := range tc.env(n.URL()) { // status with the same secrets at hand
+				k, v, _ := strings.Cut(kv, "=")
+				t.Setenv(k, v)
+			}
 			for _, args := range [][]string{{"status"}, {"status", "--json"}} {
 				code, out, errOut := runCLI(t, append(args, "--database-path", path)...)
 				if code != 0 {

@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -13,7 +14,7 @@ import (
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, claim, assignIDs, claimed, countClaim, doneClaim, done, retry, deadLetter, release, reclaim string
+	due, claim, assignIDs, claimed, countClaim, releaseClaim, doneClaim, done, retry, deadLetter, release, reclaim string
 }
 
 // owned is the condition every single-row settle carries: the row is still
@@ -32,14 +33,15 @@ func newQueries(t string) queries {
 		// SET list, so SQLite leaves its unique index alone.
 		claim: fmt.Sprintf(`UPDATE %[1]s SET status = 'processing', claimed_at = ?1, claimed_by = ?2
 WHERE id IN (SELECT id FROM %[1]s WHERE status = 'pending' AND available_at <= ?1 ORDER BY id LIMIT ?3)`, t),
-		assignIDs:  fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE `+ofClaim+` AND event_id IS NULL`, t, uuidSQL),
-		claimed:    fmt.Sprintf(`SELECT id, event_id, event_type, payload, attempts, created_at FROM %s WHERE `+ofClaim+` ORDER BY id`, t),
-		countClaim: fmt.Sprintf(`SELECT count(*) FROM %s WHERE `+ofClaim, t),
-		doneClaim:  fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?3, claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
-		done:       fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
-		retry:      fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = ?, available_at = ?, last_error = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
-		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
-		release:    fmt.Sprintf(`UPDATE %s SET status = 'pending', available_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
+		assignIDs:    fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE `+ofClaim+` AND event_id IS NULL`, t, uuidSQL),
+		claimed:      fmt.Sprintf(`SELECT id, event_id, event_type, payload, attempts, created_at FROM %s WHERE `+ofClaim+` ORDER BY id`, t),
+		countClaim:   fmt.Sprintf(`SELECT count(*) FROM %s WHERE `+ofClaim, t),
+		releaseClaim: fmt.Sprintf(`UPDATE %s SET status = 'pending', claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
+		doneClaim:    fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?3, claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
+		done:         fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
+		retry:        fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = ?, available_at = ?, last_error = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
+		deadLetter:   fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
+		release:      fmt.Sprintf(`UPDATE %s SET status = 'pending', available_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
 		// A claim is reclaimable when its lease expired, or at once when its
 		// owner stopped heartbeating (crashed); a live owner's claims are never
 		// taken before the lease.
@@ -57,8 +59,17 @@ WHERE status = 'processing' AND (
 func (s *Store) claimTime() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.lastClaim = max(nowMs(), s.lastClaim+1)
-	return s.lastClaim
+	// A second claim in the same millisecond waits for the next one, so
+	// claimed_at never runs ahead of the clock (it is also what available_at
+	// is compared with). At most one claim a millisecond costs nothing: a
+	// claim takes every due row, up to the batch size.
+	now := nowMs()
+	for now <= s.lastClaim {
+		time.Sleep(time.Until(time.UnixMilli(s.lastClaim + 1)))
+		now = nowMs()
+	}
+	s.lastClaim = now
+	return now
 }
 
 // claimSize records (n > 0) or takes back (n == 0) how many rows the claim
@@ -110,6 +121,22 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
+	out, err := s.readClaim(ctx, at)
+	if err != nil {
+		// Do not leave the rows held by a live relay until the lease ends.
+		if _, rerr := s.exec(context.WithoutCancel(ctx), s.q.releaseClaim, at, s.instance); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("release the claim: %w", rerr))
+		}
+		return nil, err
+	}
+	if len(out) > 0 {
+		s.claimSize(at, len(out))
+	}
+	return out, nil
+}
+
+// readClaim reads the rows of the claim at claimed_at, in id order.
+func (s *Store) readClaim(ctx context.Context, at int64) ([]event.Row, error) {
 	// A context that cannot be cancelled lets go-sqlite3 read each row in
 	// one cgo call; the read is short and holds no lock.
 	rows, err := s.read.QueryContext(context.WithoutCancel(ctx), s.q.claimed, at, s.instance)
@@ -134,9 +161,6 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read claimed rows: %w", err)
-	}
-	if len(out) > 0 {
-		s.claimSize(at, len(out))
 	}
 	return out, nil
 }
@@ -203,11 +227,15 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 	for _, o := range outs {
 		claimed[o.Row.ClaimedAt]++
 	}
+	size := map[int64]int{} // claimed_at -> rows the claim took
+	for at := range claimed {
+		size[at] = s.claimSize(at, 0)
+	}
 	for at, idx := range done {
 		// When these outcomes are the whole claim and the rows still held
 		// are exactly the done ones, one statement settles them. Otherwise
 		// (a lease was lost, the claim is settled in parts) row by row.
-		whole := s.claimSize(at, 0) == claimed[at]
+		whole := size[at] == claimed[at]
 		var held int
 		if whole {
 			if err := tx.QueryRowContext(ctx, s.q.countClaim, at, s.instance).Scan(&held); err != nil {

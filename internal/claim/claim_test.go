@@ -936,3 +936,34 @@ func TestClaimTokensAreUnique(t *testing.T) {
 		seen[rows[0].ClaimedAt] = true
 	}
 }
+
+// TestPruneFindsRowsOutOfOrder: rows finished out of insertion order (a
+// requeued dead letter done yesterday before rows done nine days ago) and
+// legacy done rows without processed_at are pruned all the same.
+func TestPruneFindsRowsOutOfOrder(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	day := 24 * time.Hour
+	yesterday, nineDays := time.Now().Add(-day).UnixMilli(), time.Now().Add(-9*day).UnixMilli()
+	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'recent-' || i, 'T', 'x', 'done', ?1, ?2 FROM n`, nineDays, yesterday)
+	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, nineDays)
+	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'legacy-' || i, 'T', 'x', 'done', ?1, NULL FROM n`, nineDays)
+	var total int64
+	for i := 0; i < 3; i++ { // a few sweeps, as the relay makes one a minute
+		n, err := s.Prune(ctx, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+	}
+	var left, recent int
+	db.QueryRow(`SELECT count(*) FROM event_queue`).Scan(&left)
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'recent-%'`).Scan(&recent)
+	if total != 1050 || left != 600 || recent != 600 {
+		t.Fatalf("pruned %d, left %d (%d recent); want 1050 pruned and the 600 recent rows kept", total, left, recent)
+	}
+}

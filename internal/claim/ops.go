@@ -147,69 +147,89 @@ FROM `+InstancesTable+` ORDER BY started_at`)
 // dead-lettered are left alone). It returns how many rows it requeued.
 func (s *Store) Requeue(ctx context.Context, all bool, ids []int64) (int64, error) {
 	q := `UPDATE ` + s.table + ` SET status = 'pending', attempts = 0, available_at = ?, processed_at = NULL WHERE status = 'dead_lettered'`
-	args := []any{nowMs()}
-	if !all {
-		if len(ids) == 0 {
-			return 0, nil
+	if all {
+		res, err := s.exec(ctx, q, nowMs())
+		if err != nil {
+			return 0, fmt.Errorf("requeue dead letters: %w", err)
 		}
-		q += ` AND id IN (` + strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",") + `)`
-		for _, id := range ids {
+		return res.RowsAffected()
+	}
+	var total int64
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), 10_000)] // under SQLite's limit of bound parameters
+		ids = ids[len(chunk):]
+		args := []any{nowMs()}
+		for _, id := range chunk {
 			args = append(args, id)
 		}
+		res, err := s.exec(ctx, q+` AND id IN (`+strings.TrimSuffix(strings.Repeat("?,", len(chunk)), ",")+`)`, args...)
+		if err != nil {
+			return total, fmt.Errorf("requeue dead letters: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
 	}
-	res, err := s.exec(ctx, q, args...)
-	if err != nil {
-		return 0, fmt.Errorf("requeue dead letters: %w", err)
-	}
-	return res.RowsAffected()
+	return total, nil
 }
 
 // pruneScan is how many rows one pruning step reads; the delete that
 // follows holds the write lock for a few milliseconds at most.
 const pruneScan = 500
 
+// pruneBudget is how many rows one Prune call reads at most: a table of a
+// million rows is swept every ten calls, at a few tens of milliseconds of
+// CPU a call.
+const pruneBudget = 100_000
+
 // Prune deletes finished rows older than before from table
-// (event.PruneOutbox: done rows by processed_at; event.PruneProcessedEvents: ledger rows by
-// processed_at, or started_at for abandoned claims). It walks the table in
-// rowid order, which is insertion order, reading a few hundred rows at a
-// time without a lock and deleting the old finished ones among them by
-// rowid in a short write transaction, and stops at the first batch that
-// ends in rows newer than before. No index is needed: the cost follows the
-// rows deleted, not the table. Between deletes it pauses, so that the
-// application's writers, sleeping in SQLite's busy handler, get the lock.
-// It returns how many rows it deleted.
+// (event.PruneOutbox: done rows by processed_at, or created_at where a
+// legacy row has none; event.PruneProcessedEvents: ledger rows by
+// processed_at, or started_at for abandoned claims). It sweeps the table in
+// rowid order from where the previous call stopped, wrapping at the end,
+// reading a few hundred rows at a time without a lock and deleting the old
+// finished ones among them by rowid in short write transactions, with a
+// pause between them so that the application's writers get the lock. No
+// index is needed, and rows finished out of insertion order (requeued dead
+// letters, rows scheduled late) are found on a later sweep. It returns how
+// many rows it deleted.
 func (s *Store) Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error) {
 	var name, finished, when string
 	switch table {
 	case event.PruneOutbox:
-		name, finished, when = s.table, `status = 'done'`, `processed_at`
+		name, finished, when = s.table, `status = 'done'`, `coalesce(processed_at, created_at)`
 	case event.PruneProcessedEvents:
 		name, finished, when = "processed_events", `1`, `coalesce(processed_at, started_at)`
 	default:
 		return 0, fmt.Errorf("prune: unknown table %q", table)
 	}
-	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s AND %s < ?2, 0), coalesce(%s, 0) FROM %s WHERE rowid > ?1 ORDER BY rowid LIMIT %d`, finished, when, when, name, pruneScan)
+	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s AND %s < ?2, 0) FROM %s WHERE rowid > ?1 ORDER BY rowid LIMIT %d`, finished, when, name, pruneScan)
 	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
 	cutoff := before.UnixMilli()
+	s.mu.Lock()
+	cursor := s.pruned[table]
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.pruned[table] = cursor
+		s.mu.Unlock()
+	}()
 	var deleted int64
-	var cursor int64 = -1 << 62
-	for {
+	for read := 0; read < pruneBudget; {
 		rows, err := s.read.QueryContext(ctx, scan, cursor, cutoff)
 		if err != nil {
 			return deleted, fmt.Errorf("prune %s: %w", name, err)
 		}
 		var victims []int64
-		var n int
-		var lastWhen int64
+		n := 0
 		for rows.Next() {
-			var id, t int64
+			var id int64
 			var old bool
-			if err := rows.Scan(&id, &old, &t); err != nil {
+			if err := rows.Scan(&id, &old); err != nil {
 				rows.Close()
 				return deleted, fmt.Errorf("prune %s: %w", name, err)
 			}
 			n++
-			cursor, lastWhen = id, t
+			cursor = id
 			if old {
 				victims = append(victims, id)
 			}
@@ -218,6 +238,7 @@ func (s *Store) Prune(ctx context.Context, table string, before time.Time, pause
 		if err := rows.Err(); err != nil {
 			return deleted, fmt.Errorf("prune %s: %w", name, err)
 		}
+		read += n
 		if len(victims) > 0 {
 			k, err := s.deleteRows(ctx, del, victims, cutoff)
 			deleted += k
@@ -230,13 +251,12 @@ func (s *Store) Prune(ctx context.Context, table string, before time.Time, pause
 			case <-time.After(pause):
 			}
 		}
-		// Rows are appended in time order: a batch ending in a row finished
-		// after the cutoff (or not finished, with a recent time) means the
-		// rest is newer.
-		if n < pruneScan || (lastWhen >= cutoff && len(victims) == 0) {
+		if n < pruneScan {
+			cursor = 0 // the end of the table: the next sweep starts over
 			return deleted, nil
 		}
 	}
+	return deleted, nil
 }
 
 // deleteRows deletes the given rowids in one short write transaction,

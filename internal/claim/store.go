@@ -64,8 +64,9 @@ type Store struct {
 	lastBeat time.Time // the last committed heartbeat; one heartbeat loop per store
 
 	mu        sync.Mutex
-	lastClaim int64         // claimed_at of the latest claim
-	claims    map[int64]int // claimed_at -> rows, for claims not yet settled
+	lastClaim int64            // claimed_at of the latest claim
+	claims    map[int64]int    // claimed_at -> rows, for claims not yet settled
+	pruned    map[string]int64 // table -> rowid where the last prune stopped
 }
 
 // Open opens the database at opts.Path. It does not touch the schema.
@@ -139,7 +140,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
 	ckpt.SetMaxOpenConns(1)
-	s := &Store{busy: opts.BusyTimeout, write: write, read: read, ckpt: ckpt, table: opts.Table, path: opts.Path, instance: event.NewID(), claims: map[int64]int{}}
+	s := &Store{busy: opts.BusyTimeout, write: write, read: read, ckpt: ckpt, table: opts.Table, path: opts.Path, instance: event.NewID(), claims: map[int64]int{}, pruned: map[string]int64{}}
 	s.q = newQueries(opts.Table)
 	// Reading the schema proves the file is a database.
 	if err := retryBusy(ctx, func() error {

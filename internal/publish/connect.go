@@ -58,7 +58,14 @@ func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log
 	}
 	log.Warn("nats unavailable at startup; starting paused and reconnecting in the background",
 		zap.String("url", config.RedactURLs(urls)), zap.Error(err))
-	nc, err := nats.Connect(urls, append(opts, nats.RetryOnFailedConnect(true))...)
+	// Only a connection made in the background needs the callback; a
+	// connection made here is logged here (callbacks run after Connect
+	// returns, when a short-lived command may be gone).
+	nc, err := nats.Connect(urls, append(opts, nats.RetryOnFailedConnect(true), nats.ConnectHandler(func(nc *nats.Conn) {
+		if !c.closing.Load() {
+			c.log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
+		}
+	}))...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
 	}
@@ -88,6 +95,7 @@ func connectOnce(urls string, cfg config.NATS, name string, log *zap.Logger) (*C
 	switch {
 	case err == nil:
 		c.NC = nc
+		log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
 		return c, opts, nil
 	case fatalConnectError(err):
 		return nil, opts, fmt.Errorf("connect to nats %s: %w: %s", config.RedactURLs(urls), ErrAuth, err)
@@ -114,9 +122,6 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			c.log.Info("nats reconnected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
-		}),
-		nats.ConnectHandler(func(nc *nats.Conn) {
-			c.log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			if !c.closing.Load() {
@@ -169,7 +174,9 @@ func fatalConnectError(err error) bool {
 		return true
 	}
 	msg := strings.ToLower(err.Error())
-	for _, s := range []string{"authorization", "authentication", "x509", "certificate", "tls:", "nkey", "credentials", "secure connection"} {
+	// A server that closes the connection during or right after the TLS
+	// handshake (a missing client certificate) reports it in several ways.
+	for _, s := range []string{"authorization", "authentication", "x509", "certificate", "tls:", "tls error", "remote error", "nkey", "credentials", "secure connection"} {
 		if strings.Contains(msg, s) {
 			return true
 		}
@@ -219,6 +226,8 @@ func (c *Conn) DeniedSubjects() []string {
 	for s, at := range c.denied {
 		if time.Since(at) < deniedTTL {
 			out = append(out, s)
+		} else {
+			delete(c.denied, s)
 		}
 	}
 	sort.Strings(out)

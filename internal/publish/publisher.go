@@ -142,6 +142,10 @@ func Classify(err error) Kind {
 	return Rejected
 }
 
+func deniedErr(subject string) error {
+	return fmt.Errorf("permission denied on subject %s: %w", subject, nats.ErrPermissionViolation)
+}
+
 // PermissionDenied reports whether a publish failed because the server does
 // not let this user publish on the subject.
 func PermissionDenied(err error) bool { return errors.Is(err, nats.ErrPermissionViolation) }
@@ -186,6 +190,12 @@ func (p *JetStream) API() jetstream.JetStream { return p.js }
 func (p *JetStream) Publish(_ context.Context, msgs []Message) []Ack {
 	acks := make([]Ack, len(msgs))
 	for i, m := range msgs {
+		// A subject the server refused a moment ago would only time out
+		// again, holding up every row behind it: reject it now.
+		if p.conn.Denied(m.Subject) {
+			acks[i] = resolved{Kind: Rejected, Err: deniedErr(m.Subject)}
+			continue
+		}
 		fut, err := p.js.PublishMsgAsync(NewMsg(m))
 		if err != nil {
 			acks[i] = &jsAck{p: p, subject: m.Subject, err: err}
@@ -230,7 +240,7 @@ func (p *JetStream) classify(ctx context.Context, subject string, err error) Res
 		return Result{Kind: kind, Err: err}
 	}
 	if p.conn.Denied(subject) {
-		return Result{Kind: Rejected, Err: fmt.Errorf("permission denied on subject %s: %w", subject, nats.ErrPermissionViolation)}
+		return Result{Kind: Rejected, Err: deniedErr(subject)}
 	}
 	if errors.Is(err, jetstream.ErrNoStreamResponse) && p.conn.Connected() && !p.captures(ctx, subject) {
 		return Result{Kind: Rejected, Err: fmt.Errorf("stream %s does not capture subject %s: %w", p.stream, subject, err)}
@@ -320,8 +330,8 @@ func (p *Core) Ready(context.Context) error {
 }
 
 // Ceiling publishes n messages of size bytes to subject asynchronously,
-// each with a fresh Nats-Msg-Id, keeping at most maxPending acks
-// outstanding, and returns how long it took until every PubAck arrived:
+// built as the relay builds them (a fresh Nats-Msg-Id and the other
+// headers), keeping at most maxPending acks outstanding, and returns how long it took until every PubAck arrived:
 // the raw JetStream rate a relay is measured against.
 func Ceiling(ctx context.Context, c *Conn, subject string, n, size, maxPending int) (time.Duration, error) {
 	var failed atomic.Int64
@@ -335,7 +345,9 @@ func Ceiling(ctx context.Context, c *Conn, subject string, n, size, maxPending i
 	payload := make([]byte, size)
 	start := time.Now()
 	for i := 0; i < n; i++ {
-		m := &nats.Msg{Subject: subject, Data: payload, Header: nats.Header{HeaderMsgID: {event.NewID()}}}
+		// The very messages the relay publishes for such rows: the payload
+		// and all four headers, Nats-Msg-Id among them.
+		m := NewMsg(Message{Subject: subject, Row: event.Row{ID: int64(i + 1), EventID: event.NewID(), EventType: "BenchEvent", Payload: payload, CreatedAt: time.Now().UnixMilli()}})
 		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
 			return 0, fmt.Errorf("publish: %w", err)
 		}

@@ -129,3 +129,25 @@ func BenchmarkPublishPipeline(b *testing.B) {
 	cancel()
 	<-done
 }
+
+// BenchmarkCeiling is the raw JetStream rate the relay is measured
+// against, in process: the same messages published async, 4000 in flight.
+func BenchmarkCeiling(b *testing.B) {
+	n := testenv.StartNATS(b)
+	conn, err := publish.Connect(context.Background(), n.URL(), config.Default().NATS, "bench", zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	js, err := publish.NewJetStream(conn, "EVENTS", 4000, time.Minute)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := streamsync.Sync(context.Background(), js.API(), want, streamsync.Options{}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	if _, err := publish.Ceiling(context.Background(), conn, "events.BenchEvent", b.N, 256, envInt("BENCH_IN_FLIGHT", 4000)); err != nil {
+		b.Fatal(err)
+	}
+}

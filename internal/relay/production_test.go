@@ -127,8 +127,12 @@ func TestLeaderFailover(t *testing.T) {
 		t.Fatalf("the relay did not create an R3 stream: %v", err)
 	}
 	nc.Close()
+	doneBefore := testenv.Counts(t, app)["done"]
 	c.Stop(c.Index(leader))
-	t.Logf("stopped the stream leader %s", leader)
+	t.Logf("stopped the stream leader %s with %d of %d rows done", leader, doneBefore, total)
+	if doneBefore >= total-1000 {
+		t.Fatalf("%d rows were done before the leader stopped: the failover came too late to test anything", doneBefore)
+	}
 	wg.Wait()
 	counts := waitAllSettled(t, app, total, 180*time.Second)
 	if counts["done"] != total {

@@ -45,6 +45,7 @@ type Options struct {
 	SubjectPrefix     string
 	BatchSize         int
 	MaxInFlight       int
+	MaxInFlightBytes  int           // payload bytes in flight at most (large payloads); 0: no limit
 	PollInterval      time.Duration // fallback claim timer when no wake-up comes
 	WatchInterval     time.Duration // commit detection: the fallback poll of PRAGMA data_version
 	HeartbeatInterval time.Duration // instance heartbeat and reclaim period
@@ -78,13 +79,16 @@ type Relay struct {
 	log   *zap.Logger
 	m     *metrics.Metrics
 
-	wake      chan struct{} // a commit or a reclaim happened: claim now
-	settled   chan struct{} // in-flight rows were settled: room to claim
-	pipeline  chan *batch   // claimer -> settler, in publish order
-	inflight  atomic.Int64
-	running   atomic.Bool
-	outage    outageState
-	dbTrouble stateLog
+	wake     chan struct{} // a commit or a reclaim happened: claim now
+	settled  chan struct{} // in-flight rows were settled: room to claim
+	pipeline chan *batch   // claimer -> settler, in publish order
+	inflight atomic.Int64
+	// inflightBytes is the payload held by rows in flight; avgPayload the
+	// average payload of the last claim, to size the next one.
+	inflightBytes, avgPayload atomic.Int64
+	running                   atomic.Bool
+	outage                    outageState
+	dbTrouble                 stateLog
 }
 
 // batch is one claim's rows on their way to settlement.
@@ -271,11 +275,16 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			continue
 		}
 		free := int64(r.o.MaxInFlight) - r.inflight.Load()
-		if free <= 0 {
+		freeBytes := int64(r.o.MaxInFlightBytes) - r.inflightBytes.Load()
+		if free <= 0 || (r.o.MaxInFlightBytes > 0 && freeBytes <= 0) {
 			wait(ctx, r.settled, nil)
 			continue
 		}
 		limit := min(int64(r.o.BatchSize), free)
+		if avg := r.avgPayload.Load(); r.o.MaxInFlightBytes > 0 && avg > 0 {
+			// Large payloads: claim what fits in the byte budget.
+			limit = max(1, min(limit, freeBytes/avg))
+		}
 		rows, err := r.store.Claim(ctx, int(limit))
 		if err != nil {
 			if ctx.Err() != nil {
@@ -294,6 +303,9 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		}
 		r.dbTrouble.ok()
 		r.inflight.Add(int64(len(rows)))
+		bytes := payloadBytes(rows)
+		r.inflightBytes.Add(bytes)
+		r.avgPayload.Store(max(1, bytes/int64(len(rows))))
 		r.pipeline <- r.publish(ctx, rows)
 		if int64(len(rows)) < limit {
 			// Caught up: wait for the next commit rather than spinning.
@@ -301,6 +313,14 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// payloadBytes sums the rows' payloads.
+func payloadBytes(rows []event.Row) (n int64) {
+	for _, r := range rows {
+		n += int64(len(r.Payload))
+	}
+	return n
 }
 
 // idle waits for a wake-up, the poll timer or the end.
@@ -412,6 +432,11 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 		sleep(writeCtx, retry.next())
 	}
 	r.inflight.Add(-int64(len(outs)))
+	var bytes int64
+	for _, o := range outs {
+		bytes += int64(len(o.Row.Payload))
+	}
+	r.inflightBytes.Add(-bytes)
 	signal(r.settled)
 }
 

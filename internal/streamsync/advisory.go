@@ -32,7 +32,8 @@ type Exhausted struct {
 // until ctx ends, reads each message by its stream sequence, and hands it
 // to fn. It returns once subscribed state is torn down.
 func WatchExhausted(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, stream, consumer string, fn func(Exhausted)) error {
-	ch := make(chan *nats.Msg, 64)
+	// Room for a burst: a full channel makes the client drop advisories.
+	ch := make(chan *nats.Msg, 8192)
 	sub, err := nc.ChanSubscribe(AdvisorySubject(stream, consumer), ch)
 	if err != nil {
 		return fmt.Errorf("subscribe to max-deliveries advisories: %w", err)

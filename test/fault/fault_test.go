@@ -656,3 +656,30 @@ func TestSignals(t *testing.T) {
 	}
 	summaries = append(summaries, summary{name: "SIGTERM, then SIGTERM twice with the broker frozen", rows: s.Written, kills: 1, lost: lost, duplicates: dups, deadLettered: dead, maxRecovery: recovery, elapsed: time.Since(e.started)})
 }
+
+// TestTwoRelaysLongLocks: two relays share the file while the application
+// holds the write lock for 8 s at a time, longer than busy_timeout and the
+// heartbeat staleness: both relays' heartbeats are held up, and neither may
+// take the other for dead.
+func TestTwoRelaysLongLocks(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	e.startRelay("a")
+	e.startRelay("b")
+	s := e.waitWriter(e.writer("-rows", "10000", "-rate", "500", "-hold-every", "6s", "-hold-for", "8s"))
+	if s.Holds < 2 {
+		t.Errorf("writer held the lock only %d times", s.Holds)
+	}
+	e.waitSettled(db, 60*time.Second)
+	var reclaimed float64
+	for _, name := range []string{"a", "b"} {
+		reclaimed += e.metric(name, "outbox_relay_leases_reclaimed_total")
+	}
+	if reclaimed != 0 {
+		t.Errorf("live relays took %v of each other's rows during long locks", reclaimed)
+	}
+	e.stopRelay("a")
+	e.stopRelay("b")
+	lost, dups, dead := e.verify(db, 0)
+	summaries = append(summaries, summary{name: fmt.Sprintf("two relays, writer holds lock 8 s (%d times)", s.Holds), rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
+}
