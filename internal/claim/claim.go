@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -14,7 +15,7 @@ import (
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, claim, assignIDs, claimed, countClaim, releaseClaim, doneClaim, done, retry, deadLetter, release, reclaim string
+	due, claim, assignIDs, claimed, settledAt, releaseClaim, doneClaim, done, retry, deadLetter, release, reclaim string
 }
 
 // owned is the condition every single-row settle carries: the row is still
@@ -35,7 +36,7 @@ func newQueries(t string) queries {
 WHERE id IN (SELECT id FROM %[1]s WHERE status = 'pending' AND available_at <= ?1 ORDER BY id LIMIT ?3)`, t),
 		assignIDs:    fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE `+ofClaim+` AND event_id IS NULL`, t, uuidSQL),
 		claimed:      fmt.Sprintf(`SELECT id, event_id, event_type, payload, attempts, created_at FROM %s WHERE `+ofClaim+` ORDER BY id`, t),
-		countClaim:   fmt.Sprintf(`SELECT count(*) FROM %s WHERE `+ofClaim, t),
+		settledAt:    fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
 		releaseClaim: fmt.Sprintf(`UPDATE %s SET status = 'pending', claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
 		doneClaim:    fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?3, claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
 		done:         fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
@@ -232,22 +233,24 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 		size[at] = s.claimSize(at, 0)
 	}
 	for at, idx := range done {
-		// When these outcomes are the whole claim and the rows still held
-		// are exactly the done ones, one statement settles them. Otherwise
-		// (a lease was lost, the claim is settled in parts) row by row.
-		whole := size[at] == claimed[at]
-		var held int
-		if whole {
-			if err := tx.QueryRowContext(ctx, s.q.countClaim, at, s.instance).Scan(&held); err != nil {
+		if size[at] == claimed[at] {
+			// These outcomes are the whole claim, and the rows it still
+			// holds are all done: one statement settles them. Rows another
+			// relay took meanwhile are not touched; find them if any.
+			res, err := tx.ExecContext(ctx, s.q.doneClaim, at, s.instance, now)
+			if err != nil {
 				return nil, fmt.Errorf("settle rows: %w", err)
 			}
-		}
-		if whole && held == len(idx) {
-			if _, err := tx.ExecContext(ctx, s.q.doneClaim, at, s.instance, now); err != nil {
-				return nil, fmt.Errorf("settle rows: %w", err)
+			if n, _ := res.RowsAffected(); int(n) < len(idx) {
+				lost, err := s.notSettled(ctx, tx, outs, idx, now)
+				if err != nil {
+					return nil, err
+				}
+				stale = append(stale, lost...)
 			}
 			continue
 		}
+		// Part of a claim: row by row.
 		for _, i := range idx {
 			if err := one(i, s.q.done, now); err != nil {
 				return nil, err
@@ -259,6 +262,40 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 	}
 	slices.Sort(stale)
 	return stale, nil
+}
+
+// notSettled returns the indexes among idx whose rows the bulk settle at
+// now did not mark done (their claim was lost).
+func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome, idx []int, now int64) ([]int, error) {
+	settled := map[int64]bool{}
+	ids := make([]byte, 0, 12*len(idx))
+	ids = append(ids, '[')
+	for k, i := range idx {
+		if k > 0 {
+			ids = append(ids, ',')
+		}
+		ids = strconv.AppendInt(ids, outs[i].Row.ID, 10)
+	}
+	ids = append(ids, ']')
+	rows, err := tx.QueryContext(ctx, s.q.settledAt, string(ids), now)
+	if err != nil {
+		return nil, fmt.Errorf("settle rows: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("settle rows: %w", err)
+		}
+		settled[id] = true
+	}
+	var lost []int
+	for _, i := range idx {
+		if !settled[outs[i].Row.ID] {
+			lost = append(lost, i)
+		}
+	}
+	return lost, rows.Err()
 }
 
 // Heartbeat records that this instance is alive and makes claims

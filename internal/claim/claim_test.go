@@ -967,3 +967,30 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 		t.Fatalf("pruned %d, left %d (%d recent); want 1050 pruned and the 600 recent rows kept", total, left, recent)
 	}
 }
+
+// TestWholeClaimWithALostRow: a whole claim settled done in one statement
+// leaves the row another relay took, and reports it stale.
+func TestWholeClaimWithALostRow(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	insertRows(t, db, 3, "pending")
+	rows, err := s.Claim(ctx, 3)
+	if err != nil || len(rows) != 3 {
+		t.Fatal(rows, err)
+	}
+	exec1(t, db, `UPDATE event_queue SET claimed_by = 'other' WHERE id = ?`, rows[1].ID)
+	outs := make([]event.Outcome, 3)
+	for i, r := range rows {
+		outs[i] = event.Outcome{Row: r, Settlement: event.Done}
+	}
+	stale, err := s.Settle(ctx, outs)
+	if err != nil || fmt.Sprint(stale) != "[1]" {
+		t.Fatalf("stale %v, %v; want [1]", stale, err)
+	}
+	for i, want := range []string{"done", "processing", "done"} {
+		if got := state(t, db, rows[i].ID).Status; got != want {
+			t.Errorf("row %d is %s, want %s", i, got, want)
+		}
+	}
+}
