@@ -372,8 +372,8 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	return res, nil
 }
 
-// writeRate is the --rate writer: one row per transaction, as an
-// application writes, paced to rate rows/s for d. It returns how many rows
+// writeRate is the --rate writer: one row per BEGIN IMMEDIATE transaction,
+// as an application writes, paced to rate rows/s for d. It returns how many rows
 // it wrote.
 func writeRate(ctx context.Context, path string, rate int, d time.Duration, size int) (int, error) {
 	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate")
@@ -388,7 +388,19 @@ func writeRate(ctx context.Context, path string, rate int, d time.Duration, size
 	for time.Since(start) < d {
 		due := int(time.Since(start).Seconds() * float64(rate))
 		for ; n < due; n++ {
-			if _, err := db.ExecContext(ctx, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'BenchEvent', ?)`, event.NewID(), payload); err != nil {
+			// created_at is taken once the transaction holds the write lock,
+			// just before the commit: the lag is commit to done, not the
+			// writer's own wait for the lock.
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return n, fmt.Errorf("writer: %w", err)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO event_queue (event_id, event_type, payload, created_at) VALUES (?, 'BenchEvent', ?, ?)`,
+				event.NewID(), payload, time.Now().UnixMilli()); err != nil {
+				tx.Rollback()
+				return n, fmt.Errorf("writer: %w", err)
+			}
+			if err := tx.Commit(); err != nil {
 				return n, fmt.Errorf("writer: %w", err)
 			}
 		}

@@ -97,7 +97,7 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 	// commits): find out with a read, without taking the write lock the
 	// application needs.
 	var due bool
-	if err := s.read.QueryRowContext(ctx, s.q.due, nowMs()).Scan(&due); err != nil {
+	if err := s.read.QueryRowContext(context.WithoutCancel(ctx), s.q.due, nowMs()).Scan(&due); err != nil {
 		return nil, fmt.Errorf("look for due rows: %w", err)
 	}
 	if !due {

@@ -20,6 +20,7 @@ import (
 // between looks, so checkpoints are never starved. It returns when ctx ends;
 // the caller runs it in a goroutine it tracks.
 func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error {
+	const debounce = 200 * time.Microsecond
 	conn, err := s.read.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("watch commits: %w", err)
@@ -30,8 +31,11 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 		return fmt.Errorf("watch commits: %w", err)
 	}
 	defer stmt.Close()
+	// Not cancellable: go-sqlite3 then skips its interrupt bookkeeping, the
+	// larger part of a query this small; the loop checks ctx itself.
+	quick := context.WithoutCancel(ctx)
 	version := func() (v int64, err error) {
-		err = stmt.QueryRowContext(ctx).Scan(&v)
+		err = stmt.QueryRowContext(quick).Scan(&v)
 		return v, err
 	}
 	last, err := version()
@@ -63,7 +67,9 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 			if filepath.Base(ev.Name) != wal {
 				continue
 			}
-			// One commit writes many pages: look once for all of them.
+			// One commit writes the WAL in several writes, which arrive as
+			// several events: let them come, then look once for all.
+			time.Sleep(debounce)
 			for drained := false; !drained; {
 				select {
 				case _, ok := <-events:
