@@ -666,13 +666,15 @@ func TestSignals(t *testing.T) {
 // TestTwoRelaysLongLocks: two relays share the file while the application
 // holds the write lock for 8 s at a time, longer than busy_timeout and the
 // heartbeat staleness: both relays' heartbeats are held up, and neither may
-// take the other for dead.
+// take the other for dead. Beyond the scenarios, and not in CI: in
+// one run of four this session a relay reclaimed one row of the other
+// after a hold (JetStream dropped the duplicate); the cause is not found.
 func TestTwoRelaysLongLocks(t *testing.T) {
 	e := newEnv(t)
 	db := e.open()
 	e.startRelay("a")
 	e.startRelay("b")
-	s := e.waitWriter(e.writer("-rows", "10000", "-rate", "500", "-hold-every", "6s", "-hold-for", "8s"))
+	s := e.waitWriter(e.writer("-rows", "15000", "-rate", "500", "-hold-every", "4s", "-hold-for", "8s"))
 	if s.Holds < 2 {
 		t.Errorf("writer held the lock only %d times", s.Holds)
 	}
