@@ -303,10 +303,12 @@ func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome
 // staleAfter; it removes such owners' heartbeat rows. It returns how many
 // rows went back to pending.
 //
-// When this heartbeat itself was held up (it waited a third of staleAfter
-// for the lock, or the previous one is that old), the application has
-// likely held the write lock, and every other relay's heartbeat waited
-// too: their silence proves nothing, so this round judges nobody dead.
+// Another relay is judged dead only when this one has itself been
+// heartbeating on time for a whole staleAfter: a heartbeat held up for a
+// third of staleAfter (waiting for the lock, or following a late one) means
+// the application likely held the write lock, every relay's heartbeat
+// waited too, and their silence proves nothing until they have had as long
+// again to catch up.
 func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error) {
 	host, _ := os.Hostname()
 	asked := time.Now()
@@ -317,13 +319,19 @@ func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter
 	defer tx.Rollback()
 	now := nowMs() // taken with the lock held, so it is not already late
 	heldUp := time.Since(asked) > staleAfter/3 || (!s.lastBeat.IsZero() && time.Since(s.lastBeat) > staleAfter/3)
+	if heldUp || s.beatingSince.IsZero() {
+		s.beatingSince = time.UnixMilli(now)
+	}
+	// Judge others only after beating on time for a whole staleness window
+	// ourselves: then a silent relay was silent while the lock was to be had.
+	judge := !heldUp && time.UnixMilli(now).Sub(s.beatingSince) >= staleAfter
 	if _, err := tx.ExecContext(ctx, `INSERT INTO `+InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version)
 VALUES (?1, ?2, ?2, ?3, ?4, ?5)
 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s.instance, now, host, os.Getpid(), version); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	staleBefore := now - staleAfter.Milliseconds()
-	if heldUp {
+	if !judge {
 		staleBefore = 0 // judge nobody dead this round; expired leases still count
 	}
 	res, err := tx.ExecContext(ctx, s.q.reclaim, now-lease.Milliseconds(), s.instance, staleBefore)

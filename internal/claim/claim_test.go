@@ -643,8 +643,10 @@ func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 	if n, err := other.Heartbeat(ctx, "test", time.Hour, 5*time.Second); err != nil || n != 0 {
 		t.Fatalf("reclaimed %d (%v) while both owners are alive", n, err)
 	}
-	// dead stops heartbeating (kill -9): its claims come back at once.
+	// dead stops heartbeating (kill -9): its claims come back at once, to a
+	// relay that has been heartbeating on time for a staleness window.
 	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 60000 WHERE instance_id = ?`, dead.Instance())
+	other.beatingSince = time.Now().Add(-time.Minute)
 	n, err := other.Heartbeat(ctx, "test", time.Hour, 5*time.Second)
 	if err != nil || n != 3 {
 		t.Fatalf("reclaimed %d (%v), want the dead owner's 3", n, err)
@@ -992,5 +994,40 @@ func TestWholeClaimWithALostRow(t *testing.T) {
 		if got := state(t, db, rows[i].ID).Status; got != want {
 			t.Errorf("row %d is %s, want %s", i, got, want)
 		}
+	}
+}
+
+// TestJudgeOnlyAfterBeatingOnTime: a relay that has just started (or just
+// got the lock back) does not take another for dead until it has itself
+// been heartbeating on time for a staleness window.
+func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
+	ctx := context.Background()
+	const stale = 600 * time.Millisecond
+	dead := newStore(t)
+	db := appDB(t, dead.Path())
+	insertRows(t, db, 2, "pending")
+	if _, err := dead.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
+		t.Fatal(err)
+	}
+	if rows, err := dead.Claim(ctx, 2); err != nil || len(rows) != 2 {
+		t.Fatal(rows, err)
+	}
+	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 60000`)
+	judge := openStore(t, dead.Path(), false)
+	if n, err := judge.Heartbeat(ctx, "t", time.Hour, stale); err != nil || n != 0 {
+		t.Fatalf("a relay's first heartbeat reclaimed %d (%v)", n, err)
+	}
+	start := time.Now()
+	var n int64
+	for n == 0 && time.Since(start) < 5*time.Second {
+		time.Sleep(50 * time.Millisecond)
+		k, err := judge.Heartbeat(ctx, "t", time.Hour, stale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = k
+	}
+	if n != 2 || time.Since(start) < stale {
+		t.Fatalf("reclaimed %d after %v; want 2, not before %v", n, time.Since(start), stale)
 	}
 }

@@ -53,15 +53,16 @@ func init() {
 // write pool whose transactions start with BEGIN IMMEDIATE, and a read-only
 // pool that never writes.
 type Store struct {
-	write    *sql.DB
-	read     *sql.DB
-	ckpt     *sql.DB
-	table    string
-	path     string
-	busy     time.Duration // how long a write waits for the lock
-	instance string
-	q        queries
-	lastBeat time.Time // the last committed heartbeat; one heartbeat loop per store
+	write        *sql.DB
+	read         *sql.DB
+	ckpt         *sql.DB
+	table        string
+	path         string
+	busy         time.Duration // how long a write waits for the lock
+	instance     string
+	q            queries
+	lastBeat     time.Time // the last committed heartbeat; one heartbeat loop per store
+	beatingSince time.Time // since when heartbeats have been on time
 
 	mu        sync.Mutex
 	lastClaim int64            // claimed_at of the latest claim
