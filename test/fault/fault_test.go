@@ -666,9 +666,9 @@ func TestSignals(t *testing.T) {
 // TestTwoRelaysLongLocks: two relays share the file while the application
 // holds the write lock for 8 s at a time, longer than busy_timeout and the
 // heartbeat staleness: both relays' heartbeats are held up, and neither may
-// take the other for dead. Beyond the scenarios, and not in CI: in
-// one run of four this session a relay reclaimed one row of the other
-// after a hold (JetStream dropped the duplicate); the cause is not found.
+// take the other for dead. (A relay once judged the other right after a
+// hold, before the other had had its turn at the lock; a relay now judges
+// only after beating on time for a whole staleness window itself.)
 func TestTwoRelaysLongLocks(t *testing.T) {
 	e := newEnv(t)
 	db := e.open()
