@@ -10,12 +10,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
@@ -47,6 +49,14 @@ type relayRun struct {
 	CPUSeconds  float64 `json:"cpu_seconds"`
 	PeakRSSMiB  float64 `json:"peak_rss_mib"`
 	OfferedRate int     `json:"offered_rate,omitempty"`
+	// Commit-to-PubAck lag (--rate runs): each message's store time in the
+	// stream (the server acknowledges right after storing) minus its
+	// Outbox-Created-At; the lag above runs to processed_at, after the
+	// settlement's transaction.
+	AckLagRows  int     `json:"ack_lag_rows,omitempty"` // messages read from the stream
+	AckLagP50Ms float64 `json:"ack_lag_p50_ms,omitempty"`
+	AckLagP99Ms float64 `json:"ack_lag_p99_ms,omitempty"`
+	AckLagMaxMs float64 `json:"ack_lag_max_ms,omitempty"`
 }
 
 // benchReport is the bench command's result.
@@ -185,6 +195,14 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 			return nil, err
 		}
 		r, err := c.benchRelay(ctx, filepath.Join(dir, name+".db"), url, names, o, done, rate)
+		if err == nil && rate > 0 {
+			var lags []int64
+			if lags, err = storedLags(ctx, js.API(), names.relay); err == nil {
+				r.AckLagRows = len(lags)
+				r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs = percentile(lags, 0.5), percentile(lags, 0.99), percentile(lags, 1)
+				progress("%s: commit to PubAck p50 %.1f ms p99 %.1f ms max %.1f ms", name, r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs)
+			}
+		}
 		if err == nil {
 			progress("%s: %.0f rows/s, lag p50 %.1f ms p99 %.1f ms, CPU %.2f s, peak RSS %.1f MiB", name, r.RowsPerSec, r.LagP50Ms, r.LagP99Ms, r.CPUSeconds, r.PeakRSSMiB)
 		}
@@ -372,6 +390,48 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	return res, nil
 }
 
+// storedLags reads every message of stream and returns, sorted, the
+// milliseconds from its Outbox-Created-At to its store time in the stream.
+func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("read stored times: %w", err)
+	}
+	total := st.CachedInfo().State.Msgs
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("read stored times: %w", err)
+	}
+	lags := make([]int64, 0, total)
+	for uint64(len(lags)) < total {
+		batch, err := cons.FetchNoWait(1000)
+		if err != nil {
+			return nil, fmt.Errorf("read stored times: %w", err)
+		}
+		for msg := range batch.Messages() {
+			meta, err := msg.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("read stored times: %w", err)
+			}
+			created, err := time.Parse(time.RFC3339Nano, msg.Headers().Get(publish.HeaderCreatedAt))
+			if err != nil {
+				return nil, fmt.Errorf("message %d: %s: %w", meta.Sequence.Stream, publish.HeaderCreatedAt, err)
+			}
+			lags = append(lags, meta.Timestamp.UnixMilli()-created.UnixMilli())
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("read stored times: %w", err)
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("read stored times: %d of %d messages: %w", len(lags), total, ctx.Err())
+		}
+	}
+	slices.Sort(lags)
+	return lags, nil
+}
+
 // writeRate is the --rate writer: one row per BEGIN IMMEDIATE transaction,
 // as an application writes, paced to rate rows/s for d. It returns how many rows
 // it wrote.
@@ -503,6 +563,7 @@ func printBench(c *cli, r *benchReport) {
 	}
 	if r.Rate != nil {
 		line(fmt.Sprintf("%d rows/s offered", r.Rate.OfferedRate), r.Rate)
+		fmt.Fprintf(w, "  %-27s %9s         p50 %.1f ms p99 %.1f ms  max %.1f ms\n", "  commit to PubAck", "", r.Rate.AckLagP50Ms, r.Rate.AckLagP99Ms, r.Rate.AckLagMaxMs)
 	}
 	if r.IdleCPUPercent != nil {
 		fmt.Fprintf(w, "  idle CPU                    %9.2f %% of one core over %.0f s\n", *r.IdleCPUPercent, r.IdleSeconds)

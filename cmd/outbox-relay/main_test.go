@@ -692,9 +692,11 @@ func TestBenchSmoke(t *testing.T) {
 		DrainRatio float64 `json:"drain_to_ceiling"`
 		DoneRatio  float64 `json:"with_done_to_empty"`
 		Rate       struct {
-			Rows    int     `json:"rows"`
-			Offered int     `json:"offered_rate"`
-			LagP99  float64 `json:"lag_p99_ms"`
+			Rows       int     `json:"rows"`
+			Offered    int     `json:"offered_rate"`
+			LagP99     float64 `json:"lag_p99_ms"`
+			AckLagRows int     `json:"ack_lag_rows"`
+			AckLagP99  float64 `json:"ack_lag_p99_ms"`
 		} `json:"rate"`
 		Idle *float64 `json:"idle_cpu_percent_of_one_core"`
 	}
@@ -704,6 +706,11 @@ func TestBenchSmoke(t *testing.T) {
 	if rep.Ceiling <= 0 || len(rep.CeilingByBatch) != 2 || rep.Drain.Rows != 3000 || rep.Drain.RowsPerSec <= 0 || rep.Drain.CPU <= 0 || rep.Drain.RSS <= 0 ||
 		rep.DrainRatio <= 0 || rep.DoneRatio <= 0 || rep.Rate.Offered != 200 || rep.Rate.Rows < 300 || rep.Idle == nil {
 		t.Fatalf("report %+v", rep)
+	}
+	// Every message was read back from the stream; a row is acknowledged
+	// before it is settled (both clocks in milliseconds, hence the 1 ms).
+	if rep.Rate.AckLagRows != rep.Rate.Rows || rep.Rate.AckLagP99 > rep.Rate.LagP99+1 {
+		t.Fatalf("commit-to-PubAck lag over %d of %d rows, p99 %v ms against %v ms to done", rep.Rate.AckLagRows, rep.Rate.Rows, rep.Rate.AckLagP99, rep.Rate.LagP99)
 	}
 }
 
