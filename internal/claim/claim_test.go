@@ -1031,3 +1031,53 @@ func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
 		t.Fatalf("reclaimed %d after %v; want 2, not before %v", n, time.Since(start), stale)
 	}
 }
+
+// TestWatchPace: the fallback poll slows once notifications announce
+// commits, and speeds up again when the poll finds one they missed.
+func TestWatchPace(t *testing.T) {
+	p := pace{fast: 100 * time.Millisecond}
+	steps := []struct {
+		notified, polled bool
+		next             time.Duration
+		change           bool
+	}{
+		{polled: true}, // untrusted: the poll finding commits changes nothing
+		{notified: true, next: time.Second, change: true}, // a notification announced one: trust, slow down
+		{notified: true}, // still trusted
+		{polled: true, next: 100 * time.Millisecond, change: true}, // one was missed: fast again
+		{polled: true},
+		{}, // an overflow: no source, no change
+		{notified: true, next: time.Second, change: true},
+	}
+	for i, st := range steps {
+		next, change := p.found(st.notified, st.polled)
+		if next != st.next || change != st.change {
+			t.Fatalf("step %d: got (%v, %v), want (%v, %v)", i, next, change, st.next, st.change)
+		}
+	}
+}
+
+// TestCheckpointSkipsAnUnchangedWAL: a checkpoint copies the WAL into the
+// database; the next one, with nothing committed since, does no work; a
+// commit makes the one after it run again.
+func TestCheckpointSkipsAnUnchangedWAL(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	db.SetMaxOpenConns(1)
+	exec1(t, db, `PRAGMA wal_autocheckpoint = 0`) // only the store checkpoints
+	insertRows(t, db, 50, "pending")
+	pages, done, err := s.Checkpoint(ctx)
+	if err != nil || pages == 0 || done != pages {
+		t.Fatalf("checkpoint: %d of %d pages (%v)", done, pages, err)
+	}
+	ran := s.ckptWal.at
+	if p, d, err := s.Checkpoint(ctx); err != nil || p != pages || d != done || !s.ckptWal.at.Equal(ran) {
+		t.Fatalf("an unchanged WAL was checkpointed again (%d of %d, %v)", d, p, err)
+	}
+	time.Sleep(20 * time.Millisecond) // past the file system's coarse clock tick
+	insertRows(t, db, 50, "pending")
+	if _, d, err := s.Checkpoint(ctx); err != nil || s.ckptWal.at.Equal(ran) || d == 0 {
+		t.Fatalf("a commit after the checkpoint was not checkpointed (%d pages, %v)", d, err)
+	}
+}

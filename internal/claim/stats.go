@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -52,11 +53,37 @@ func (s *Store) Drained(ctx context.Context) (bool, error) {
 // Checkpoint copies what it can of the WAL into the database without
 // waiting for any lock (PRAGMA wal_checkpoint(PASSIVE)) and returns the
 // WAL's size and how much of it is now in the database, in pages. It runs
-// on a connection of its own, beside claims and settles.
+// on a connection of its own, beside claims and settles. While the -wal
+// file has not changed since the last checkpoint (nothing was committed),
+// it skips the work and returns the last result, for at most ckptIdleMax:
+// the file's times are coarse, and a commit in the same tick as the last
+// checkpoint would otherwise wait for the next commit to be noticed.
 func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err error) {
+	s.ckptMu.Lock()
+	defer s.ckptMu.Unlock()
+	fi, statErr := os.Stat(s.path + "-wal")
+	if statErr == nil && fi.Size() == s.ckptWal.size && fi.ModTime().Equal(s.ckptWal.mod) && time.Since(s.ckptWal.at) < ckptIdleMax {
+		return s.ckptWal.pages, s.ckptWal.done, nil
+	}
 	var busy int
 	if err := s.ckpt.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &walPages, &checkpointed); err != nil {
+		s.ckptWal = walState{}
 		return 0, 0, fmt.Errorf("checkpoint: %w", err)
 	}
+	s.ckptWal = walState{}
+	if statErr == nil && walPages == checkpointed {
+		// Taken before the checkpoint: a commit during it shows next time.
+		s.ckptWal = walState{size: fi.Size(), mod: fi.ModTime(), at: time.Now(), pages: walPages, done: checkpointed}
+	}
 	return walPages, checkpointed, nil
+}
+
+// ckptIdleMax is how long Checkpoint trusts an unchanged -wal file.
+const ckptIdleMax = 5 * time.Second
+
+// walState is the -wal file as the last complete checkpoint found it.
+type walState struct {
+	size        int64
+	mod, at     time.Time
+	pages, done int
 }

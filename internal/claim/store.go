@@ -64,6 +64,9 @@ type Store struct {
 	lastBeat     time.Time // the last committed heartbeat; one heartbeat loop per store
 	beatingSince time.Time // since when heartbeats have been on time
 
+	ckptMu  sync.Mutex
+	ckptWal walState // the -wal file after the last complete checkpoint
+
 	mu        sync.Mutex
 	lastClaim int64            // claimed_at of the latest claim
 	claims    map[int64]int    // claimed_at -> rows, for claims not yet settled

@@ -16,8 +16,10 @@ import (
 // Watch look is a file-system notification on the database's directory (a
 // commit writes the -wal file, which may also be deleted and recreated),
 // and, as a fallback where notifications do not work, a poll every
-// interval. Idle, it costs nothing but that poll; no snapshot is held
-// between looks, so checkpoints are never starved. It returns when ctx ends;
+// interval. Once a notification has announced a change, notifications are
+// trusted and the poll slows to ten times interval; a change that only the
+// poll found makes it fast again. Idle, it costs nothing but that poll; no
+// snapshot is held between looks, so checkpoints are never starved. It returns when ctx ends;
 // the caller runs it in a goroutine it tracks.
 func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error {
 	const debounce = 200 * time.Microsecond
@@ -53,20 +55,26 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 	wal := filepath.Base(s.path) + "-wal"
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	poll := pace{fast: interval}
 	for {
+		polled, notified := false, false
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			polled = true
 		case <-errs: // an overflowed queue: the version check below catches up
 		case ev, ok := <-events:
 			if !ok {
-				events = nil // notifications stopped; the poll goes on
+				events = nil // notifications stopped; the poll goes on, fast
+				poll.trusted = false
+				t.Reset(interval)
 				continue
 			}
 			if filepath.Base(ev.Name) != wal {
 				continue
 			}
+			notified = true
 			// One commit writes the WAL in several writes, which arrive as
 			// several events: let them come, then look once for all.
 			time.Sleep(debounce)
@@ -84,9 +92,35 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 			continue // a failed look only delays a wake-up; the claim timer is the fallback
 		}
 		last = v
+		if next, change := poll.found(notified, polled); change {
+			t.Reset(next)
+		}
 		select {
 		case wake <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// pace is the fallback poll's period: fast until a notification has
+// announced a commit, ten times slower while notifications are trusted,
+// and fast again once the poll finds a commit that no notification
+// announced.
+type pace struct {
+	fast    time.Duration
+	trusted bool
+}
+
+// found records how a commit was found and returns the poll's new period
+// when it changes.
+func (p *pace) found(notified, polled bool) (next time.Duration, change bool) {
+	switch {
+	case notified && !p.trusted:
+		p.trusted = true
+		return 10 * p.fast, true
+	case polled && p.trusted:
+		p.trusted = false
+		return p.fast, true
+	}
+	return 0, false
 }
