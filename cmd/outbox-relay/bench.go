@@ -31,6 +31,7 @@ import (
 // benchOptions are the bench command's flags.
 type benchOptions struct {
 	rows, size, doneRows, rate int
+	writerCheckpoint           int // the --rate writer's PRAGMA wal_autocheckpoint
 	duration, idle             time.Duration
 	natsURL, dir               string
 	ceilingBatches             []int
@@ -49,6 +50,8 @@ type relayRun struct {
 	CPUSeconds  float64 `json:"cpu_seconds"`
 	PeakRSSMiB  float64 `json:"peak_rss_mib"`
 	OfferedRate int     `json:"offered_rate,omitempty"`
+	// The --rate writer's PRAGMA wal_autocheckpoint.
+	WriterAutocheckpoint *int `json:"writer_autocheckpoint,omitempty"`
 	// Commit-to-PubAck lag (--rate runs): each message's store time in the
 	// stream (the server acknowledges right after storing) minus its
 	// Outbox-Created-At; the lag above runs to processed_at, after the
@@ -89,12 +92,14 @@ func (c *cli) benchCommand() *cobra.Command {
     rows/s, ratio to the ceiling, lag percentiles, CPU seconds, peak RSS;
   with --done-rows N: the same drain with N done rows in the table too;
   with --rate R: a writer inserting R rows/s for --duration while the relay
-    runs: insert-to-done lag percentiles;
+    runs: commit-to-PubAck and commit-to-done lag percentiles (the writer
+    checkpoints as an application does by default, every 1000 WAL pages;
+    --writer-autocheckpoint changes that);
   with --idle D: the relay's CPU over D on an empty table, connected.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if o.rows < 1 || o.size < 0 || o.rate < 0 || o.doneRows < 0 {
-				return usagef("bench: --rows must be positive; --size, --rate, --done-rows not negative")
+			if o.rows < 1 || o.size < 0 || o.rate < 0 || o.doneRows < 0 || o.writerCheckpoint < 0 {
+				return usagef("bench: --rows must be positive; --size, --rate, --done-rows, --writer-autocheckpoint not negative")
 			}
 			rep, err := c.bench(o)
 			if err != nil {
@@ -113,6 +118,7 @@ func (c *cli) benchCommand() *cobra.Command {
 	f.IntVar(&o.doneRows, "done-rows", 0, "also drain with this many done rows in the table, and compare")
 	f.IntVar(&o.rate, "rate", 0, "also measure lag with a writer inserting this many rows/s")
 	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long the --rate writer writes")
+	f.IntVar(&o.writerCheckpoint, "writer-autocheckpoint", 1000, "the --rate writer's PRAGMA wal_autocheckpoint (SQLite's default 1000; 0 leaves checkpoints to the relay)")
 	f.DurationVar(&o.idle, "idle", 0, "also measure the relay's CPU while idle for this long (e.g. 60s)")
 	f.StringVar(&o.natsURL, "nats-url", "", "use this server instead of an embedded one")
 	f.StringVar(&o.dir, "dir", "", "work directory (default: a new temporary directory, removed after)")
@@ -354,7 +360,8 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	}
 	res := &relayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
 	if rate > 0 {
-		n, err := writeRate(ctx, path, rate, o.duration, o.size)
+		res.WriterAutocheckpoint = &o.writerCheckpoint
+		n, err := writeRate(ctx, path, rate, o.duration, o.size, o.writerCheckpoint)
 		if err != nil {
 			ch.stop()
 			return nil, err
@@ -433,15 +440,18 @@ func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]i
 }
 
 // writeRate is the --rate writer: one row per BEGIN IMMEDIATE transaction,
-// as an application writes, paced to rate rows/s for d. It returns how many rows
-// it wrote.
-func writeRate(ctx context.Context, path string, rate int, d time.Duration, size int) (int, error) {
+// as an application writes, paced to rate rows/s for d, checkpointing every
+// autocheckpoint WAL pages (0: never). It returns how many rows it wrote.
+func writeRate(ctx context.Context, path string, rate int, d time.Duration, size, autocheckpoint int) (int, error) {
 	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate")
 	if err != nil {
 		return 0, err
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`PRAGMA wal_autocheckpoint = %d`, autocheckpoint)); err != nil {
+		return 0, fmt.Errorf("writer: %w", err)
+	}
 	payload := make([]byte, size)
 	start := time.Now()
 	n := 0
@@ -563,6 +573,7 @@ func printBench(c *cli, r *benchReport) {
 	}
 	if r.Rate != nil {
 		line(fmt.Sprintf("%d rows/s offered", r.Rate.OfferedRate), r.Rate)
+		fmt.Fprintf(w, "  %-27s %9d pages\n", "  writer wal_autocheckpoint", *r.Rate.WriterAutocheckpoint)
 		fmt.Fprintf(w, "  %-27s %9s         p50 %.1f ms p99 %.1f ms  max %.1f ms\n", "  commit to PubAck", "", r.Rate.AckLagP50Ms, r.Rate.AckLagP99Ms, r.Rate.AckLagMaxMs)
 	}
 	if r.IdleCPUPercent != nil {

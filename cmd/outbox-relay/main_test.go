@@ -697,6 +697,7 @@ func TestBenchSmoke(t *testing.T) {
 			LagP99     float64 `json:"lag_p99_ms"`
 			AckLagRows int     `json:"ack_lag_rows"`
 			AckLagP99  float64 `json:"ack_lag_p99_ms"`
+			Checkpoint *int    `json:"writer_autocheckpoint"`
 		} `json:"rate"`
 		Idle *float64 `json:"idle_cpu_percent_of_one_core"`
 	}
@@ -709,6 +710,9 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	// Every message was read back from the stream; a row is acknowledged
 	// before it is settled (both clocks in milliseconds, hence the 1 ms).
+	if rep.Rate.Checkpoint == nil || *rep.Rate.Checkpoint != 1000 {
+		t.Fatalf("the writer does not checkpoint as SQLite does by default: %v", rep.Rate.Checkpoint)
+	}
 	if rep.Rate.AckLagRows != rep.Rate.Rows || rep.Rate.AckLagP99 > rep.Rate.LagP99+1 {
 		t.Fatalf("commit-to-PubAck lag over %d of %d rows, p99 %v ms against %v ms to done", rep.Rate.AckLagRows, rep.Rate.Rows, rep.Rate.AckLagP99, rep.Rate.LagP99)
 	}
