@@ -1014,10 +1014,10 @@ func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
 	}
 	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 60000`)
 	judge := openStore(t, dead.Path(), false)
+	start := time.Now() // before the first heartbeat, which starts the judge's clock
 	if n, err := judge.Heartbeat(ctx, "t", time.Hour, stale); err != nil || n != 0 {
 		t.Fatalf("a relay's first heartbeat reclaimed %d (%v)", n, err)
 	}
-	start := time.Now()
 	var n int64
 	for n == 0 && time.Since(start) < 5*time.Second {
 		time.Sleep(50 * time.Millisecond)
@@ -1079,5 +1079,35 @@ func TestCheckpointSkipsAnUnchangedWAL(t *testing.T) {
 	insertRows(t, db, 50, "pending")
 	if _, d, err := s.Checkpoint(ctx); err != nil || s.ckptWal.at.Equal(ran) || d == 0 {
 		t.Fatalf("a commit after the checkpoint was not checkpointed (%d pages, %v)", d, err)
+	}
+}
+
+// TestWatchSeesSynchronousFullCommits: an application with
+// synchronous=FULL syncs the WAL before its commit becomes visible, so the
+// file notification comes before the commit can be seen; the watch must
+// look again rather than wait for its (here hour-long) poll.
+func TestWatchSeesSynchronousFullCommits(t *testing.T) {
+	s := newStore(t)
+	db, err := sql.Open("sqlite3", "file:"+s.Path()+"?_busy_timeout=5000&_txlock=immediate&_synchronous=FULL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	wake := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Watch(ctx, time.Hour, wake) }()
+	time.Sleep(20 * time.Millisecond) // let it read the first version
+	for i := range 20 {
+		insertRows(t, db, 1, "pending")
+		select {
+		case <-wake:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("commit %d: no wake-up", i)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -56,6 +56,13 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	poll := pace{fast: interval}
+	// A notified look that finds no commit looks again shortly: with
+	// synchronous=FULL a commit writes the WAL, syncs it, and only then
+	// becomes visible (through the -shm file, which sends no notification).
+	again := time.NewTimer(time.Hour)
+	again.Stop()
+	defer again.Stop()
+	var retry time.Duration
 	for {
 		polled, notified := false, false
 		select {
@@ -63,6 +70,8 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 			return nil
 		case <-t.C:
 			polled = true
+		case <-again.C:
+			notified = true
 		case <-errs: // an overflowed queue: the version check below catches up
 		case ev, ok := <-events:
 			if !ok {
@@ -89,9 +98,18 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 		}
 		v, err := version()
 		if err != nil || v == last {
+			if notified && err == nil {
+				if retry = max(2*retry, time.Millisecond); retry <= maxRecheck {
+					again.Reset(retry)
+				} else {
+					retry = 0 // a WAL write that made no commit visible: the poll remains
+				}
+			}
 			continue // a failed look only delays a wake-up; the claim timer is the fallback
 		}
 		last = v
+		retry = 0
+		again.Stop()
 		if next, change := poll.found(notified, polled); change {
 			t.Reset(next)
 		}
@@ -101,6 +119,11 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 		}
 	}
 }
+
+// maxRecheck is the longest wait between the looks that follow a
+// notification whose commit is not visible yet (1, 2, 4, ... ms): a WAL
+// sync takes a few milliseconds.
+const maxRecheck = 64 * time.Millisecond
 
 // pace is the fallback poll's period: fast until a notification has
 // announced a commit, ten times slower while notifications are trusted,
