@@ -412,11 +412,12 @@ func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]i
 		return nil, fmt.Errorf("read stored times: %w", err)
 	}
 	lags := make([]int64, 0, total)
-	for uint64(len(lags)) < total {
-		batch, err := cons.FetchNoWait(1000)
+	for empty := 0; uint64(len(lags)) < total; {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("read stored times: %w", err)
 		}
+		got := len(lags)
 		for msg := range batch.Messages() {
 			meta, err := msg.Metadata()
 			if err != nil {
@@ -428,11 +429,16 @@ func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]i
 			}
 			lags = append(lags, meta.Timestamp.UnixMilli()-created.UnixMilli())
 		}
-		if err := batch.Error(); err != nil {
+		if err := batch.Error(); err != nil { // a fetch that ends early is not an error
 			return nil, fmt.Errorf("read stored times: %w", err)
 		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("read stored times: %d of %d messages: %w", len(lags), total, ctx.Err())
+		if len(lags) == got {
+			empty++
+		} else {
+			empty = 0
+		}
+		if empty == 3 || ctx.Err() != nil {
+			return nil, fmt.Errorf("read stored times: got %d of the stream's %d messages", len(lags), total)
 		}
 	}
 	slices.Sort(lags)
