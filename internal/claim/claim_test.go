@@ -58,6 +58,20 @@ func exec1(t testing.TB, db *sql.DB, q string, args ...any) {
 	}
 }
 
+// claimed opens a fresh store whose application inserts n pending rows,
+// and claims them all.
+func claimed(t *testing.T, n int) (*Store, *sql.DB, []event.Row) {
+	t.Helper()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	insertRows(t, db, n, "pending")
+	rows, err := s.Claim(context.Background(), n)
+	if err != nil || len(rows) != n {
+		t.Fatal(rows, err)
+	}
+	return s, db, rows
+}
+
 func insertRows(t testing.TB, db *sql.DB, n int, status string) {
 	t.Helper()
 	tx, err := db.Begin()
@@ -554,13 +568,7 @@ func state(t *testing.T, db *sql.DB, id int64) rowState {
 
 func TestSettleOutcomes(t *testing.T) {
 	ctx := context.Background()
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	insertRows(t, db, 4, "pending")
-	rows, err := s.Claim(ctx, 4)
-	if err != nil || len(rows) != 4 {
-		t.Fatal(rows, err)
-	}
+	s, db, rows := claimed(t, 4)
 	later := time.Now().Add(time.Minute)
 	outs := []event.Outcome{
 		{Row: rows[0], Settlement: event.Done},
@@ -891,13 +899,7 @@ func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
 // of whose rows another relay took, changes exactly the rows presented.
 func TestSettleInPartsAndLostRows(t *testing.T) {
 	ctx := context.Background()
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	insertRows(t, db, 4, "pending")
-	rows, err := s.Claim(ctx, 4)
-	if err != nil || len(rows) != 4 {
-		t.Fatal(rows, err)
-	}
+	s, db, rows := claimed(t, 4)
 	// Row 0 goes to another relay (its lease expired, say).
 	exec1(t, db, `UPDATE event_queue SET claimed_by = 'other' WHERE id = ?`, rows[0].ID)
 	// Settle rows 0 and 1 only: 2 and 3 are still in flight.
@@ -974,13 +976,7 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 // leaves the row another relay took, and reports it stale.
 func TestWholeClaimWithALostRow(t *testing.T) {
 	ctx := context.Background()
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	insertRows(t, db, 3, "pending")
-	rows, err := s.Claim(ctx, 3)
-	if err != nil || len(rows) != 3 {
-		t.Fatal(rows, err)
-	}
+	s, db, rows := claimed(t, 3)
 	exec1(t, db, `UPDATE event_queue SET claimed_by = 'other' WHERE id = ?`, rows[1].ID)
 	outs := make([]event.Outcome, 3)
 	for i, r := range rows {

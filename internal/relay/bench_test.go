@@ -98,16 +98,15 @@ func (m *memStore) Prune(context.Context, string, time.Time, time.Duration) (int
 }
 func (m *memStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
 
-// BenchmarkPublishPipeline runs the relay's publish pipeline (publish
-// async, await acks in order, settle) against an in-process JetStream
-// server with rows from memory: the relay minus SQLite. ns/op is per row.
-func BenchmarkPublishPipeline(b *testing.B) {
+// benchJetStream connects to a fresh in-process server whose stream the
+// relay's configuration describes; the connection closes with b.
+func benchJetStream(b *testing.B) (*publish.Conn, *publish.JetStream) {
 	n := testenv.StartNATS(b)
 	conn, err := publish.Connect(context.Background(), n.URL(), config.Default().NATS, "bench", zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
+	b.Cleanup(conn.Close)
 	js, err := publish.NewJetStream(conn, "EVENTS", 4000, time.Minute)
 	if err != nil {
 		b.Fatal(err)
@@ -115,6 +114,14 @@ func BenchmarkPublishPipeline(b *testing.B) {
 	if _, err := streamsync.Sync(context.Background(), js.API(), want, streamsync.Options{}); err != nil {
 		b.Fatal(err)
 	}
+	return conn, js
+}
+
+// BenchmarkPublishPipeline runs the relay's publish pipeline (publish
+// async, await acks in order, settle) against an in-process JetStream
+// server with rows from memory: the relay minus SQLite. ns/op is per row.
+func BenchmarkPublishPipeline(b *testing.B) {
+	_, js := benchJetStream(b)
 	store := &memStore{n: int64(b.N), payload: make([]byte, 256)}
 	r := relay.New(store, js, relay.Options{SubjectPrefix: "events", BatchSize: envInt("BENCH_BATCH", 1000), MaxInFlight: envInt("BENCH_IN_FLIGHT", 4000),
 		PollInterval: time.Millisecond, MaxAttempts: 10, ShutdownTimeout: time.Second})
@@ -133,19 +140,7 @@ func BenchmarkPublishPipeline(b *testing.B) {
 // BenchmarkCeiling is the raw JetStream rate the relay is measured
 // against, in process: the same messages published async, 4000 in flight.
 func BenchmarkCeiling(b *testing.B) {
-	n := testenv.StartNATS(b)
-	conn, err := publish.Connect(context.Background(), n.URL(), config.Default().NATS, "bench", zap.NewNop())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	js, err := publish.NewJetStream(conn, "EVENTS", 4000, time.Minute)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := streamsync.Sync(context.Background(), js.API(), want, streamsync.Options{}); err != nil {
-		b.Fatal(err)
-	}
+	conn, _ := benchJetStream(b)
 	b.ResetTimer()
 	if _, err := publish.Ceiling(context.Background(), conn, "events.BenchEvent", b.N, 256, envInt("BENCH_IN_FLIGHT", 4000)); err != nil {
 		b.Fatal(err)

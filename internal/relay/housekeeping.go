@@ -16,16 +16,7 @@ const retentionPause = 20 * time.Millisecond
 // statsLoop refreshes the backlog gauges from a cheap indexed query, so a
 // scrape never scans the table.
 func (r *Relay) statsLoop(ctx context.Context) {
-	t := time.NewTicker(r.o.StatsInterval)
-	defer t.Stop()
-	for {
-		r.refreshBacklog(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	every(ctx, r.o.StatsInterval, true, func() { r.refreshBacklog(ctx) })
 }
 
 // refreshBacklog sets the backlog gauges from the table.
@@ -49,9 +40,7 @@ func (r *Relay) refreshBacklog(ctx context.Context) {
 
 // retentionLoop deletes done rows and ledger rows past their retention.
 func (r *Relay) retentionLoop(ctx context.Context) {
-	t := time.NewTicker(r.o.RetentionInterval)
-	defer t.Stop()
-	for {
+	every(ctx, r.o.RetentionInterval, true, func() {
 		for _, p := range []struct {
 			table string
 			keep  time.Duration
@@ -68,28 +57,34 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 				r.log.Warn("prune rows", zap.String("table", p.table), zap.Error(err))
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	})
 }
 
 // checkpointLoop copies the WAL into the database beside the claim/settle
 // path, so that their commits do not pay for it. Checkpoints are PASSIVE:
 // they never wait for or block the application.
 func (r *Relay) checkpointLoop(ctx context.Context) {
-	t := time.NewTicker(r.o.CheckpointInterval)
+	every(ctx, r.o.CheckpointInterval, false, func() {
+		if _, _, err := r.store.Checkpoint(ctx); err != nil && ctx.Err() == nil {
+			r.log.Debug("checkpoint", zap.Error(err))
+		}
+	})
+}
+
+// every runs fn every d until ctx ends, and once at the start when now is
+// set.
+func every(ctx context.Context, d time.Duration, now bool, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
+	if now {
+		fn()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if _, _, err := r.store.Checkpoint(ctx); err != nil && ctx.Err() == nil {
-			r.log.Debug("checkpoint", zap.Error(err))
-		}
+		fn()
 	}
 }

@@ -499,24 +499,17 @@ func (r *Relay) probe(ctx context.Context) error {
 // heartbeatLoop keeps this instance visibly alive and reclaims the claims
 // of dead relays and expired leases.
 func (r *Relay) heartbeatLoop(ctx context.Context) {
-	t := time.NewTicker(r.o.HeartbeatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, r.o.HeartbeatInterval, false, func() {
 		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.dbTrouble.fail(err)
 			}
-			continue
+			return
 		}
 		r.dbTrouble.ok()
 		r.reclaimed(n)
-	}
+	})
 }
 
 // outageState tracks a broker outage; it is shared by the settler (which

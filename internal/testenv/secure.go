@@ -172,20 +172,25 @@ func NewJWTAuth(t testing.TB) JWTAuth {
 	operator, err := jwt.DecodeOperatorClaims(ojwt)
 	must(err)
 
-	sysKP, _ := nkeys.CreateAccount()
-	sysPub, _ := sysKP.PublicKey()
-	sysClaims := jwt.NewAccountClaims(sysPub)
-	sysClaims.Name = "SYS"
-	sysJWT, err := sysClaims.Encode(okp)
-	must(err)
-
-	akp, _ := nkeys.CreateAccount()
-	apub, _ := akp.PublicKey()
-	ac := jwt.NewAccountClaims(apub)
-	ac.Name = "APP"
-	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
-	ajwt, err := ac.Encode(okp)
-	must(err)
+	// account creates an account signed by the operator; limits may
+	// change its claims first.
+	account := func(name string, limits func(*jwt.AccountClaims)) (kp nkeys.KeyPair, pub, token string) {
+		kp, err := nkeys.CreateAccount()
+		must(err)
+		pub, _ = kp.PublicKey()
+		claims := jwt.NewAccountClaims(pub)
+		claims.Name = name
+		if limits != nil {
+			limits(claims)
+		}
+		token, err = claims.Encode(okp)
+		must(err)
+		return kp, pub, token
+	}
+	_, sysPub, sysJWT := account("SYS", nil)
+	akp, apub, ajwt := account("APP", func(c *jwt.AccountClaims) {
+		c.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+	})
 
 	ukp, _ := nkeys.CreateUser()
 	upub, _ := ukp.PublicKey()
