@@ -229,10 +229,37 @@ func TestRunDaemonEmbedded(t *testing.T) {
 	if got := httpGet(t, "http://"+metricsAddr+"/readyz"); got != "ok\n" {
 		t.Errorf("/readyz %q", got)
 	}
+	// status reads the file while the relay runs, and sees the relay.
+	code, out, errOut := runCLI(t, "status", "--database-path", path, "--json")
+	var st struct {
+		Rows   map[string]int64 `json:"rows"`
+		Relays []any            `json:"relays"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil || st.Rows["done"] != 500 || len(st.Relays) != 1 {
+		t.Errorf("status while running: %d %v %+v %s", code, err, st, errOut)
+	}
+	// The image's healthcheck probes /healthz: 0 while the relay runs, 1 after.
+	if code, out, errOut := runCLI(t, "healthcheck", "--url", "http://"+metricsAddr+"/healthz"); code != 0 || !strings.Contains(out, "200") {
+		t.Errorf("healthcheck of a running relay: %d %q %q", code, out, errOut)
+	}
 	d.stop()
 	if len(d.find("relay stopped")) != 1 {
 		t.Fatalf("no 'relay stopped' line: %v", d.lines)
 	}
+	if code, _, errOut := runCLI(t, "healthcheck", "--url", "http://"+metricsAddr+"/healthz"); code != 1 || !strings.Contains(errOut, metricsAddr) {
+		t.Errorf("healthcheck of a stopped relay: %d %q", code, errOut)
+	}
+}
+
+// TestDemoAppWrites runs the compose demo's example application: it
+// creates the schema and writes events until stopped.
+func TestDemoAppWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	d := startDaemon(t, nil, "demo-app", "--database-path", path, "--rate", "50")
+	d.waitFor("demo application writing events") // the schema exists from here on
+	app := testenv.AppDB(t, path)
+	testenv.Eventually(t, 30*time.Second, "events written", func() bool { return testenv.Counts(t, app)["pending"] >= 20 })
+	d.stop()
 }
 
 // operatorStream creates the stream an operator made by hand before the
@@ -385,6 +412,72 @@ func TestDemoRuns(t *testing.T) {
 	if counts["done"] < 300 || counts["pending"]+counts["processing"]+counts["dead_lettered"] != 0 {
 		t.Fatalf("demo database: %v", counts)
 	}
+}
+
+// TestReadmeRecipes keeps the README's promises to a new user: it opens
+// with the two commands (the embedded demo and the test suite), .ci/run
+// runs that test command, and the sidecar recipes and the operator's
+// checklist are there.
+func TestReadmeRecipes(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := strings.SplitN(string(readme), "```", 3)
+	if len(first) < 3 || !strings.Contains(first[1], "go run ./cmd/outbox-relay demo") || !strings.Contains(first[1], "go test -race ./...") {
+		t.Fatalf("the README's first code block is not the two commands:\n%s", first[min(1, len(first)-1)])
+	}
+	ci, err := os.ReadFile("../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(ci), "\ngo test -race ./...\n") {
+		t.Error(".ci/run does not run the README's test command")
+	}
+	for _, want := range []string{"## Running it beside your application", "### Operator's checklist", "### docker compose",
+		"deploy/docker-compose.yml", "### systemd", "systemctl enable --now outbox-relay", "Same host, local filesystem", "WAL mode", "Backups"} {
+		if !strings.Contains(string(readme), want) {
+			t.Errorf("README lacks %q", want)
+		}
+	}
+}
+
+// TestSchemaModes: verify refuses a file without the outbox schema and
+// names what is missing; off leaves the file alone.
+func TestSchemaModes(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := filepath.Join(t.TempDir(), "app.db")
+	empty, err := sql.Open("sqlite3", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer empty.Close()
+	if _, err := empty.Exec(`CREATE TABLE app_data (id INTEGER PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(buildBinary(t), "run", "--database-path", path, "--metrics-listen", "")
+	cmd.Env = append(os.Environ(), "NATS_URL="+n.URL(), "OUTBOX_RELAY_SCHEMA_MODE=verify")
+	out, err := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), "event_queue") {
+		t.Fatalf("schema.mode verify on a file without the outbox: exit %d (%v)\n%s", code, err, out)
+	}
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_SCHEMA_MODE=off"}, "run", "--database-path", path, "--metrics-listen", "")
+	d.waitFor("relay starting")
+	var tables []string
+	rows, err := empty.Query(`SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var name string
+		rows.Scan(&name)
+		tables = append(tables, name)
+	}
+	rows.Close()
+	if fmt.Sprint(tables) != "[app_data]" {
+		t.Fatalf("schema.mode off changed the schema: tables %v", tables)
+	}
+	d.cmd.Process.Kill()
 }
 
 func httpGet(t *testing.T, url string) string {

@@ -207,3 +207,34 @@ func TestHealthHandlers(t *testing.T) {
 		t.Fatalf("/metrics %d", code)
 	}
 }
+
+// TestHistogramBuckets: the round trip is resolved from half a millisecond
+// to seconds, the delivery lag from a millisecond (a relay keeping up) to
+// hours (a backlog after an outage).
+func TestHistogramBuckets(t *testing.T) {
+	m := New("v", "c")
+	m.PublishDuration.Observe(0.002)
+	m.DeliveryLag.Observe(0.002)
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][2]float64{ // smallest and largest finite bound
+		Namespace + "_publish_duration_seconds": {0.0005, 10},
+		Namespace + "_delivery_lag_seconds":     {0.001, 4 * 3600},
+	}
+	for _, f := range fams {
+		w, ok := want[f.GetName()]
+		if !ok {
+			continue
+		}
+		delete(want, f.GetName())
+		b := f.GetMetric()[0].GetHistogram().GetBucket()
+		if len(b) < 10 || b[0].GetUpperBound() != w[0] || b[len(b)-1].GetUpperBound() != w[1] {
+			t.Errorf("%s: %d buckets from %v to %v, want %v to %v", f.GetName(), len(b), b[0].GetUpperBound(), b[len(b)-1].GetUpperBound(), w[0], w[1])
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("histograms not gathered: %v", want)
+	}
+}
