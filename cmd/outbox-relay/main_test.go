@@ -480,6 +480,35 @@ func TestSchemaModes(t *testing.T) {
 	d.cmd.Process.Kill()
 }
 
+// TestLogLevelAndFormat: log.format console writes lines for people,
+// json (the default) one object a line; log.level warn drops info lines.
+func TestLogLevelAndFormat(t *testing.T) {
+	bin := buildBinary(t)
+	logs := func(env ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, "demo-app", "--database-path", filepath.Join(t.TempDir(), "app.db"))
+		cmd.Env = append(os.Environ(), env...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		cmd.Run() // killed at the deadline
+		return stderr.String()
+	}
+	const started = "demo application writing events"
+	if out := logs("OUTBOX_RELAY_LOG_FORMAT=console"); !strings.Contains(out, started) || strings.HasPrefix(out, "{") {
+		t.Errorf("console format:\n%s", out)
+	}
+	out := logs("OUTBOX_RELAY_LOG_FORMAT=json")
+	var line map[string]any
+	if err := json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &line); err != nil || !strings.Contains(out, started) {
+		t.Errorf("json format (%v):\n%s", err, out)
+	}
+	if out := logs("OUTBOX_RELAY_LOG_LEVEL=warn"); strings.Contains(out, started) {
+		t.Errorf("log.level warn still logs info lines:\n%s", out)
+	}
+}
+
 func httpGet(t *testing.T, url string) string {
 	t.Helper()
 	resp, err := httpClient.Get(url)
