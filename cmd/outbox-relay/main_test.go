@@ -574,6 +574,53 @@ func TestReadyzFollowsTheBroker(t *testing.T) {
 	d.stop()
 }
 
+// TestReadyzFollowsTheDatabase: /readyz answers 503 naming the file while
+// database.path does not name the file the relay opened (moved away, then
+// replaced by another file), logs it once at error level, and answers 200
+// again once the file is back.
+func TestReadyzFollowsTheDatabase(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
+	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
+	ready := func() bool { code, _ := httpStatus(t, addr+"/readyz"); return code == 200 }
+	testenv.Eventually(t, 20*time.Second, "ready", ready)
+	notReady := func(want string) {
+		t.Helper()
+		code, body := httpStatus(t, addr+"/readyz")
+		if code != 503 || !strings.HasPrefix(body, "database: database "+path) || !strings.Contains(body, want) || strings.Count(body, "\n") != 1 {
+			t.Errorf("/readyz %d %q: want 503 and one line naming %s and %q", code, body, path, want)
+		}
+	}
+
+	moved := path + ".moved"
+	if err := os.Rename(path, moved); err != nil {
+		t.Fatal(err)
+	}
+	notReady("no such file or directory")
+	if line := d.waitFor("cannot read the outbox"); line["level"] != "error" || !strings.Contains(fmt.Sprint(line["error"]), path) {
+		t.Errorf("log line %v: want error level naming %s", line, path)
+	}
+	if code, _ := httpStatus(t, addr+"/healthz"); code != 200 {
+		t.Errorf("/healthz %d while the file is away; the loops still run", code)
+	}
+
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notReady("was replaced after the relay opened it")
+
+	if err := os.Rename(moved, path); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "/readyz 200 once the file is back", ready)
+	d.waitFor("outbox readable again")
+	if got := len(d.find("cannot read the outbox")); got != 1 {
+		t.Errorf("%d error lines for one failure; want 1", got)
+	}
+	d.stop()
+}
+
 // preparedDB has rows in every state, two dead letters among them.
 func preparedDB(t *testing.T) (string, *sql.DB) {
 	t.Helper()

@@ -14,6 +14,9 @@ import (
 // partial indexes: its cost follows the backlog, not the table.
 func (s *Store) Backlog(ctx context.Context) (event.Backlog, error) {
 	var b event.Backlog
+	if err := s.sameFile(); err != nil {
+		return b, err
+	}
 	var oldest sql.NullInt64
 	err := s.read.QueryRowContext(ctx, fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
@@ -30,11 +33,30 @@ func (s *Store) Backlog(ctx context.Context) (event.Backlog, error) {
 	return b, nil
 }
 
-// Ping checks that the database answers a read.
+// Ping checks that the database answers a read and that its path still
+// names the file the store opened.
 func (s *Store) Ping(ctx context.Context) error {
+	if err := s.sameFile(); err != nil {
+		return err
+	}
 	var n int
 	if err := s.read.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master`).Scan(&n); err != nil {
 		return fmt.Errorf("database %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// sameFile reports an error when database.path no longer names the file
+// the store opened: removed, renamed, or replaced by a restore. The open
+// connections keep reading the old file, so the relay would see none of the
+// application's new rows while every query still succeeds.
+func (s *Store) sameFile() error {
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return fmt.Errorf("database %s: %w; the relay still has the file it opened, which the application no longer writes (restart the relay once the file is back)", s.path, err)
+	}
+	if !os.SameFile(fi, s.opened) {
+		return fmt.Errorf("database %s was replaced after the relay opened it; the relay still reads the old file (restart the relay)", s.path)
 	}
 	return nil
 }

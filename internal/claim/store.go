@@ -58,6 +58,7 @@ type Store struct {
 	ckpt         *sql.DB
 	table        string
 	path         string
+	opened       os.FileInfo   // the file at path when the store opened it
 	busy         time.Duration // how long a write waits for the lock
 	instance     string
 	q            queries
@@ -151,6 +152,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		_, err := objectExists(ctx, s.read, "table", opts.Table)
 		return err
 	}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
+	}
+	if s.opened, err = os.Stat(opts.Path); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}

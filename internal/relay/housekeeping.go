@@ -15,18 +15,27 @@ const retentionPause = 20 * time.Millisecond
 
 // statsLoop refreshes the backlog gauges from a cheap indexed query, so a
 // scrape never scans the table.
+// A failing read is logged at error level once, and its end once.
 func (r *Relay) statsLoop(ctx context.Context) {
-	every(ctx, r.o.StatsInterval, true, func() { r.refreshBacklog(ctx) })
+	failing := false
+	every(ctx, r.o.StatsInterval, true, func() {
+		err := r.refreshBacklog(ctx)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil && !failing:
+			r.log.Error("cannot read the outbox", zap.Error(err))
+		case err == nil && failing:
+			r.log.Info("outbox readable again")
+		}
+		failing = err != nil
+	})
 }
 
 // refreshBacklog sets the backlog gauges from the table.
-func (r *Relay) refreshBacklog(ctx context.Context) {
+func (r *Relay) refreshBacklog(ctx context.Context) error {
 	b, err := r.store.Backlog(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			r.log.Debug("read backlog", zap.Error(err))
-		}
-		return
+		return err
 	}
 	r.m.Backlog.WithLabelValues(string(event.StatusPending)).Set(float64(b.Pending))
 	r.m.Backlog.WithLabelValues(string(event.StatusProcessing)).Set(float64(b.Processing))
@@ -36,6 +45,7 @@ func (r *Relay) refreshBacklog(ctx context.Context) {
 		age = max(0, time.Since(b.OldestPending).Seconds())
 	}
 	r.m.OldestPendingAge.Set(age)
+	return nil
 }
 
 // retentionLoop deletes done rows and ledger rows past their retention.
