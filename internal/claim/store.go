@@ -163,11 +163,16 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 }
 
 // begin starts a write transaction (BEGIN IMMEDIATE), waiting for the
-// application's lock up to busy_timeout. It retries every 100 µs at first,
-// doubling to 2 ms: a short wait ends within a fraction of a millisecond,
-// where SQLite's own busy handler would sleep whole milliseconds.
+// application's lock up to busy_timeout. It retries every 100 µs for the
+// first fastRetry, then doubling to 2 ms: a short wait ends within a
+// fraction of a millisecond, where SQLite's own busy handler would sleep
+// whole milliseconds. SQLite's lock is not fair: an application committing
+// back to back (catching up after a slow commit) frees it for microseconds
+// at a time, and a waiter that looks only every few milliseconds keeps
+// missing those gaps.
 func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
-	deadline := time.Now().Add(s.busy)
+	start := time.Now()
+	deadline := start.Add(s.busy)
 	wait := 100 * time.Microsecond
 	for {
 		tx, err := s.write.BeginTx(ctx, nil)
@@ -179,9 +184,15 @@ func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
 			return nil, ctx.Err()
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 2*time.Millisecond)
+		if time.Since(start) > fastRetry {
+			wait = min(2*wait, 2*time.Millisecond)
+		}
 	}
 }
+
+// fastRetry is how long begin keeps retrying every 100 µs (at most about
+// 1000 attempts of a few µs each).
+const fastRetry = 100 * time.Millisecond
 
 // exec runs one write statement in its own transaction.
 func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
