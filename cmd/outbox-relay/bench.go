@@ -60,6 +60,12 @@ type relayRun struct {
 	AckLagP50Ms float64 `json:"ack_lag_p50_ms,omitempty"`
 	AckLagP99Ms float64 `json:"ack_lag_p99_ms,omitempty"`
 	AckLagMaxMs float64 `json:"ack_lag_max_ms,omitempty"`
+	// The --rate writer's transactions, BEGIN to the end of COMMIT
+	// (its lock waits and its own checkpoints included), in µs: what the
+	// application feels of the relay.
+	WriterP50Us float64 `json:"writer_tx_p50_us,omitempty"`
+	WriterP99Us float64 `json:"writer_tx_p99_us,omitempty"`
+	WriterMaxUs float64 `json:"writer_tx_max_us,omitempty"`
 }
 
 // benchReport is the bench command's result.
@@ -361,12 +367,14 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	res := &relayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
 	if rate > 0 {
 		res.WriterAutocheckpoint = &o.writerCheckpoint
-		n, err := writeRate(ctx, path, rate, o.duration, o.size, o.writerCheckpoint)
+		txs, err := writeRate(ctx, path, rate, o.duration, o.size, o.writerCheckpoint)
 		if err != nil {
 			ch.stop()
 			return nil, err
 		}
-		res.Rows = n
+		res.Rows = len(txs)
+		slices.Sort(txs)
+		res.WriterP50Us, res.WriterP99Us, res.WriterMaxUs = percentile(txs, 0.5), percentile(txs, 0.99), percentile(txs, 1)
 	}
 	for {
 		drained, err := s.Drained(ctx)
@@ -447,42 +455,44 @@ func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]i
 
 // writeRate is the --rate writer: one row per BEGIN IMMEDIATE transaction,
 // as an application writes, paced to rate rows/s for d, checkpointing every
-// autocheckpoint WAL pages (0: never). It returns how many rows it wrote.
-func writeRate(ctx context.Context, path string, rate int, d time.Duration, size, autocheckpoint int) (int, error) {
+// autocheckpoint WAL pages (0: never). It returns how long each of its
+// transactions took, in µs, from BEGIN to the end of COMMIT.
+func writeRate(ctx context.Context, path string, rate int, d time.Duration, size, autocheckpoint int) (txs []int64, err error) {
 	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
 	if _, err := db.ExecContext(ctx, fmt.Sprintf(`PRAGMA wal_autocheckpoint = %d`, autocheckpoint)); err != nil {
-		return 0, fmt.Errorf("writer: %w", err)
+		return nil, fmt.Errorf("writer: %w", err)
 	}
 	payload := make([]byte, size)
 	start := time.Now()
-	n := 0
 	for time.Since(start) < d {
 		due := int(time.Since(start).Seconds() * float64(rate))
-		for ; n < due; n++ {
+		for len(txs) < due {
 			// created_at is taken once the transaction holds the write lock,
 			// just before the commit: the lag is commit to done, not the
 			// writer's own wait for the lock.
+			began := time.Now()
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
-				return n, fmt.Errorf("writer: %w", err)
+				return txs, fmt.Errorf("writer: %w", err)
 			}
 			if _, err := tx.ExecContext(ctx, `INSERT INTO event_queue (event_id, event_type, payload, created_at) VALUES (?, 'BenchEvent', ?, ?)`,
 				event.NewID(), payload, time.Now().UnixMilli()); err != nil {
 				tx.Rollback()
-				return n, fmt.Errorf("writer: %w", err)
+				return txs, fmt.Errorf("writer: %w", err)
 			}
 			if err := tx.Commit(); err != nil {
-				return n, fmt.Errorf("writer: %w", err)
+				return txs, fmt.Errorf("writer: %w", err)
 			}
+			txs = append(txs, time.Since(began).Microseconds())
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
-	return n, nil
+	return txs, nil
 }
 
 // benchIdle measures the relay's CPU while it is connected with nothing to do.
@@ -581,6 +591,7 @@ func printBench(c *cli, r *benchReport) {
 		line(fmt.Sprintf("%d rows/s offered", r.Rate.OfferedRate), r.Rate)
 		fmt.Fprintf(w, "  %-27s %9d pages\n", "  writer wal_autocheckpoint", *r.Rate.WriterAutocheckpoint)
 		fmt.Fprintf(w, "  %-27s %9s         p50 %.1f ms p99 %.1f ms  max %.1f ms\n", "  commit to PubAck", "", r.Rate.AckLagP50Ms, r.Rate.AckLagP99Ms, r.Rate.AckLagMaxMs)
+		fmt.Fprintf(w, "  %-27s %9s         p50 %.2f ms p99 %.2f ms  max %.2f ms\n", "  writer's transactions", "", r.Rate.WriterP50Us/1000, r.Rate.WriterP99Us/1000, r.Rate.WriterMaxUs/1000)
 	}
 	if r.IdleCPUPercent != nil {
 		fmt.Fprintf(w, "  idle CPU                    %9.2f %% of one core over %.0f s\n", *r.IdleCPUPercent, r.IdleSeconds)

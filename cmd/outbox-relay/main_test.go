@@ -867,6 +867,8 @@ func TestBenchSmoke(t *testing.T) {
 			AckLagRows int     `json:"ack_lag_rows"`
 			AckLagP99  float64 `json:"ack_lag_p99_ms"`
 			Checkpoint *int    `json:"writer_autocheckpoint"`
+			WriterP50  float64 `json:"writer_tx_p50_us"`
+			WriterMax  float64 `json:"writer_tx_max_us"`
 		} `json:"rate"`
 		Idle *float64 `json:"idle_cpu_percent_of_one_core"`
 	}
@@ -884,6 +886,9 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	if rep.Rate.AckLagRows != rep.Rate.Rows || rep.Rate.AckLagP99 > rep.Rate.LagP99+1 {
 		t.Fatalf("commit-to-PubAck lag over %d of %d rows, p99 %v ms against %v ms to done", rep.Rate.AckLagRows, rep.Rate.Rows, rep.Rate.AckLagP99, rep.Rate.LagP99)
+	}
+	if rep.Rate.WriterP50 <= 0 || rep.Rate.WriterMax < rep.Rate.WriterP50 {
+		t.Fatalf("writer's transactions: p50 %v µs, max %v µs", rep.Rate.WriterP50, rep.Rate.WriterMax)
 	}
 }
 

@@ -75,7 +75,18 @@ func (s *Store) Drained(ctx context.Context) (bool, error) {
 // Checkpoint copies what it can of the WAL into the database without
 // waiting for any lock (PRAGMA wal_checkpoint(PASSIVE)) and returns the
 // WAL's size and how much of it is now in the database, in pages. It runs
-// on a connection of its own, beside claims and settles. While the -wal
+// on a connection of its own, beside claims and settles.
+//
+// Once the WAL has restartPages pages it also runs a RESTART checkpoint,
+// which makes the next writer start the WAL over. With writers committing
+// all the time a passive checkpoint never finds the moment when every frame
+// is copied and nobody has written since, the WAL keeps growing, and past
+// 1000 pages every commit of an application with SQLite's default
+// wal_autocheckpoint checkpoints inside its own commit, with two fsyncs.
+// RESTART takes the write lock for the few frames committed since the
+// passive pass and their fsyncs; the checkpoint connection's busy timeout
+// is 0, so it neither waits for the lock nor holds it waiting for readers
+// (it copies what it can and returns). While the -wal
 // file has not changed since the last checkpoint (nothing was committed),
 // it skips the work and returns the last result, for at most ckptIdleMax:
 // the file's times are coarse, and a commit in the same tick as the last
@@ -92,6 +103,13 @@ func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err
 		s.ckptWal = walState{}
 		return 0, 0, fmt.Errorf("checkpoint: %w", err)
 	}
+	if walPages >= restartPages {
+		var busy int
+		if err := s.ckpt.QueryRowContext(ctx, `PRAGMA wal_checkpoint(RESTART)`).Scan(&busy, &walPages, &checkpointed); err != nil {
+			s.ckptWal = walState{}
+			return 0, 0, fmt.Errorf("checkpoint: %w", err)
+		}
+	}
 	s.ckptWal = walState{}
 	if statErr == nil && walPages == checkpointed {
 		// Taken before the checkpoint: a commit during it shows next time.
@@ -99,6 +117,11 @@ func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err
 	}
 	return walPages, checkpointed, nil
 }
+
+// restartPages is the WAL size at which Checkpoint restarts the WAL:
+// below SQLite's default wal_autocheckpoint of 1000 pages, so the
+// relay's checkpoint comes first.
+const restartPages = 400
 
 // ckptIdleMax is how long Checkpoint trusts an unchanged -wal file.
 const ckptIdleMax = 5 * time.Second

@@ -133,12 +133,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
 	read.SetMaxOpenConns(4)
-	// The checkpointer's connection: a PASSIVE checkpoint waits for no lock.
+	// The checkpointer's connection. Its busy timeout is 0: a RESTART
+	// checkpoint must not hold the write lock while it waits for readers.
 	ckptMode := "rw"
 	if opts.ReadOnly {
 		ckptMode = "ro"
 	}
-	ckpt, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{"mode": {ckptMode}, "_busy_timeout": {fmt.Sprint(busy)}}))
+	ckpt, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{"mode": {ckptMode}, "_busy_timeout": {"0"}}))
 	if err != nil {
 		write.Close()
 		read.Close()
