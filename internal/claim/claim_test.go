@@ -1132,6 +1132,64 @@ func TestCheckpointKeepsABusyWALShort(t *testing.T) {
 	t.Logf("%d commits, the WAL at most %d pages", rows, maxPages)
 }
 
+// TestCheckpointBacksOffARestartThatCannot: while an application's read
+// transaction keeps using the WAL, a RESTART checkpoint cannot restart it;
+// after restartTries such checkpoints in a row the store waits before
+// trying again rather than taking the write lock on every checkpoint, and
+// tries again once the reader is gone.
+func TestCheckpointBacksOffARestartThatCannot(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := appDB(t, s.Path())
+	db.SetMaxOpenConns(1)
+	exec1(t, db, `PRAGMA wal_autocheckpoint = 0`)
+	insertRows(t, db, 10, "pending")
+	rdb, err := sql.Open("sqlite3", "file:"+s.Path()+"?_busy_timeout=5000") // deferred transactions
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	reader, err := rdb.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := reader.QueryRow(`SELECT count(*) FROM event_queue`).Scan(&n); err != nil { // holds a snapshot in the WAL
+		t.Fatal(err)
+	}
+	exec1(t, db, `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < ?)
+		INSERT INTO event_queue (event_id, event_type, payload) SELECT lower(hex(randomblob(16))), 'T', randomblob(4000) FROM c`, restartPages) // a page a row
+	for i := range restartTries {
+		insertRows(t, db, 1, "pending") // a WAL change, or the checkpoint is skipped
+		if _, _, err := s.Checkpoint(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s.restartBusy != i+1 {
+			t.Fatalf("RESTART %d with a reader in the WAL: %d failed in a row", i+1, s.restartBusy)
+		}
+	}
+	if !s.restartAfter.After(time.Now()) {
+		t.Fatalf("%d failed RESTARTs in a row and no pause", s.restartBusy)
+	}
+	next := s.restartAfter
+	insertRows(t, db, 1, "pending")
+	if _, _, err := s.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.restartBusy != restartTries || !s.restartAfter.Equal(next) {
+		t.Fatalf("a RESTART was tried again before %v (%d failed)", next, s.restartBusy)
+	}
+	reader.Rollback()
+	time.Sleep(time.Until(next))
+	insertRows(t, db, 1, "pending")
+	if _, _, err := s.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.restartBusy != 0 {
+		t.Fatalf("the RESTART after the reader left failed (%d in a row)", s.restartBusy)
+	}
+}
+
 // TestWatchSeesSynchronousFullCommits: an application with
 // synchronous=FULL syncs the WAL before its commit becomes visible, so the
 // file notification comes before the commit can be seen; the watch must

@@ -103,11 +103,21 @@ func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err
 		s.ckptWal = walState{}
 		return 0, 0, fmt.Errorf("checkpoint: %w", err)
 	}
-	if walPages >= restartPages {
+	if walPages >= restartPages && time.Now().After(s.restartAfter) {
 		var busy int
 		if err := s.ckpt.QueryRowContext(ctx, `PRAGMA wal_checkpoint(RESTART)`).Scan(&busy, &walPages, &checkpointed); err != nil {
 			s.ckptWal = walState{}
 			return 0, 0, fmt.Errorf("checkpoint: %w", err)
+		}
+		// Busy: the write lock was taken (nothing was held), or a reader
+		// still uses the WAL. After restartTries in a row (an application's
+		// long transaction, most likely) wait before trying again, so that a
+		// long reader does not cost the application a locked fsync every
+		// 50 ms.
+		if busy == 0 {
+			s.restartBusy = 0
+		} else if s.restartBusy = min(s.restartBusy+1, restartTries+5); s.restartBusy >= restartTries {
+			s.restartAfter = time.Now().Add(restartBackoff << (s.restartBusy - restartTries))
 		}
 	}
 	s.ckptWal = walState{}
@@ -122,6 +132,14 @@ func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err
 // below SQLite's default wal_autocheckpoint of 1000 pages, so the
 // relay's checkpoint comes first.
 const restartPages = 400
+
+// restartTries failed RESTART checkpoints in a row make Checkpoint pause
+// RESTARTs for restartBackoff, doubling while they keep failing, up to 32
+// times that.
+const (
+	restartTries   = 3
+	restartBackoff = 250 * time.Millisecond
+)
 
 // ckptIdleMax is how long Checkpoint trusts an unchanged -wal file.
 const ckptIdleMax = 5 * time.Second

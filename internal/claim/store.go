@@ -67,6 +67,10 @@ type Store struct {
 
 	ckptMu  sync.Mutex
 	ckptWal walState // the -wal file after the last complete checkpoint
+	// restartAfter is when Checkpoint may try a RESTART again after
+	// restartBusy failed ones in a row.
+	restartAfter time.Time
+	restartBusy  int
 
 	mu        sync.Mutex
 	lastClaim int64            // claimed_at of the latest claim
