@@ -574,42 +574,34 @@ func TestReadyzFollowsTheBroker(t *testing.T) {
 	d.stop()
 }
 
-// TestReadyzFollowsTheDatabase: /readyz answers 503 naming the file while
-// database.path does not name the file the relay opened (moved away, then
-// replaced by another file), logs it once at error level, and answers 200
-// again once the file is back.
+// TestReadyzFollowsTheDatabase: while database.path does not name the file
+// the relay opened, /readyz answers 503 naming it and the relay logs it
+// once at error level; moved back, the relay is ready again. Replaced by
+// another file (a restore), the relay exits 1 without writing to the old
+// file's WAL, which stays beside the new file.
 func TestReadyzFollowsTheDatabase(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
 	ready := func() bool { code, _ := httpStatus(t, addr+"/readyz"); return code == 200 }
 	testenv.Eventually(t, 20*time.Second, "ready", ready)
-	notReady := func(want string) {
-		t.Helper()
-		code, body := httpStatus(t, addr+"/readyz")
-		if code != 503 || !strings.HasPrefix(body, "database: database "+path) || !strings.Contains(body, want) || strings.Count(body, "\n") != 1 {
-			t.Errorf("/readyz %d %q: want 503 and one line naming %s and %q", code, body, path, want)
-		}
-	}
 
 	moved := path + ".moved"
 	if err := os.Rename(path, moved); err != nil {
 		t.Fatal(err)
 	}
-	notReady("no such file or directory")
+	if code, body := httpStatus(t, addr+"/readyz"); code != 503 || !strings.HasPrefix(body, "database: database "+path+": ") ||
+		!strings.Contains(body, "no such file or directory") || strings.Count(body, "\n") != 1 {
+		t.Errorf("/readyz %d %q: want 503 and one line naming %s and the missing file", code, body, path)
+	}
 	if line := d.waitFor("cannot read the outbox"); line["level"] != "error" || !strings.Contains(fmt.Sprint(line["error"]), path) {
 		t.Errorf("log line %v: want error level naming %s", line, path)
 	}
 	if code, _ := httpStatus(t, addr+"/healthz"); code != 200 {
 		t.Errorf("/healthz %d while the file is away; the loops still run", code)
 	}
-
-	if err := os.WriteFile(path, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	notReady("was replaced after the relay opened it")
-
 	if err := os.Rename(moved, path); err != nil {
 		t.Fatal(err)
 	}
@@ -618,7 +610,37 @@ func TestReadyzFollowsTheDatabase(t *testing.T) {
 	if got := len(d.find("cannot read the outbox")); got != 1 {
 		t.Errorf("%d error lines for one failure; want 1", got)
 	}
-	d.stop()
+
+	// A restore: a copy of the database renamed over it.
+	restored := path + ".restored"
+	if _, err := app.Exec(`VACUUM INTO ?`, restored); err != nil {
+		t.Fatal(err)
+	}
+	app.Close()
+	if err := os.Rename(restored, path); err != nil {
+		t.Fatal(err)
+	}
+	// The old file's -wal stays beside the restored one: the relay must
+	// not add to it (heartbeats, claims or checkpoints).
+	before, err := os.ReadFile(path + "-wal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the relay still runs 15 s after its database was replaced")
+	}
+	if err := d.cmd.Wait(); d.cmd.ProcessState.ExitCode() != exitRuntime {
+		t.Fatalf("exit %v after the database was replaced; want %d", err, exitRuntime)
+	}
+	line := d.waitFor("relay cannot go on; exiting without writing to the old file")
+	if msg := fmt.Sprint(line["error"]); !strings.Contains(msg, path) || !strings.Contains(msg, "database file replaced") {
+		t.Errorf("log line %v: want the path and the replacement", line)
+	}
+	if after, err := os.ReadFile(path + "-wal"); err != nil || !bytes.Equal(after, before) {
+		t.Errorf("the relay wrote to the old file's WAL after it was replaced (%v)", err)
+	}
 }
 
 // preparedDB has rows in every state, two dead letters among them.

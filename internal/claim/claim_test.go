@@ -1190,6 +1190,37 @@ func TestCheckpointBacksOffARestartThatCannot(t *testing.T) {
 	}
 }
 
+// TestNoWritesToAReplacedFile: once another file is renamed over the
+// database, every write and checkpoint is refused with
+// event.ErrDatabaseReplaced, and Ping says so.
+func TestNoWritesToAReplacedFile(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	if _, err := s.Heartbeat(ctx, "test", time.Minute, 6*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	insertRows(t, appDB(t, s.Path()), 3, "pending") // due: a claim gets to its write
+	other := s.Path() + ".other"
+	if err := os.WriteFile(other, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, s.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Heartbeat(ctx, "test", time.Minute, 6*time.Second); !errors.Is(err, event.ErrDatabaseReplaced) {
+		t.Errorf("heartbeat on a replaced file: %v", err)
+	}
+	if _, err := s.Claim(ctx, 10); !errors.Is(err, event.ErrDatabaseReplaced) {
+		t.Errorf("claim on a replaced file: %v", err)
+	}
+	if _, _, err := s.Checkpoint(ctx); !errors.Is(err, event.ErrDatabaseReplaced) {
+		t.Errorf("checkpoint on a replaced file: %v", err)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, event.ErrDatabaseReplaced) || !strings.Contains(err.Error(), s.Path()) {
+		t.Errorf("ping on a replaced file: %v", err)
+	}
+}
+
 // TestWatchSeesSynchronousFullCommits: an application with
 // synchronous=FULL syncs the WAL before its commit becomes visible, so the
 // file notification comes before the commit can be seen; the watch must

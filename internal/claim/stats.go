@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -47,16 +48,20 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // sameFile reports an error when database.path no longer names the file
-// the store opened: removed, renamed, or replaced by a restore. The open
-// connections keep reading the old file, so the relay would see none of the
-// application's new rows while every query still succeeds.
+// the store opened: removed, renamed, or replaced by a restore (wrapping
+// event.ErrDatabaseReplaced). The open connections keep reading the old
+// file, so the relay would see none of the application's new rows while
+// every query still succeeds.
 func (s *Store) sameFile() error {
+	if s.opened == nil {
+		return nil // still opening
+	}
 	fi, err := os.Stat(s.path)
 	if err != nil {
 		return fmt.Errorf("database %s: %w; the relay still has the file it opened, which the application no longer writes (restart the relay once the file is back)", s.path, err)
 	}
 	if !os.SameFile(fi, s.opened) {
-		return fmt.Errorf("database %s was replaced after the relay opened it; the relay still reads the old file (restart the relay)", s.path)
+		return fmt.Errorf("database %s: %w after the relay opened it; the relay stops writing to the old file and exits (a supervisor restarts it on the new one)", s.path, event.ErrDatabaseReplaced)
 	}
 	return nil
 }
@@ -94,6 +99,9 @@ func (s *Store) Drained(ctx context.Context) (bool, error) {
 func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err error) {
 	s.ckptMu.Lock()
 	defer s.ckptMu.Unlock()
+	if err := s.sameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+		return 0, 0, err // a checkpoint writes too
+	}
 	fi, statErr := os.Stat(s.path + "-wal")
 	if statErr == nil && fi.Size() == s.ckptWal.size && fi.ModTime().Equal(s.ckptWal.mod) && time.Since(s.ckptWal.at) < ckptIdleMax {
 		return s.ckptWal.pages, s.ckptWal.done, nil

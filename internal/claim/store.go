@@ -80,7 +80,8 @@ type Store struct {
 
 // Open opens the database at opts.Path. It does not touch the schema.
 func Open(ctx context.Context, opts Options) (*Store, error) {
-	if _, err := os.Stat(opts.Path); err != nil {
+	before, err := os.Stat(opts.Path)
+	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 		}
@@ -160,7 +161,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
-	if s.opened, err = os.Stat(opts.Path); err != nil {
+	if s.opened, err = os.Stat(opts.Path); err == nil && before != nil && !os.SameFile(before, s.opened) {
+		err = errors.New("the file was replaced while it was being opened; try again")
+	}
+	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
@@ -179,6 +183,11 @@ func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
 	start := time.Now()
 	deadline := start.Add(s.busy)
 	wait := 100 * time.Microsecond
+	// Never write to a file that is no longer the database: a restored
+	// file may find this one's -wal beside it.
+	if err := s.sameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+		return nil, err
+	}
 	for {
 		tx, err := s.write.BeginTx(ctx, nil)
 		if err == nil || !Busy(err) || time.Now().After(deadline) {

@@ -6,6 +6,7 @@ package event
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -26,6 +27,11 @@ const (
 
 // Statuses lists every status in lifecycle order.
 var Statuses = []Status{StatusPending, StatusProcessing, StatusDone, StatusDeadLettered}
+
+// ErrDatabaseReplaced means database.path now names another file than the
+// one the relay opened (a restore from backup, say). The relay must stop
+// writing to the old file, whose -wal the new one may find beside it.
+var ErrDatabaseReplaced = errors.New("database file replaced")
 
 // Row is one claimed outbox row: what the relay publishes and the claim token
 // it must present to settle it.

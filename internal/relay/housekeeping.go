@@ -71,9 +71,10 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 }
 
 // checkpointLoop copies the WAL into the database beside the claim/settle
-// path, so that their commits do not pay for it (see Store.Checkpoint:
-// they never wait for a lock). While the WAL does not change it looks four
-// times less often, so an idle relay wakes up less.
+// path, so that their commits do not pay for it (see Store.Checkpoint: it
+// never waits for a lock, and takes the write lock, when free, only for a
+// RESTART once the WAL is long). While the WAL does not change it looks
+// four times less often, so an idle relay wakes up less.
 func (r *Relay) checkpointLoop(ctx context.Context) {
 	last, d := -1, r.o.CheckpointInterval
 	for {

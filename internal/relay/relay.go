@@ -174,14 +174,14 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	// claimCtx ends the claim loop and every helper loop: at shutdown, or
 	// when the relay cannot go on.
-	claimCtx, stopClaiming := context.WithCancel(ctx)
-	defer stopClaiming()
+	claimCtx, stopClaiming := context.WithCancelCause(ctx)
+	defer stopClaiming(nil)
 	var loops, heartbeat sync.WaitGroup
 	hbCtx, stopHeartbeat := context.WithCancel(writeCtx)
 	defer stopHeartbeat()
 	if r.o.HeartbeatInterval > 0 {
 		heartbeat.Add(1)
-		go func() { defer heartbeat.Done(); r.heartbeatLoop(hbCtx) }()
+		go func() { defer heartbeat.Done(); r.heartbeatLoop(hbCtx, stopClaiming) }()
 	}
 	for _, loop := range []struct {
 		every time.Duration
@@ -205,15 +205,25 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() { defer close(settlerDone); r.settleLoop(ctx, ackCtx, writeCtx) }()
 
 	fatal := r.claimLoop(claimCtx)
-	if fatal != nil {
+	if cause := context.Cause(claimCtx); fatal == nil && ctx.Err() == nil && errors.Is(cause, event.ErrDatabaseReplaced) {
+		fatal = cause // from the heartbeat
+	}
+	switch {
+	case errors.Is(fatal, event.ErrDatabaseReplaced):
+		// Write nothing more: the rows in flight belong to the old file.
+		r.log.Error("relay cannot go on; exiting without writing to the old file", zap.Error(fatal))
+		stopClaiming(fatal)
+		cancelAcks()
+		cancelWrites()
+	case fatal != nil:
 		// Nothing more can be published: release what is in flight now.
 		r.log.Error("relay cannot go on; releasing claimed rows and exiting", zap.Error(fatal))
-		stopClaiming()
+		stopClaiming(fatal)
 		cancelAcks()
 	}
 	close(r.pipeline)
 	<-settlerDone
-	stopClaiming()
+	stopClaiming(nil)
 	loops.Wait()
 	stopHeartbeat()
 	heartbeat.Wait()
@@ -286,6 +296,9 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			limit = max(1, min(limit, freeBytes/avg))
 		}
 		rows, err := r.store.Claim(ctx, int(limit))
+		if errors.Is(err, event.ErrDatabaseReplaced) {
+			return err
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -498,9 +511,13 @@ func (r *Relay) probe(ctx context.Context) error {
 
 // heartbeatLoop keeps this instance visibly alive and reclaims the claims
 // of dead relays and expired leases.
-func (r *Relay) heartbeatLoop(ctx context.Context) {
+func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc) {
 	every(ctx, r.o.HeartbeatInterval, false, func() {
 		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
+		if errors.Is(err, event.ErrDatabaseReplaced) {
+			stop(err) // the claim loop ends and Run returns it
+			return
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				r.dbTrouble.fail(err)
