@@ -29,7 +29,7 @@ const (
 	heartbeatInterval  = time.Second
 	statsInterval      = 5 * time.Second // backlog gauges
 	retentionInterval  = time.Minute
-	checkpointInterval = 50 * time.Millisecond // WAL checkpoints, off the claim/settle path
+	checkpointInterval = 200 * time.Millisecond // WAL checkpoints, off the claim/settle path
 	// maxInFlightBytes bounds the payload in memory: with large payloads
 	// the row count alone (relay.max_in_flight) would hold hundreds of MB.
 	maxInFlightBytes = 8 << 20

@@ -80,18 +80,7 @@ func (s *Store) Drained(ctx context.Context) (bool, error) {
 // Checkpoint copies what it can of the WAL into the database without
 // waiting for any lock (PRAGMA wal_checkpoint(PASSIVE)) and returns the
 // WAL's size and how much of it is now in the database, in pages. It runs
-// on a connection of its own, beside claims and settles.
-//
-// Once the WAL has restartPages pages it also runs a RESTART checkpoint,
-// which makes the next writer start the WAL over. With writers committing
-// all the time a passive checkpoint never finds the moment when every frame
-// is copied and nobody has written since, the WAL keeps growing, and past
-// 1000 pages every commit of an application with SQLite's default
-// wal_autocheckpoint checkpoints inside its own commit, with two fsyncs.
-// RESTART takes the write lock for the few frames committed since the
-// passive pass and their fsyncs; the checkpoint connection's busy timeout
-// is 0, so it neither waits for the lock nor holds it waiting for readers
-// (it copies what it can and returns). While the -wal
+// on a connection of its own, beside claims and settles. While the -wal
 // file has not changed since the last checkpoint (nothing was committed),
 // it skips the work and returns the last result, for at most ckptIdleMax:
 // the file's times are coarse, and a commit in the same tick as the last
@@ -111,23 +100,6 @@ func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err
 		s.ckptWal = walState{}
 		return 0, 0, fmt.Errorf("checkpoint: %w", err)
 	}
-	if walPages >= restartPages && time.Now().After(s.restartAfter) {
-		var busy int
-		if err := s.ckpt.QueryRowContext(ctx, `PRAGMA wal_checkpoint(RESTART)`).Scan(&busy, &walPages, &checkpointed); err != nil {
-			s.ckptWal = walState{}
-			return 0, 0, fmt.Errorf("checkpoint: %w", err)
-		}
-		// Busy: the write lock was taken (nothing was held), or a reader
-		// still uses the WAL. After restartTries in a row (an application's
-		// long transaction, most likely) wait before trying again, so that a
-		// long reader does not cost the application a locked fsync every
-		// 50 ms.
-		if busy == 0 {
-			s.restartBusy = 0
-		} else if s.restartBusy = min(s.restartBusy+1, restartTries+5); s.restartBusy >= restartTries {
-			s.restartAfter = time.Now().Add(restartBackoff << (s.restartBusy - restartTries))
-		}
-	}
 	s.ckptWal = walState{}
 	if statErr == nil && walPages == checkpointed {
 		// Taken before the checkpoint: a commit during it shows next time.
@@ -135,19 +107,6 @@ func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err
 	}
 	return walPages, checkpointed, nil
 }
-
-// restartPages is the WAL size at which Checkpoint restarts the WAL:
-// below SQLite's default wal_autocheckpoint of 1000 pages, so the
-// relay's checkpoint comes first.
-const restartPages = 400
-
-// restartTries failed RESTART checkpoints in a row make Checkpoint pause
-// RESTARTs for restartBackoff, doubling while they keep failing, up to 32
-// times that.
-const (
-	restartTries   = 3
-	restartBackoff = 250 * time.Millisecond
-)
 
 // ckptIdleMax is how long Checkpoint trusts an unchanged -wal file.
 const ckptIdleMax = 5 * time.Second

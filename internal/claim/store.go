@@ -67,10 +67,6 @@ type Store struct {
 
 	ckptMu  sync.Mutex
 	ckptWal walState // the -wal file after the last complete checkpoint
-	// restartAfter is when Checkpoint may try a RESTART again after
-	// restartBusy failed ones in a row.
-	restartAfter time.Time
-	restartBusy  int
 
 	mu        sync.Mutex
 	lastClaim int64            // claimed_at of the latest claim
@@ -138,13 +134,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
 	read.SetMaxOpenConns(4)
-	// The checkpointer's connection. Its busy timeout is 0: a RESTART
-	// checkpoint must not hold the write lock while it waits for readers.
+	// The checkpointer's connection: a PASSIVE checkpoint waits for no lock.
 	ckptMode := "rw"
 	if opts.ReadOnly {
 		ckptMode = "ro"
 	}
-	ckpt, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{"mode": {ckptMode}, "_busy_timeout": {"0"}}))
+	ckpt, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{"mode": {ckptMode}, "_busy_timeout": {fmt.Sprint(busy)}}))
 	if err != nil {
 		write.Close()
 		read.Close()
@@ -172,16 +167,14 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 }
 
 // begin starts a write transaction (BEGIN IMMEDIATE), waiting for the
-// application's lock up to busy_timeout. It retries every 100 µs for the
-// first fastRetry, then doubling to 2 ms: a short wait ends within a
-// fraction of a millisecond, where SQLite's own busy handler would sleep
-// whole milliseconds. SQLite's lock is not fair: an application committing
-// back to back (catching up after a slow commit) frees it for microseconds
-// at a time, and a waiter that looks only every few milliseconds keeps
-// missing those gaps.
+// application's lock up to busy_timeout. It retries every 100 µs at first,
+// doubling to 2 ms: a short wait ends within a fraction of a millisecond,
+// where SQLite's own busy handler would sleep whole milliseconds. It does
+// not retry faster for longer: SQLite's lock is not fair, and a relay
+// polling every 100 µs took it from an application whose busy handler
+// sleeps whole milliseconds (see README, Performance).
 func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
-	start := time.Now()
-	deadline := start.Add(s.busy)
+	deadline := time.Now().Add(s.busy)
 	wait := 100 * time.Microsecond
 	// Never write to a file that is no longer the database: a restored
 	// file may find this one's -wal beside it.
@@ -198,15 +191,9 @@ func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
 			return nil, ctx.Err()
 		case <-time.After(wait):
 		}
-		if time.Since(start) > fastRetry {
-			wait = min(2*wait, 2*time.Millisecond)
-		}
+		wait = min(2*wait, 2*time.Millisecond)
 	}
 }
-
-// fastRetry is how long begin keeps retrying every 100 µs (at most about
-// 1000 attempts of a few µs each).
-const fastRetry = 100 * time.Millisecond
 
 // exec runs one write statement in its own transaction.
 func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {

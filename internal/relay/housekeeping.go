@@ -71,28 +71,14 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 }
 
 // checkpointLoop copies the WAL into the database beside the claim/settle
-// path, so that their commits do not pay for it (see Store.Checkpoint: it
-// never waits for a lock, and takes the write lock, when free, only for a
-// RESTART once the WAL is long). While the WAL does not change it looks
-// four times less often, so an idle relay wakes up less.
+// path, so that their commits do not pay for it. Checkpoints are PASSIVE:
+// they never wait for or block the application.
 func (r *Relay) checkpointLoop(ctx context.Context) {
-	last, d := -1, r.o.CheckpointInterval
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(d):
-		}
-		pages, done, err := r.store.Checkpoint(ctx)
-		if err != nil && ctx.Err() == nil {
+	every(ctx, r.o.CheckpointInterval, false, func() {
+		if _, _, err := r.store.Checkpoint(ctx); err != nil && ctx.Err() == nil {
 			r.log.Debug("checkpoint", zap.Error(err))
 		}
-		d = r.o.CheckpointInterval
-		if err == nil && pages == last && done == pages {
-			d *= 4
-		}
-		last = pages
-	}
+	})
 }
 
 // every runs fn every d until ctx ends, and once at the start when now is
