@@ -30,6 +30,7 @@ const (
 	statsInterval      = 5 * time.Second // backlog gauges
 	retentionInterval  = time.Minute
 	checkpointInterval = 200 * time.Millisecond // WAL checkpoints, off the claim/settle path
+	settleWindow       = 10 * time.Millisecond  // batches acknowledged within it share a settle transaction
 	// maxInFlightBytes bounds the payload in memory: with large payloads
 	// the row count alone (relay.max_in_flight) would hold hundreds of MB.
 	maxInFlightBytes = 8 << 20
@@ -117,6 +118,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		StatsInterval:         statsInterval,
 		RetentionInterval:     retentionInterval,
 		CheckpointInterval:    checkpointInterval,
+		SettleWindow:          settleWindow,
 		RetainDone:            cfg.Retention.Done,
 		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
 		Ready:                 a.brokerReady,

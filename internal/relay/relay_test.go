@@ -17,6 +17,7 @@ type fakeStore struct {
 	mu      sync.Mutex
 	pending []event.Row
 	settled []event.Outcome
+	settles int // Settle calls: transactions
 }
 
 func (s *fakeStore) add(n int, eventType string) {
@@ -41,6 +42,7 @@ func (s *fakeStore) Settle(_ context.Context, outs []event.Outcome) ([]int, erro
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.settled = append(s.settled, outs...)
+	s.settles++
 	return nil, nil
 }
 
@@ -149,6 +151,44 @@ func TestInFlightBound(t *testing.T) {
 	}
 	if _, maxOut := pub.state(); maxOut != 30 {
 		t.Fatalf("max outstanding %d", maxOut)
+	}
+}
+
+// TestSettleWindow: ten batches acknowledged together are settled in one
+// or two transactions with a settle window, and in ten without one; a lone
+// batch is settled when its window ends.
+func TestSettleWindow(t *testing.T) {
+	for _, tc := range []struct {
+		window  time.Duration
+		settles func(n int) bool
+	}{
+		{0, func(n int) bool { return n == 10 }},
+		{50 * time.Millisecond, func(n int) bool { return n <= 2 }},
+	} {
+		store := &fakeStore{}
+		store.add(100, "T")
+		pub := &heldPublisher{release: make(chan struct{})}
+		r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 100, PollInterval: time.Millisecond,
+			MaxAttempts: 3, ShutdownTimeout: time.Second, SettleWindow: tc.window})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		eventually(t, "100 outstanding", func() bool { n, _ := pub.state(); return n == 100 })
+		close(pub.release)
+		eventually(t, "all settled", func() bool { return len(store.outcomes()) == 100 })
+		store.mu.Lock()
+		settles := store.settles
+		store.mu.Unlock()
+		if !tc.settles(settles) {
+			t.Errorf("window %v: 10 batches settled in %d transactions", tc.window, settles)
+		}
+		store.add(5, "T") // a lone batch: settled when the window ends
+		r.Wake()
+		eventually(t, "the lone batch settled", func() bool { return len(store.outcomes()) == 105 })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
