@@ -385,6 +385,16 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 		}
 		return
 	}
+	// Acks are awaited apart from the window, so that a batch whose acks
+	// are slow (up to relay.ack_timeout) does not hold back the settling
+	// of the batches before it.
+	resolved := make(chan []event.Outcome)
+	go func() {
+		defer close(resolved)
+		for b := range r.pipeline {
+			resolved <- r.resolve(ctx, ackCtx, b)
+		}
+	}()
 	var outs []event.Outcome
 	var first time.Time
 	window := time.NewTimer(time.Hour)
@@ -395,17 +405,16 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 	}
 	for {
 		select {
-		case b, ok := <-r.pipeline:
+		case o, ok := <-resolved:
 			if !ok {
 				flush()
 				return
 			}
-			resolved := r.resolve(ctx, ackCtx, b)
 			if len(outs) == 0 {
 				first = time.Now()
 				window.Reset(r.o.SettleWindow)
 			}
-			outs = append(outs, resolved...)
+			outs = append(outs, o...)
 			if time.Since(first) >= r.o.SettleWindow {
 				flush()
 			}

@@ -192,6 +192,56 @@ func TestSettleWindow(t *testing.T) {
 	}
 }
 
+// laterHeldPublisher acknowledges its first batch at once and holds the
+// acks of every later one until release is closed.
+type laterHeldPublisher struct {
+	heldPublisher
+	calls int
+}
+
+func (p *laterHeldPublisher) Publish(ctx context.Context, msgs []publish.Message) []publish.Ack {
+	p.mu.Lock()
+	p.calls++
+	first := p.calls == 1
+	p.mu.Unlock()
+	if !first {
+		return p.heldPublisher.Publish(ctx, msgs)
+	}
+	acks := make([]publish.Ack, len(msgs))
+	for i := range acks {
+		acks[i] = storedAck{}
+	}
+	return acks
+}
+
+type storedAck struct{}
+
+func (storedAck) Wait(context.Context) publish.Result { return publish.Result{Kind: publish.Stored} }
+
+// TestSettleWindowDoesNotWaitForLaterAcks: a batch whose acks are in is
+// settled when its window ends, while the next batch's acks are still
+// outstanding.
+func TestSettleWindowDoesNotWaitForLaterAcks(t *testing.T) {
+	store := &fakeStore{}
+	store.add(20, "T")
+	pub := &laterHeldPublisher{heldPublisher: heldPublisher{release: make(chan struct{})}}
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 100, PollInterval: time.Millisecond,
+		MaxAttempts: 3, ShutdownTimeout: time.Second, SettleWindow: 20 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	eventually(t, "the first batch settled while the second is held", func() bool {
+		n, _ := pub.state()
+		return n == 10 && len(store.outcomes()) == 10
+	})
+	close(pub.release)
+	eventually(t, "all settled", func() bool { return len(store.outcomes()) == 20 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // closedPublisher fails every publish and reports a connection closed for good.
 type closedPublisher struct{}
 
