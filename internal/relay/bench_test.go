@@ -31,7 +31,10 @@ func BenchmarkDrain(b *testing.B) {
 	}
 	b.ResetTimer()
 	batch, inFlight := envInt("BENCH_BATCH", 1000), envInt("BENCH_IN_FLIGHT", 4000)
-	h := startRelay(b, path, n.URL(), harnessOptions{batch: batch, inFlight: inFlight, mutateOpt: func(o *relay.Options) { o.StatsInterval = 5 * time.Second }})
+	h := startRelay(b, path, n.URL(), harnessOptions{batch: batch, inFlight: inFlight, mutateOpt: func(o *relay.Options) {
+		o.StatsInterval = 5 * time.Second
+		o.SettleWindow = envDuration("BENCH_SETTLE_WINDOW")
+	}})
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
 		drained, err := s.Drained(context.Background())
@@ -48,6 +51,13 @@ func BenchmarkDrain(b *testing.B) {
 	}
 	b.StopTimer()
 	h.stop()
+}
+
+// envDuration reads a duration knob for benchmark runs
+// (BENCH_SETTLE_WINDOW; unset: 0).
+func envDuration(name string) time.Duration {
+	d, _ := time.ParseDuration(os.Getenv(name))
+	return d
 }
 
 // envInt reads a tuning knob for benchmark runs (BENCH_BATCH, BENCH_IN_FLIGHT).
@@ -124,7 +134,7 @@ func BenchmarkPublishPipeline(b *testing.B) {
 	_, js := benchJetStream(b)
 	store := &memStore{n: int64(b.N), payload: make([]byte, 256)}
 	r := relay.New(store, js, relay.Options{SubjectPrefix: "events", BatchSize: envInt("BENCH_BATCH", 1000), MaxInFlight: envInt("BENCH_IN_FLIGHT", 4000),
-		PollInterval: time.Millisecond, MaxAttempts: 10, ShutdownTimeout: time.Second})
+		PollInterval: time.Millisecond, MaxAttempts: 10, ShutdownTimeout: time.Second, SettleWindow: envDuration("BENCH_SETTLE_WINDOW")})
 	ctx, cancel := context.WithCancel(context.Background())
 	b.ResetTimer()
 	done := make(chan error, 1)
