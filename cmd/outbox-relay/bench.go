@@ -211,7 +211,7 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 			var lags []int64
 			if lags, err = storedLags(ctx, js.API(), names.relay); err == nil {
 				r.AckLagRows = len(lags)
-				r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs = percentile(lags, 0.5), percentile(lags, 0.99), percentile(lags, 1)
+				r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs = spread(lags)
 				progress("%s: commit to PubAck p50 %.1f ms p99 %.1f ms max %.1f ms", name, r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs)
 			}
 		}
@@ -373,8 +373,7 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 			return nil, err
 		}
 		res.Rows = len(txs)
-		slices.Sort(txs)
-		res.WriterP50Us, res.WriterP99Us, res.WriterMaxUs = percentile(txs, 0.5), percentile(txs, 0.99), percentile(txs, 1)
+		res.WriterP50Us, res.WriterP99Us, res.WriterMaxUs = spread(txs)
 	}
 	for {
 		drained, err := s.Drained(ctx)
@@ -401,12 +400,11 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	if err != nil {
 		return nil, err
 	}
-	res.LagP50Ms, res.LagP99Ms, res.LagMaxMs = percentile(lags, 0.5), percentile(lags, 0.99), percentile(lags, 1)
+	res.LagP50Ms, res.LagP99Ms, res.LagMaxMs = spread(lags)
 	return res, nil
 }
 
-// storedLags reads every message of stream and returns, sorted, the
-// milliseconds from its Outbox-Created-At to its store time in the stream.
+// storedLags reads every message of stream and returns the milliseconds from its Outbox-Created-At to its store time in the stream.
 func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -449,7 +447,6 @@ func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]i
 			return nil, fmt.Errorf("read stored times: got %d of the stream's %d messages", len(lags), total)
 		}
 	}
-	slices.Sort(lags)
 	return lags, nil
 }
 
@@ -471,12 +468,14 @@ func writeRate(ctx context.Context, path string, rate int, d time.Duration, size
 	payload := make([]byte, size)
 	start := time.Now()
 	for time.Since(start) < d {
-		due := int(time.Since(start).Seconds() * float64(rate))
-		for len(txs) < due {
+		for {
+			dueAt := start.Add(time.Duration(len(txs)) * time.Second / time.Duration(rate))
+			if time.Now().Before(dueAt) {
+				break
+			}
 			// created_at is taken once the transaction holds the write lock,
 			// just before the commit: the lag is commit to done, not the
 			// writer's own wait for the lock.
-			dueAt := start.Add(time.Duration(len(txs)) * time.Second / time.Duration(rate))
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
 				return txs, fmt.Errorf("writer: %w", err)
@@ -549,15 +548,14 @@ func procCPU(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / ticks, nil
 }
 
-func percentile(sorted []int64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
+// spread sorts xs and returns its median, 99th percentile and maximum.
+func spread(xs []int64) (p50, p99, maxV float64) {
+	if len(xs) == 0 {
+		return 0, 0, 0
 	}
-	if !sort.SliceIsSorted(sorted, func(i, j int) bool { return sorted[i] < sorted[j] }) {
-		sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
-	}
-	i := int(p * float64(len(sorted)-1))
-	return float64(sorted[i])
+	slices.Sort(xs)
+	at := func(p float64) float64 { return float64(xs[int(p*float64(len(xs)-1))]) }
+	return at(0.5), at(0.99), at(1)
 }
 
 func machine() string {

@@ -53,9 +53,6 @@ func (s *Store) Ping(ctx context.Context) error {
 // file, so the relay would see none of the application's new rows while
 // every query still succeeds.
 func (s *Store) sameFile() error {
-	if s.opened == nil {
-		return nil // still opening
-	}
 	fi, err := os.Stat(s.path)
 	if err != nil {
 		return fmt.Errorf("database %s: %w; the relay still has the file it opened, which the application no longer writes (restart the relay once the file is back)", s.path, err)
@@ -88,19 +85,18 @@ func (s *Store) Drained(ctx context.Context) (bool, error) {
 func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err error) {
 	s.ckptMu.Lock()
 	defer s.ckptMu.Unlock()
-	if err := s.sameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
-		return 0, 0, err // a checkpoint writes too
-	}
 	fi, statErr := os.Stat(s.path + "-wal")
 	if statErr == nil && fi.Size() == s.ckptWal.size && fi.ModTime().Equal(s.ckptWal.mod) && time.Since(s.ckptWal.at) < ckptIdleMax {
 		return s.ckptWal.pages, s.ckptWal.done, nil
 	}
+	s.ckptWal = walState{}
+	if err := s.sameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+		return 0, 0, err // a checkpoint writes too
+	}
 	var busy int
 	if err := s.ckpt.QueryRowContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &walPages, &checkpointed); err != nil {
-		s.ckptWal = walState{}
 		return 0, 0, fmt.Errorf("checkpoint: %w", err)
 	}
-	s.ckptWal = walState{}
 	if statErr == nil && walPages == checkpointed {
 		// Taken before the checkpoint: a commit during it shows next time.
 		s.ckptWal = walState{size: fi.Size(), mod: fi.ModTime(), at: time.Now(), pages: walPages, done: checkpointed}

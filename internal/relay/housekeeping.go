@@ -14,20 +14,15 @@ import (
 const retentionPause = 20 * time.Millisecond
 
 // statsLoop refreshes the backlog gauges from a cheap indexed query, so a
-// scrape never scans the table.
-// A failing read is logged at error level once, and its end once.
+// scrape never scans the table. A failing read is logged at error level
+// once, and its end once.
 func (r *Relay) statsLoop(ctx context.Context) {
-	failing := false
 	every(ctx, r.o.StatsInterval, true, func() {
-		err := r.refreshBacklog(ctx)
-		switch {
-		case ctx.Err() != nil:
-		case err != nil && !failing:
-			r.log.Error("cannot read the outbox", zap.Error(err))
-		case err == nil && failing:
-			r.log.Info("outbox readable again")
+		if err := r.refreshBacklog(ctx); err == nil {
+			r.readTrouble.ok()
+		} else if ctx.Err() == nil {
+			r.readTrouble.fail(err)
 		}
-		failing = err != nil
 	})
 }
 
@@ -75,7 +70,7 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 // they never wait for or block the application.
 func (r *Relay) checkpointLoop(ctx context.Context) {
 	every(ctx, r.o.CheckpointInterval, false, func() {
-		if _, _, err := r.store.Checkpoint(ctx); err != nil && ctx.Err() == nil {
+		if _, _, err := r.store.Checkpoint(ctx); err != nil && ctx.Err() == nil && !r.stopIfReplaced(err) {
 			r.log.Debug("checkpoint", zap.Error(err))
 		}
 	})

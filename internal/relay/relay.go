@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
@@ -92,6 +93,9 @@ type Relay struct {
 	running                   atomic.Bool
 	outage                    outageState
 	dbTrouble                 stateLog
+	readTrouble               stateLog // the backlog read (statsLoop)
+	// halt ends the claim loop with a cause that Run returns (set by Run).
+	halt context.CancelCauseFunc
 }
 
 // batch is one claim's rows on their way to settlement.
@@ -126,7 +130,8 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		settled:  make(chan struct{}, 1),
 		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
 	}
-	r.dbTrouble = stateLog{log: o.Log, down: "database unavailable; retrying", up: "database available again"}
+	r.dbTrouble = stateLog{log: o.Log, level: zap.WarnLevel, down: "database unavailable; retrying", up: "database available again"}
+	r.readTrouble = stateLog{log: o.Log, level: zap.ErrorLevel, down: "cannot read the outbox", up: "outbox readable again"}
 	r.m.BrokerConnected.Set(0) // until the first probe answers
 	return r
 }
@@ -179,12 +184,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	// when the relay cannot go on.
 	claimCtx, stopClaiming := context.WithCancelCause(ctx)
 	defer stopClaiming(nil)
+	r.halt = stopClaiming
 	var loops, heartbeat sync.WaitGroup
 	hbCtx, stopHeartbeat := context.WithCancel(writeCtx)
 	defer stopHeartbeat()
 	if r.o.HeartbeatInterval > 0 {
 		heartbeat.Add(1)
-		go func() { defer heartbeat.Done(); r.heartbeatLoop(hbCtx, stopClaiming) }()
+		go func() { defer heartbeat.Done(); r.heartbeatLoop(hbCtx) }()
 	}
 	for _, loop := range []struct {
 		every time.Duration
@@ -208,21 +214,20 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() { defer close(settlerDone); r.settleLoop(ctx, ackCtx, writeCtx) }()
 
 	fatal := r.claimLoop(claimCtx)
-	if cause := context.Cause(claimCtx); fatal == nil && ctx.Err() == nil && errors.Is(cause, event.ErrDatabaseReplaced) {
-		fatal = cause // from the heartbeat
+	if fatal == nil && ctx.Err() == nil {
+		fatal = context.Cause(claimCtx) // from stopIfReplaced, or nil
 	}
-	switch {
-	case errors.Is(fatal, event.ErrDatabaseReplaced):
-		// Write nothing more: the rows in flight belong to the old file.
-		r.log.Error("relay cannot go on; exiting without writing to the old file", zap.Error(fatal))
+	if fatal != nil {
 		stopClaiming(fatal)
 		cancelAcks()
-		cancelWrites()
-	case fatal != nil:
-		// Nothing more can be published: release what is in flight now.
-		r.log.Error("relay cannot go on; releasing claimed rows and exiting", zap.Error(fatal))
-		stopClaiming(fatal)
-		cancelAcks()
+		if errors.Is(fatal, event.ErrDatabaseReplaced) {
+			// Write nothing more: the rows in flight belong to the old file.
+			r.log.Error("relay cannot go on; exiting without writing to the old file", zap.Error(fatal))
+			cancelWrites()
+		} else {
+			// Nothing more can be published: release what is in flight now.
+			r.log.Error("relay cannot go on; releasing claimed rows and exiting", zap.Error(fatal))
+		}
 	}
 	close(r.pipeline)
 	<-settlerDone
@@ -299,8 +304,8 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			limit = max(1, min(limit, freeBytes/avg))
 		}
 		rows, err := r.store.Claim(ctx, int(limit))
-		if errors.Is(err, event.ErrDatabaseReplaced) {
-			return err
+		if r.stopIfReplaced(err) {
+			return nil
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -373,18 +378,12 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
 }
 
 // settleLoop waits for each batch's acknowledgements in order (until
-// ackCtx ends) and settles them (retried until writeCtx ends): each batch
-// in its own transaction, or, with a SettleWindow, every batch resolved
-// within the window after the first in one. At a steady trickle of small
-// batches that halves the relay's write transactions, so it takes the
+// ackCtx ends) and settles them (retried until writeCtx ends): every batch
+// resolved within SettleWindow after the first in one transaction (with no
+// window, each batch in its own). At a steady trickle of small batches
+// that halves the relay's write transactions, so it takes the
 // application's write lock half as often.
 func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
-	if r.o.SettleWindow <= 0 {
-		for b := range r.pipeline {
-			r.settle(writeCtx, r.resolve(ctx, ackCtx, b))
-		}
-		return
-	}
 	// Acks are awaited apart from the window, so that a batch whose acks
 	// are slow (up to relay.ack_timeout) does not hold back the settling
 	// of the batches before it.
@@ -482,7 +481,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 			r.count(outs, stale)
 			break
 		}
-		if writeCtx.Err() != nil {
+		if writeCtx.Err() != nil || r.stopIfReplaced(err) {
 			r.log.Error("could not settle rows before exiting; they stay processing until another relay reclaims them",
 				zap.Int("rows", len(outs)), zap.Error(err))
 			break
@@ -557,11 +556,10 @@ func (r *Relay) probe(ctx context.Context) error {
 
 // heartbeatLoop keeps this instance visibly alive and reclaims the claims
 // of dead relays and expired leases.
-func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc) {
+func (r *Relay) heartbeatLoop(ctx context.Context) {
 	every(ctx, r.o.HeartbeatInterval, false, func() {
 		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
-		if errors.Is(err, event.ErrDatabaseReplaced) {
-			stop(err) // the claim loop ends and Run returns it
+		if r.stopIfReplaced(err) {
 			return
 		}
 		if err != nil {
@@ -643,6 +641,7 @@ func (o *outageState) succeeded() {
 // stateLog logs a trouble once when it starts and once when it ends.
 type stateLog struct {
 	log      *zap.Logger
+	level    zapcore.Level // of the down line
 	down, up string
 	mu       sync.Mutex
 	since    time.Time
@@ -653,7 +652,7 @@ func (s *stateLog) fail(err error) {
 	defer s.mu.Unlock()
 	if s.since.IsZero() {
 		s.since = time.Now()
-		s.log.Warn(s.down, zap.Error(err))
+		s.log.Log(s.level, s.down, zap.Error(err))
 	}
 }
 
@@ -664,6 +663,16 @@ func (s *stateLog) ok() {
 		s.log.Info(s.up, zap.Duration("after", time.Since(s.since).Round(time.Millisecond)))
 		s.since = time.Time{}
 	}
+}
+
+// stopIfReplaced ends the claim loop when err says the database file was
+// replaced (Run then returns it and writes nothing more), and reports it.
+func (r *Relay) stopIfReplaced(err error) bool {
+	if !errors.Is(err, event.ErrDatabaseReplaced) {
+		return false
+	}
+	r.halt(err)
+	return true
 }
 
 // backoff doubles from min to max.
