@@ -9,19 +9,20 @@ import (
 	"github.com/fsnotify/fsnotify"
 )
 
-// Watch sends on wake (without blocking: signals coalesce) whenever another
-// connection (the application, or this process's own writer) has committed
-// to the database. The truth is PRAGMA data_version on one pinned read-only
-// connection (it changes with every other connection's commit); what makes
-// Watch look is a file-system notification on the database's directory (a
-// commit writes the -wal file, which may also be deleted and recreated),
-// and, as a fallback where notifications do not work, a poll every
-// interval. Once a notification has announced a change, notifications are
-// trusted and the poll slows to ten times interval; a change that only the
-// poll found makes it fast again. Idle, it costs nothing but that poll; no
-// snapshot is held between looks, so checkpoints are never starved. It returns when ctx ends;
-// the caller runs it in a goroutine it tracks.
-func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error {
+// Watch sends on every wake channel (without blocking: signals coalesce)
+// whenever another connection (the application, or this process's own
+// writer) has committed to the database. The truth is PRAGMA data_version
+// on one pinned read-only connection (it changes with every other
+// connection's commit); what makes Watch look is a file-system
+// notification on the database's directory (a commit writes the -wal file,
+// which may also be deleted and recreated), and, as a fallback where
+// notifications do not work, a poll every interval. Once a notification
+// has announced a change, notifications are trusted and the poll slows to
+// ten times interval; a change that only the poll found makes it fast
+// again. Idle, it costs nothing but that poll; no snapshot is held between
+// looks, so checkpoints are never starved. It returns when ctx ends; the
+// caller runs it in a goroutine it tracks.
+func (s *Store) Watch(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error {
 	const debounce = 200 * time.Microsecond
 	conn, err := s.read.Conn(ctx)
 	if err != nil {
@@ -113,9 +114,11 @@ func (s *Store) Watch(ctx context.Context, interval time.Duration, wake chan<- s
 		if next, change := poll.found(notified, polled); change {
 			t.Reset(next)
 		}
-		select {
-		case wake <- struct{}{}:
-		default:
+		for _, w := range wake {
+			select {
+			case w <- struct{}{}:
+			default:
+			}
 		}
 	}
 }

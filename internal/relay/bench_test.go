@@ -34,6 +34,9 @@ func BenchmarkDrain(b *testing.B) {
 	h := startRelay(b, path, n.URL(), harnessOptions{batch: batch, inFlight: inFlight, mutateOpt: func(o *relay.Options) {
 		o.StatsInterval = 5 * time.Second
 		o.SettleWindow = envDuration("BENCH_SETTLE_WINDOW")
+		if d := envDuration("BENCH_CHECKPOINT"); d > 0 {
+			o.CheckpointInterval = d
+		}
 	}})
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
@@ -54,7 +57,7 @@ func BenchmarkDrain(b *testing.B) {
 }
 
 // envDuration reads a duration knob for benchmark runs
-// (BENCH_SETTLE_WINDOW; unset: 0).
+// (BENCH_SETTLE_WINDOW, BENCH_CHECKPOINT; unset: 0).
 func envDuration(name string) time.Duration {
 	d, _ := time.ParseDuration(os.Getenv(name))
 	return d
@@ -98,7 +101,7 @@ func (m *memStore) Heartbeat(context.Context, string, time.Duration, time.Durati
 	return 0, nil
 }
 func (m *memStore) Leave(context.Context) error { return nil }
-func (m *memStore) Watch(ctx context.Context, _ time.Duration, _ chan<- struct{}) error {
+func (m *memStore) Watch(ctx context.Context, _ time.Duration, _ ...chan<- struct{}) error {
 	<-ctx.Done()
 	return nil
 }

@@ -27,7 +27,7 @@ type Store interface {
 	Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error)
 	Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error)
 	Leave(ctx context.Context) error
-	Watch(ctx context.Context, interval time.Duration, wake chan<- struct{}) error
+	Watch(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error
 	Backlog(ctx context.Context) (event.Backlog, error)
 	Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error)
 	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
@@ -61,7 +61,9 @@ type Options struct {
 	StatsInterval     time.Duration
 	RetentionInterval time.Duration
 	// CheckpointInterval runs WAL checkpoints from their own connection
-	// (for a store whose writer does not checkpoint by itself); 0: never.
+	// (for a store whose writer does not checkpoint by itself) after
+	// commits, at most one every CheckpointInterval, and every
+	// checkpointIdle without commits; 0: never.
 	CheckpointInterval time.Duration
 	// SettleWindow: batches acknowledged within it are settled in one
 	// transaction; 0: one transaction a batch.
@@ -84,6 +86,7 @@ type Relay struct {
 	m     *metrics.Metrics
 
 	wake     chan struct{} // a commit or a reclaim happened: claim now
+	commits  chan struct{} // a commit happened: checkpoint
 	settled  chan struct{} // in-flight rows were settled: room to claim
 	pipeline chan *batch   // claimer -> settler, in publish order
 	inflight atomic.Int64
@@ -127,6 +130,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		log:      o.Log,
 		m:        o.Metrics,
 		wake:     make(chan struct{}, 1),
+		commits:  make(chan struct{}, 1),
 		settled:  make(chan struct{}, 1),
 		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
 	}
@@ -205,7 +209,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		loops.Add(1)
 		go func() {
 			defer loops.Done()
-			if err := r.store.Watch(claimCtx, r.o.WatchInterval, r.wake); err != nil {
+			if err := r.store.Watch(claimCtx, r.o.WatchInterval, r.wake, r.commits); err != nil {
 				r.log.Warn("commit watch stopped; falling back to polling", zap.Error(err))
 			}
 		}()

@@ -65,7 +65,7 @@ func (s *fakeStore) Prune(context.Context, string, time.Time, time.Duration) (in
 	return 0, nil
 }
 func (s *fakeStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
-func (s *fakeStore) Watch(ctx context.Context, _ time.Duration, _ chan<- struct{}) error {
+func (s *fakeStore) Watch(ctx context.Context, _ time.Duration, _ ...chan<- struct{}) error {
 	<-ctx.Done()
 	return nil
 }
@@ -308,4 +308,58 @@ func (f *flakyReady) Ready(ctx context.Context) error {
 		return nil
 	}
 	return f.closedPublisher.Ready(ctx)
+}
+
+// commitStore is a fakeStore whose commit watch reports a commit whenever
+// the test sends on commits, and which counts checkpoints.
+type commitStore struct {
+	fakeStore
+	commits     chan struct{}
+	checkpoints chan struct{}
+}
+
+func (s *commitStore) Watch(ctx context.Context, _ time.Duration, wake ...chan<- struct{}) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.commits:
+			for _, w := range wake {
+				select {
+				case w <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+}
+
+func (s *commitStore) Checkpoint(context.Context) (int, int, error) {
+	s.checkpoints <- struct{}{}
+	return 0, 0, nil
+}
+
+// TestCheckpointsFollowCommits: every commit the watch reports is followed
+// by a checkpoint, without waiting for the idle look.
+func TestCheckpointsFollowCommits(t *testing.T) {
+	store := &commitStore{commits: make(chan struct{}), checkpoints: make(chan struct{}, 100)}
+	r := New(store, &heldPublisher{release: make(chan struct{})}, Options{SubjectPrefix: "events", BatchSize: 10,
+		PollInterval: time.Hour, WatchInterval: time.Hour, CheckpointInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	start := time.Now()
+	const commits = 5
+	for i := 0; i < commits; i++ {
+		store.commits <- struct{}{}
+		<-store.checkpoints
+	}
+	// The idle look alone would have taken at least commits-1 of its periods.
+	if took := time.Since(start); took >= (commits-1)*checkpointIdle {
+		t.Errorf("%d commits took %v to be checkpointed; checkpoints do not follow commits", commits, took)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
