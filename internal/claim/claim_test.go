@@ -507,6 +507,26 @@ func BenchmarkClaim(b *testing.B) {
 	}
 }
 
+// BenchmarkClaimTrickle claims one row at a time, each just committed by
+// the application's own connection (ns/op is per claim): the relay's cost
+// at a trickle, where every claim finds the page caches stale.
+func BenchmarkClaimTrickle(b *testing.B) {
+	s := benchStore(b, 100_000, 0)
+	app := appDB(b, s.Path())
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		time.Sleep(time.Millisecond) // one claim a millisecond at most (claimTime)
+		exec1(b, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Thing', randomblob(256))`, event.NewID())
+		b.StartTimer()
+		rows, err := s.Claim(ctx, 1000)
+		if err != nil || len(rows) != 1 {
+			b.Fatal(len(rows), err)
+		}
+	}
+}
+
 // BenchmarkSettle settles claimed batches of 1000 rows as done (ns/op is
 // per row).
 func BenchmarkSettle(b *testing.B) {
