@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -253,20 +254,38 @@ type benchNames struct{ ceiling, relay, prefix string }
 type child struct {
 	cmd     *exec.Cmd
 	started chan time.Time // when it logged "relay starting"
+	logged  chan struct{}  // closed when its stderr ends
+
+	mu   sync.Mutex
+	tail []string // its last log lines, for an error
+}
+
+// childTail is how many of a child's last log lines an error carries.
+const childTail = 5
+
+// failed wraps err with the child's last log lines.
+func (ch *child) failed(err error) error {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if len(ch.tail) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; the relay's last log lines:\n%s", err, strings.Join(ch.tail, "\n"))
 }
 
 // startChild runs this binary's "run" on path against url with the default
-// configuration (metrics off, warnings only).
+// configuration (metrics off, info level, which logs "relay starting").
 func startChild(path, url string, names benchNames) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "run")
+	// Metrics off by flag: an empty environment variable counts as unset,
+	// and the child would take :9108 (and fail where something has it).
+	cmd := exec.Command(self, "run", "--metrics-listen", "")
 	cmd.Env = append(os.Environ(),
 		config.EnvName("database.path")+"="+path,
 		config.EnvName("nats.url")+"="+url,
-		config.EnvName("metrics.listen")+"=",
 		config.EnvName("stream.name")+"="+names.relay,
 		config.EnvName("stream.subjects")+"="+names.prefix+".>",
 		config.EnvName("stream.subject_prefix")+"="+names.prefix,
@@ -279,13 +298,20 @@ func startChild(path, url string, names benchNames) (*child, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	ch := &child{cmd: cmd, started: make(chan time.Time, 1)}
+	ch := &child{cmd: cmd, started: make(chan time.Time, 1), logged: make(chan struct{})}
 	go func() {
+		defer close(ch.logged)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			if strings.Contains(sc.Text(), `"msg":"relay starting"`) {
 				ch.started <- time.Now()
 			}
+			ch.mu.Lock()
+			ch.tail = append(ch.tail, sc.Text())
+			if len(ch.tail) > childTail {
+				ch.tail = ch.tail[1:]
+			}
+			ch.mu.Unlock()
 		}
 	}()
 	return ch, nil
@@ -298,11 +324,12 @@ func startChild(path, url string, names benchNames) (*child, error) {
 func (ch *child) stop() (cpu, rssMiB float64, err error) {
 	hwm, hwmErr := procHWM(ch.cmd.Process.Pid)
 	ch.cmd.Process.Signal(syscall.SIGTERM)
+	<-ch.logged // every line read before Wait closes the pipe
 	if err := ch.cmd.Wait(); err != nil {
-		return 0, 0, fmt.Errorf("relay: %w", err)
+		return 0, 0, ch.failed(fmt.Errorf("relay: %w", err))
 	}
 	if hwmErr != nil {
-		return 0, 0, hwmErr
+		return 0, 0, ch.failed(hwmErr)
 	}
 	ru, ok := ch.cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	if !ok {
@@ -362,7 +389,7 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	case start = <-ch.started:
 	case <-time.After(30 * time.Second):
 		ch.cmd.Process.Kill()
-		return nil, errors.New("the relay did not start within 30 s")
+		return nil, ch.failed(errors.New("the relay did not start within 30 s"))
 	}
 	res := &relayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
 	if rate > 0 {
@@ -384,7 +411,12 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 		if drained {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-ch.logged: // it exited
+			_, _, err := ch.stop()
+			return nil, fmt.Errorf("the relay exited before the table drained: %w", err)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	last, err := s.LastProcessed(ctx)
 	if err != nil {
@@ -514,7 +546,7 @@ func (c *cli) benchIdle(ctx context.Context, path, url string, names benchNames,
 	case <-ch.started:
 	case <-time.After(30 * time.Second):
 		ch.cmd.Process.Kill()
-		return 0, errors.New("the relay did not start within 30 s")
+		return 0, ch.failed(errors.New("the relay did not start within 30 s"))
 	}
 	time.Sleep(3 * time.Second) // let startup settle
 	before, err := procCPU(ch.cmd.Process.Pid)

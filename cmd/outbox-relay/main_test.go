@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -866,6 +867,11 @@ func TestUncapturedPrefixKeepsRelayNotReady(t *testing.T) {
 // JSON report: every measurement is there and plausible.
 func TestBenchSmoke(t *testing.T) {
 	bin := buildBinary(t)
+	// The relay children serve no metrics: with the default port taken (as
+	// by a relay running on the machine), they still start.
+	if l, err := net.Listen("tcp", ":9108"); err == nil {
+		defer l.Close()
+	}
 	out, err := exec.Command(bin, "bench", "--rows", "3000", "--ceiling-in-flight", "500,1000", "--done-rows", "5000", "--rate", "200", "--duration", "2s", "--idle", "2s", "--json").Output()
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
