@@ -108,6 +108,22 @@ func TestAliases(t *testing.T) {
 	}
 }
 
+// TestEmptyEnvironmentVariable: OUTBOX_RELAY_METRICS_LISTEN set to empty
+// turns metrics off, as "empty disables" says, also over a file's value.
+func TestEmptyEnvironmentVariable(t *testing.T) {
+	file := writeFile(t, "metrics:\n  listen: 127.0.0.1:9999\n")
+	c, err := Load(file, nil, []string{"OUTBOX_RELAY_METRICS_LISTEN="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Metrics.Listen != "" {
+		t.Fatalf("metrics.listen = %q with OUTBOX_RELAY_METRICS_LISTEN empty; want it off", c.Metrics.Listen)
+	}
+	if c, err = Load(file, nil, nil); err != nil || c.Metrics.Listen != "127.0.0.1:9999" {
+		t.Fatalf("without the variable: %q, %v", c.Metrics.Listen, err)
+	}
+}
+
 func TestErrorsNameTheKey(t *testing.T) {
 	for _, tc := range []struct {
 		name, file string
@@ -135,6 +151,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "lease too short", env: []string{"OUTBOX_RELAY_RELAY_LEASE=15s"}, want: "relay.lease"},
 		{name: "subjects miss the prefix", env: []string{"OUTBOX_RELAY_STREAM_SUBJECT_PREFIX=app"}, want: "stream.subjects"},
 		{name: "zero busy timeout", env: []string{"OUTBOX_RELAY_DATABASE_BUSY_TIMEOUT=0s"}, want: "database.busy_timeout"},
+		{name: "empty int", env: []string{"OUTBOX_RELAY_RELAY_BATCH_SIZE="}, want: "relay.batch_size"},
+		{name: "empty duration", env: []string{"OUTBOX_RELAY_RELAY_LEASE="}, want: "relay.lease"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			file := ""
