@@ -181,6 +181,12 @@ var aliases = map[string]string{
 	"relay.max_attempts": "EVENT_QUEUE_MAX_ATTEMPTS",
 }
 
+// emptyMeans lists the keys whose empty value means something other than
+// their default, so that their variable set to empty sets them.
+var emptyMeans = map[string]bool{
+	"metrics.listen": true, // no metrics server
+}
+
 // Key describes one configuration key.
 type Key struct {
 	Name    string       // dotted YAML path, e.g. relay.batch_size
@@ -306,17 +312,18 @@ func Load(file string, fs *pflag.FlagSet, environ []string) (Config, error) {
 	for _, k := range keys {
 		envs[k.Env] = true
 		// Values come from environ rather than the process environment so
-		// that tests are hermetic. The relay's own variable, once set, wins:
-		// set to empty it empties a text key (metrics.listen: off), and is
-		// an error for any other key rather than a silent default. An alias
-		// counts when the variable is not set and the alias is not empty.
-		if val, set := env[k.Env]; set {
-			if val == "" && k.Type.Kind() != reflect.String {
-				return Config{}, configErr("%s is set but empty: give %s a value, or unset it", k.Env, k.Name)
+		// that tests are hermetic; the first non-empty name wins (an empty
+		// variable counts as unset, as compose files leave placeholders),
+		// except where empty means something of its own.
+		if val, set := env[k.Env]; set && val == "" && emptyMeans[k.Name] {
+			v.Set(k.Name, "")
+			continue
+		}
+		for _, name := range []string{k.Env, k.Alias} {
+			if val := env[name]; name != "" && val != "" {
+				v.Set(k.Name, val)
+				break
 			}
-			v.Set(k.Name, val)
-		} else if val := env[k.Alias]; k.Alias != "" && val != "" {
-			v.Set(k.Name, val)
 		}
 	}
 	for name := range env {

@@ -109,15 +109,24 @@ func TestAliases(t *testing.T) {
 }
 
 // TestEmptyEnvironmentVariable: OUTBOX_RELAY_METRICS_LISTEN set to empty
-// turns metrics off, as "empty disables" says, also over a file's value.
+// turns metrics off, as "empty disables" says, also over a file's value;
+// other variables set to empty count as unset (compose placeholders), and a
+// flag still beats the environment.
 func TestEmptyEnvironmentVariable(t *testing.T) {
-	file := writeFile(t, "metrics:\n  listen: 127.0.0.1:9999\n")
-	c, err := Load(file, nil, []string{"OUTBOX_RELAY_METRICS_LISTEN="})
+	file := writeFile(t, "metrics:\n  listen: 127.0.0.1:9999\nnats:\n  user: u\n  password: from-file\n")
+	empty := []string{"OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_RELAY_BATCH_SIZE=", "OUTBOX_RELAY_NATS_PASSWORD=", "OUTBOX_RELAY_NATS_URL=", "NATS_URL=nats://alias:4222"}
+	c, err := Load(file, nil, empty)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Metrics.Listen != "" {
 		t.Fatalf("metrics.listen = %q with OUTBOX_RELAY_METRICS_LISTEN empty; want it off", c.Metrics.Listen)
+	}
+	if c.Relay.BatchSize != Default().Relay.BatchSize || c.NATS.Password != "from-file" || c.NATS.URL != "nats://alias:4222" {
+		t.Fatalf("empty variables must count as unset: batch %d, password %q, url %q", c.Relay.BatchSize, c.NATS.Password, c.NATS.URL)
+	}
+	if c, err = Load(file, flags(t, "--metrics-listen=127.0.0.1:7777"), empty); err != nil || c.Metrics.Listen != "127.0.0.1:7777" {
+		t.Fatalf("the flag must beat the empty variable: %q, %v", c.Metrics.Listen, err)
 	}
 	if c, err = Load(file, nil, nil); err != nil || c.Metrics.Listen != "127.0.0.1:9999" {
 		t.Fatalf("without the variable: %q, %v", c.Metrics.Listen, err)
@@ -151,8 +160,6 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "lease too short", env: []string{"OUTBOX_RELAY_RELAY_LEASE=15s"}, want: "relay.lease"},
 		{name: "subjects miss the prefix", env: []string{"OUTBOX_RELAY_STREAM_SUBJECT_PREFIX=app"}, want: "stream.subjects"},
 		{name: "zero busy timeout", env: []string{"OUTBOX_RELAY_DATABASE_BUSY_TIMEOUT=0s"}, want: "database.busy_timeout"},
-		{name: "empty int", env: []string{"OUTBOX_RELAY_RELAY_BATCH_SIZE="}, want: "relay.batch_size"},
-		{name: "empty duration", env: []string{"OUTBOX_RELAY_RELAY_LEASE="}, want: "relay.lease"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			file := ""
