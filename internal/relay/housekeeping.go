@@ -74,16 +74,22 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 // find little to copy, or this one running, and its commits stall less;
 // the relay's lag and the application's lateness both drop (README,
 // Performance). Without commits, nothing runs but a look every
-// checkpointIdle, in case the watch missed one.
+// checkpointIdle, in case the watch missed one; without a watch, a look
+// every checkpointPoll.
 func (r *Relay) checkpointLoop(ctx context.Context) {
-	idle := time.NewTicker(checkpointIdle)
-	defer idle.Stop()
+	look := time.NewTimer(checkpointIdle)
+	defer look.Stop()
 	for {
+		if r.watching.Load() {
+			look.Reset(checkpointIdle)
+		} else {
+			look.Reset(checkpointPoll)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.commits:
-		case <-idle.C:
+		case <-look.C:
 		}
 		start := time.Now()
 		if _, _, err := r.store.Checkpoint(ctx); err != nil && ctx.Err() == nil && !r.stopIfReplaced(err) {
@@ -95,8 +101,12 @@ func (r *Relay) checkpointLoop(ctx context.Context) {
 	}
 }
 
-// checkpointIdle is how often checkpointLoop looks without a commit.
-const checkpointIdle = time.Second
+// How often checkpointLoop looks without a commit: while the commit watch
+// runs, and while none does (it could not start, or stopped).
+const (
+	checkpointIdle = time.Second
+	checkpointPoll = 200 * time.Millisecond
+)
 
 // every runs fn every d until ctx ends, and once at the start when now is
 // set.

@@ -63,7 +63,8 @@ type Options struct {
 	// CheckpointInterval runs WAL checkpoints from their own connection
 	// (for a store whose writer does not checkpoint by itself) after
 	// commits, at most one every CheckpointInterval, and every
-	// checkpointIdle without commits; 0: never.
+	// checkpointIdle without commits (checkpointPoll while no commit watch
+	// runs); 0: never.
 	CheckpointInterval time.Duration
 	// SettleWindow: batches acknowledged within it are settled in one
 	// transaction; 0: one transaction a batch.
@@ -94,6 +95,7 @@ type Relay struct {
 	// average payload of the last claim, to size the next one.
 	inflightBytes, avgPayload atomic.Int64
 	running                   atomic.Bool
+	watching                  atomic.Bool // the commit watch runs: commits are announced
 	outage                    outageState
 	dbTrouble                 stateLog
 	readTrouble               stateLog // the backlog read (statsLoop)
@@ -207,8 +209,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if r.o.WatchInterval > 0 {
 		loops.Add(1)
+		r.watching.Store(true)
 		go func() {
 			defer loops.Done()
+			defer r.watching.Store(false)
 			if err := r.store.Watch(claimCtx, r.o.WatchInterval, r.wake, r.commits); err != nil {
 				r.log.Warn("commit watch stopped; falling back to polling", zap.Error(err))
 			}

@@ -363,3 +363,26 @@ func TestCheckpointsFollowCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCheckpointsWithoutWatch: with no commit watch (none configured, or
+// it stopped), checkpoints are polled for, not left to the idle look.
+func TestCheckpointsWithoutWatch(t *testing.T) {
+	store := &commitStore{commits: make(chan struct{}), checkpoints: make(chan struct{}, 100)}
+	r := New(store, &heldPublisher{release: make(chan struct{})}, Options{SubjectPrefix: "events", BatchSize: 10,
+		PollInterval: time.Hour, CheckpointInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	start := time.Now()
+	const looks = 3
+	for i := 0; i < looks; i++ {
+		<-store.checkpoints
+	}
+	if took := time.Since(start); took >= looks*checkpointIdle {
+		t.Errorf("%d checkpoints took %v without a watch; want one every %v", looks, took, checkpointPoll)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
