@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -263,6 +264,31 @@ type child struct {
 // childTail is how many of a child's last log lines an error carries.
 const childTail = 5
 
+// waitStarted waits for the child's "relay starting" line and returns
+// when it came; a child that exits first, or takes 30 s, is an error.
+func (ch *child) waitStarted() (time.Time, error) {
+	select {
+	case t := <-ch.started:
+		return t, nil
+	case <-ch.logged:
+		return time.Time{}, ch.exited("at startup")
+	case <-time.After(30 * time.Second):
+		ch.cmd.Process.Kill()
+		<-ch.logged
+		ch.cmd.Wait()
+		return time.Time{}, ch.failed(errors.New("the relay did not start within 30 s"))
+	}
+}
+
+// exited reaps a child whose output ended and says so, when.
+func (ch *child) exited(when string) error {
+	err := fmt.Errorf("the relay exited %s", when)
+	if werr := ch.cmd.Wait(); werr != nil {
+		err = fmt.Errorf("the relay exited %s: %w", when, werr)
+	}
+	return ch.failed(err)
+}
+
 // failed wraps err with the child's last log lines.
 func (ch *child) failed(err error) error {
 	ch.mu.Lock()
@@ -280,8 +306,8 @@ func startChild(path, url string, names benchNames) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Metrics off by flag: an empty environment variable counts as unset,
-	// and the child would take :9108 (and fail where something has it).
+	// Metrics off, or the child would take :9108 and fail where something
+	// has it; the flag wins over whatever the environment says.
 	cmd := exec.Command(self, "run", "--metrics-listen", "")
 	cmd.Env = append(os.Environ(),
 		config.EnvName("database.path")+"="+path,
@@ -291,6 +317,11 @@ func startChild(path, url string, names benchNames) (*child, error) {
 		config.EnvName("stream.subject_prefix")+"="+names.prefix,
 		config.EnvName("log.level")+"=info",
 	)
+	return newChild(cmd)
+}
+
+// newChild starts cmd and follows its log on stderr.
+func newChild(cmd *exec.Cmd) (*child, error) {
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
@@ -302,6 +333,10 @@ func startChild(path, url string, names benchNames) (*child, error) {
 	go func() {
 		defer close(ch.logged)
 		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		// A line too long ends the scanner, not the child's output: read the
+		// rest, or the child would block writing it.
+		defer io.Copy(io.Discard, stderr)
 		for sc.Scan() {
 			if strings.Contains(sc.Text(), `"msg":"relay starting"`) {
 				ch.started <- time.Now()
@@ -384,12 +419,9 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	if err != nil {
 		return nil, err
 	}
-	var start time.Time
-	select {
-	case start = <-ch.started:
-	case <-time.After(30 * time.Second):
-		ch.cmd.Process.Kill()
-		return nil, ch.failed(errors.New("the relay did not start within 30 s"))
+	start, err := ch.waitStarted()
+	if err != nil {
+		return nil, err
 	}
 	res := &relayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
 	if rate > 0 {
@@ -412,9 +444,8 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 			break
 		}
 		select {
-		case <-ch.logged: // it exited
-			_, _, err := ch.stop()
-			return nil, fmt.Errorf("the relay exited before the table drained: %w", err)
+		case <-ch.logged:
+			return nil, ch.exited("before the table drained")
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -542,11 +573,8 @@ func (c *cli) benchIdle(ctx context.Context, path, url string, names benchNames,
 	if err != nil {
 		return 0, err
 	}
-	select {
-	case <-ch.started:
-	case <-time.After(30 * time.Second):
-		ch.cmd.Process.Kill()
-		return 0, ch.failed(errors.New("the relay did not start within 30 s"))
+	if _, err := ch.waitStarted(); err != nil {
+		return 0, err
 	}
 	time.Sleep(3 * time.Second) // let startup settle
 	before, err := procCPU(ch.cmd.Process.Pid)
