@@ -339,15 +339,29 @@ func (s *commitStore) Checkpoint(context.Context) (int, int, error) {
 	return 0, 0, nil
 }
 
-// TestCheckpointsFollowCommits: every commit the watch reports is followed
-// by a checkpoint, without waiting for the idle look.
-func TestCheckpointsFollowCommits(t *testing.T) {
-	store := &commitStore{commits: make(chan struct{}), checkpoints: make(chan struct{}, 100)}
+// runCheckpoints runs a relay on a fresh commitStore, checkpointing at
+// most every millisecond, with a commit watch or without; stop ends it.
+func runCheckpoints(t *testing.T, watch time.Duration) (store *commitStore, stop func()) {
+	t.Helper()
+	store = &commitStore{commits: make(chan struct{}), checkpoints: make(chan struct{}, 100)}
 	r := New(store, &heldPublisher{release: make(chan struct{})}, Options{SubjectPrefix: "events", BatchSize: 10,
-		PollInterval: time.Hour, WatchInterval: time.Hour, CheckpointInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+		PollInterval: time.Hour, WatchInterval: watch, CheckpointInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
+	return store, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCheckpointsFollowCommits: every commit the watch reports is followed
+// by a checkpoint, without waiting for the idle look.
+func TestCheckpointsFollowCommits(t *testing.T) {
+	store, stop := runCheckpoints(t, time.Hour)
+	defer stop()
 	start := time.Now()
 	const commits = 5
 	for i := 0; i < commits; i++ {
@@ -358,21 +372,13 @@ func TestCheckpointsFollowCommits(t *testing.T) {
 	if took := time.Since(start); took >= (commits-1)*checkpointIdle {
 		t.Errorf("%d commits took %v to be checkpointed; checkpoints do not follow commits", commits, took)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestCheckpointsWithoutWatch: with no commit watch (none configured, or
 // it stopped), checkpoints are polled for, not left to the idle look.
 func TestCheckpointsWithoutWatch(t *testing.T) {
-	store := &commitStore{commits: make(chan struct{}), checkpoints: make(chan struct{}, 100)}
-	r := New(store, &heldPublisher{release: make(chan struct{})}, Options{SubjectPrefix: "events", BatchSize: 10,
-		PollInterval: time.Hour, CheckpointInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	store, stop := runCheckpoints(t, 0)
+	defer stop()
 	start := time.Now()
 	const looks = 3
 	for i := 0; i < looks; i++ {
@@ -380,9 +386,5 @@ func TestCheckpointsWithoutWatch(t *testing.T) {
 	}
 	if took := time.Since(start); took >= looks*checkpointIdle {
 		t.Errorf("%d checkpoints took %v without a watch; want one every %v", looks, took, checkpointPoll)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
