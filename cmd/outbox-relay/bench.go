@@ -174,10 +174,24 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 	// Streams and subjects of the bench's own, so that a bench against a
 	// real server (--nats-url) never touches its streams; removed after.
 	tag := strings.ToUpper(strings.ReplaceAll(event.NewID()[:8], "-", ""))
-	names := benchNames{ceiling: "OUTBOX_RELAY_BENCH_CEILING_" + tag, relay: "OUTBOX_RELAY_BENCH_" + tag, prefix: "outbox_relay_bench_" + strings.ToLower(tag)}
+	prefix := "outbox_relay_bench_" + strings.ToLower(tag)
+	// Every measurement gets a stream of its own, and the one before it is
+	// deleted first (their subjects may overlap): a stream created again
+	// under the name just deleted can fail ("error creating store for
+	// stream") while the server still removes the old one's files.
+	var current string
+	stream := func(name, subjects string) (benchNames, error) {
+		if current != "" {
+			if err := js.API().DeleteStream(ctx, current); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return benchNames{}, err
+			}
+		}
+		current = "OUTBOX_RELAY_BENCH_" + tag + "_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		return benchNames{stream: current, prefix: prefix}, streamsync.Recreate(ctx, js.API(), current, []string{subjects}, time.Hour)
+	}
 	defer func() {
-		for _, name := range []string{names.ceiling, names.relay} {
-			js.API().DeleteStream(context.Background(), name)
+		if current != "" {
+			js.API().DeleteStream(context.Background(), current)
 		}
 	}()
 	rep := &benchReport{Machine: machine(), Rows: o.rows, PayloadBytes: o.size, CeilingByBatch: map[string]float64{}}
@@ -188,10 +202,10 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 	}
 
 	for _, b := range o.ceilingBatches {
-		if err := streamsync.Recreate(ctx, js.API(), names.ceiling, []string{names.prefix + "_ceiling.>"}, time.Hour); err != nil {
+		if _, err := stream(fmt.Sprintf("ceiling-%d", b), prefix+"_ceiling.>"); err != nil {
 			return nil, err
 		}
-		d, err := publish.Ceiling(ctx, conn, names.prefix+"_ceiling.BenchEvent", o.rows, o.size, b)
+		d, err := publish.Ceiling(ctx, conn, prefix+"_ceiling.BenchEvent", o.rows, o.size, b)
 		if err != nil {
 			return nil, fmt.Errorf("ceiling with %d in flight: %w", b, err)
 		}
@@ -200,18 +214,16 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		rep.Ceiling = max(rep.Ceiling, r)
 		progress("ceiling, %d in flight: %.0f msgs/s", b, r)
 	}
-	if err := js.API().DeleteStream(ctx, names.ceiling); err != nil {
-		return nil, err
-	}
 
 	run := func(name string, done, rate int) (*relayRun, error) {
-		if err := streamsync.Recreate(ctx, js.API(), names.relay, []string{names.prefix + ".>"}, time.Hour); err != nil {
+		names, err := stream(name, prefix+".>")
+		if err != nil {
 			return nil, err
 		}
 		r, err := c.benchRelay(ctx, filepath.Join(dir, name+".db"), url, names, o, done, rate)
 		if err == nil && rate > 0 {
 			var lags []int64
-			if lags, err = storedLags(ctx, js.API(), names.relay); err == nil {
+			if lags, err = storedLags(ctx, js.API(), names.stream); err == nil {
 				r.AckLagRows = len(lags)
 				r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs = spread(lags)
 				progress("%s: commit to PubAck p50 %.1f ms p99 %.1f ms max %.1f ms", name, r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs)
@@ -238,6 +250,10 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		}
 	}
 	if o.idle > 0 {
+		names, err := stream("idle", prefix+".>")
+		if err != nil {
+			return nil, err
+		}
 		pct, err := c.benchIdle(ctx, filepath.Join(dir, "idle.db"), url, names, o.idle)
 		if err != nil {
 			return nil, err
@@ -248,8 +264,8 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 	return rep, nil
 }
 
-// benchNames are the streams and subject prefix a bench run uses.
-type benchNames struct{ ceiling, relay, prefix string }
+// benchNames are the stream and subject prefix of a relay child.
+type benchNames struct{ stream, prefix string }
 
 // child is a relay process started by the bench.
 type child struct {
@@ -312,7 +328,7 @@ func startChild(path, url string, names benchNames) (*child, error) {
 	cmd.Env = append(os.Environ(),
 		config.EnvName("database.path")+"="+path,
 		config.EnvName("nats.url")+"="+url,
-		config.EnvName("stream.name")+"="+names.relay,
+		config.EnvName("stream.name")+"="+names.stream,
 		config.EnvName("stream.subjects")+"="+names.prefix+".>",
 		config.EnvName("stream.subject_prefix")+"="+names.prefix,
 		config.EnvName("log.level")+"=info",
