@@ -176,18 +176,15 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 	tag := strings.ToUpper(strings.ReplaceAll(event.NewID()[:8], "-", ""))
 	prefix := "outbox_relay_bench_" + strings.ToLower(tag)
 	// Every measurement gets a stream of its own, and the one before it is
-	// deleted first (their subjects may overlap): a stream created again
-	// under the name just deleted can fail ("error creating store for
-	// stream") while the server still removes the old one's files.
+	// deleted first (their subjects may overlap).
 	var current string
 	stream := func(name, subjects string) (benchNames, error) {
-		if current != "" {
-			if err := js.API().DeleteStream(ctx, current); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-				return benchNames{}, err
-			}
+		next := "OUTBOX_RELAY_BENCH_" + tag + "_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if err := streamsync.Replace(ctx, js.API(), current, next, []string{subjects}, time.Hour); err != nil {
+			return benchNames{}, err
 		}
-		current = "OUTBOX_RELAY_BENCH_" + tag + "_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		return benchNames{stream: current, prefix: prefix}, streamsync.Recreate(ctx, js.API(), current, []string{subjects}, time.Hour)
+		current = next
+		return benchNames{stream: next, prefix: prefix}, nil
 	}
 	defer func() {
 		if current != "" {
@@ -483,7 +480,8 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	return res, nil
 }
 
-// storedLags reads every message of stream and returns the milliseconds from its Outbox-Created-At to its store time in the stream.
+// storedLags reads every message of stream and returns the milliseconds
+// from its Outbox-Created-At to its store time in the stream.
 func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
