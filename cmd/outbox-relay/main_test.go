@@ -908,6 +908,7 @@ func TestBenchSmoke(t *testing.T) {
 			RowsPerSec float64 `json:"rows_per_second"`
 			CPU        float64 `json:"cpu_seconds"`
 			RSS        float64 `json:"peak_rss_mib"`
+			LagP50     float64 `json:"lag_p50_ms"`
 			LagP99     float64 `json:"lag_p99_ms"`
 		} `json:"drain"`
 		DrainRatio float64 `json:"drain_to_ceiling"`
@@ -931,6 +932,10 @@ func TestBenchSmoke(t *testing.T) {
 		rep.DrainRatio <= 0 || rep.DoneRatio <= 0 || rep.Rate.Offered != 200 || rep.Rate.Rows < 300 || rep.Idle == nil {
 		t.Fatalf("report %+v", rep)
 	}
+	// A seeded row waits for the drain: its delivery lag is not zero.
+	if rep.Drain.LagP50 <= 0 || rep.Drain.LagP99 < rep.Drain.LagP50 {
+		t.Fatalf("drain lag p50 %v ms, p99 %v ms", rep.Drain.LagP50, rep.Drain.LagP99)
+	}
 	// Every message was read back from the stream; a row is acknowledged
 	// before it is settled (both clocks in milliseconds, hence the 1 ms).
 	if rep.Rate.Checkpoint == nil || *rep.Rate.Checkpoint != 1000 {
@@ -941,6 +946,38 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	if rep.Rate.WriterP50 <= 0 || rep.Rate.WriterMax < rep.Rate.WriterP50 {
 		t.Fatalf("writer's transactions: p50 %v µs, max %v µs", rep.Rate.WriterP50, rep.Rate.WriterMax)
+	}
+}
+
+// TestBenchAgainstAServer: with --nats-url the bench measures on that
+// server, touches none of its streams, and removes its own.
+func TestBenchAgainstAServer(t *testing.T) {
+	bin := buildBinary(t)
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "APP", Subjects: []string{"app.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "bench", "--rows", "500", "--ceiling-in-flight", "500", "--nats-url", n.URL(), "--json").Output()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	var rep struct {
+		Ceiling float64 `json:"ceiling_rows_per_second"`
+		Drain   struct {
+			Rows int `json:"rows"`
+		} `json:"drain"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil || rep.Ceiling <= 0 || rep.Drain.Rows != 500 {
+		t.Fatalf("report %+v (%v)\n%s", rep, err, out)
+	}
+	var names []string
+	for name := range js.StreamNames(ctx).Name() {
+		names = append(names, name)
+	}
+	if len(names) != 1 || names[0] != "APP" {
+		t.Fatalf("streams after the bench: %v; want only the application's APP", names)
 	}
 }
 
