@@ -947,6 +947,19 @@ func TestBenchSmoke(t *testing.T) {
 	if rep.Rate.WriterP50 <= 0 || rep.Rate.WriterMax < rep.Rate.WriterP50 {
 		t.Fatalf("writer's transactions: p50 %v µs, max %v µs", rep.Rate.WriterP50, rep.Rate.WriterMax)
 	}
+	// The same report for people: every measurement has its line.
+	var full benchReport
+	if err := json.Unmarshal(out, &full); err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	printBench(&cli{stdout: &text}, &full)
+	for _, want := range []string{"ceiling,  500 in flight", "ceiling (best)", "relay drain", "lag p50", "CPU", "peak RSS",
+		"drain / ceiling", "drain, 5000 done rows", "with done / empty", "200 rows/s offered", "commit to PubAck", "writer, due to committed", "idle CPU"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the printed report lacks %q:\n%s", want, text.String())
+		}
+	}
 }
 
 // TestBenchAgainstAServer: with --nats-url the bench measures on that
