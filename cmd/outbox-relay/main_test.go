@@ -417,8 +417,9 @@ func TestDemoRuns(t *testing.T) {
 
 // TestReadmeRecipes keeps the README's promises to a new user: it opens
 // with the two commands (the embedded demo and the test suite), .ci/run
-// runs that test command, and the sidecar recipes and the operator's
-// checklist are there.
+// runs that test command, the sidecar recipes and the operator's
+// checklist are there, and so are the performance targets with the bench
+// command that measured them.
 func TestReadmeRecipes(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -436,7 +437,12 @@ func TestReadmeRecipes(t *testing.T) {
 		t.Error(".ci/run does not run the README's test command")
 	}
 	for _, want := range []string{"## Running it beside your application", "### Operator's checklist", "### docker compose",
-		"deploy/docker-compose.yml", "### systemd", "systemctl enable --now outbox-relay", "Same host, local filesystem", "WAL mode", "Backups"} {
+		"deploy/docker-compose.yml", "### systemd", "systemctl enable --now outbox-relay", "Same host, local filesystem", "WAL mode", "Backups",
+		// Issue 7's targets, each with what bench measured, and the command.
+		"## Performance", "go run ./cmd/outbox-relay bench --done-rows 1000000 --rate 1000 --duration 30s --idle 60s",
+		"| drain throughput ≥ 0.8 × the ceiling |", "| commit-to-PubAck lag at 1,000 rows/s offered: p99 ≤ 10 ms |",
+		"| idle CPU ≤ 1% of one core over 60 s |", "| drain with 1,000,000 `done` rows ≥ 0.9 × empty table |",
+		"| peak RSS ≤ 64 MiB draining a 1,000,000-row backlog |"} {
 		if !strings.Contains(string(readme), want) {
 			t.Errorf("README lacks %q", want)
 		}
