@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -66,15 +67,16 @@ func (c *cli) statusCommand() *cobra.Command {
 			}
 			w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "database\t%s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
-			var counts []string
-			for _, status := range event.Statuses {
-				counts = append(counts, fmt.Sprintf("%s %d", status, st.Rows[status]))
+			fmt.Fprintf(w, "rows\t%s\n", rowCounts(st.Rows))
+			pending := fmt.Sprintf("due %d   scheduled %d", st.PendingDue, st.PendingScheduled)
+			if st.PendingNeverClaimed > 0 {
+				pending += fmt.Sprintf("   never claimed %d (available_at is NULL or not a number: the relay never takes these rows)", st.PendingNeverClaimed)
 			}
-			fmt.Fprintf(w, "rows\t%s\n", strings.Join(counts, "   "))
+			fmt.Fprintf(w, "pending\t%s\n", pending)
 			if st.OldestPending.IsZero() {
-				fmt.Fprintf(w, "oldest pending\tnone\n")
+				fmt.Fprintf(w, "oldest pending\tnone due\n")
 			} else {
-				fmt.Fprintf(w, "oldest pending\t%s old (created %s)\n", roundAge(age), st.OldestPending.UTC().Format(time.RFC3339))
+				fmt.Fprintf(w, "oldest pending\t%s waiting since it became due (%s)\n", roundAge(age), st.OldestPending.UTC().Format(time.RFC3339))
 			}
 			fmt.Fprintf(w, "relays\t%d\n", len(st.Relays))
 			for _, r := range st.Relays {
@@ -93,6 +95,32 @@ func (c *cli) statusCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
 	cmd.Flags().IntVar(&last, "last", 5, "how many recent dead letters to show")
 	return cmd
+}
+
+// rowCounts lists the rows per status in lifecycle order, then the rows
+// whose status the relay does not know (another writer's) as "other", each
+// named.
+func rowCounts(rows map[event.Status]int64) string {
+	var counts, others []string
+	var other int64
+	for _, status := range event.Statuses {
+		counts = append(counts, fmt.Sprintf("%s %d", status, rows[status]))
+	}
+	for status, n := range rows {
+		if !slices.Contains(event.Statuses, status) {
+			other += n
+			name := strconv.Quote(string(status))
+			if status == claim.NullStatus {
+				name = "NULL"
+			}
+			others = append(others, fmt.Sprintf("%s %d", name, n))
+		}
+	}
+	if other > 0 {
+		slices.Sort(others)
+		counts = append(counts, fmt.Sprintf("other %d (%s)", other, strings.Join(others, ", ")))
+	}
+	return strings.Join(counts, "   ")
 }
 
 func roundAge(seconds float64) string {
@@ -186,13 +214,18 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 			if all == (len(args) > 0) {
 				return usagef("dead-letters retry: give --all or row ids, not both or neither")
 			}
+			// Each id once: a repeated id is one row, requeued at most once.
 			var ids []int64
+			seen := map[int64]bool{}
 			for _, a := range args {
 				id, err := strconv.ParseInt(a, 10, 64)
 				if err != nil {
 					return usagef("dead-letters retry: %q is not a row id", a)
 				}
-				ids = append(ids, id)
+				if !seen[id] {
+					seen[id] = true
+					ids = append(ids, id)
+				}
 			}
 			ctx := context.Background()
 			s, _, err := c.openStore(ctx, false)

@@ -44,15 +44,29 @@ type Exhausted struct {
 
 // Status is the outbox at a glance.
 type Status struct {
-	Rows              map[event.Status]int64 `json:"rows"`
-	OldestPending     time.Time              `json:"oldest_pending_created_at,omitzero"`
-	LastDeadLetters   []DeadLetter           `json:"last_dead_letters"`
-	Relays            []Instance             `json:"relays"`
-	ConsumerExhausted int64                  `json:"consumer_exhausted"`
+	// Rows counts rows per status, including statuses the relay does not
+	// know (written by someone else); a NULL status counts as "(null)".
+	Rows map[event.Status]int64 `json:"rows"`
+	// Of the pending rows: due now, scheduled for later, and never
+	// claimed because their available_at is NULL or not a number.
+	PendingDue          int64 `json:"pending_due"`
+	PendingScheduled    int64 `json:"pending_scheduled"`
+	PendingNeverClaimed int64 `json:"pending_never_claimed"`
+	// OldestPending is when the longest-waiting due row became due (see
+	// Backlog); zero when no row is due.
+	OldestPending     time.Time    `json:"oldest_pending_due_at,omitzero"`
+	LastDeadLetters   []DeadLetter `json:"last_dead_letters"`
+	Relays            []Instance   `json:"relays"`
+	ConsumerExhausted int64        `json:"consumer_exhausted"`
 }
 
+// NullStatus is the key Status.Rows counts rows with a NULL status under.
+const NullStatus event.Status = "(null)"
+
 // Status reads the outbox's state in one short read transaction, so it is
-// consistent and safe while relays and the application write.
+// consistent and safe while relays and the application write. Values of a
+// foreign shape (a text created_at, a NULL status) are counted or read as
+// well as they can be, never an error.
 func (s *Store) Status(ctx context.Context, lastDead int) (Status, error) {
 	st := Status{Rows: map[event.Status]int64{}}
 	tx, err := s.read.BeginTx(ctx, nil)
@@ -63,22 +77,35 @@ func (s *Store) Status(ctx context.Context, lastDead int) (Status, error) {
 	for _, status := range event.Statuses {
 		st.Rows[status] = 0
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT status, count(*) FROM `+s.table+` GROUP BY status`)
+	rows, err := tx.QueryContext(ctx, `SELECT CAST(status AS TEXT), count(*) FROM `+s.table+` GROUP BY 1`)
 	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	for rows.Next() {
-		var status string
+		var status sql.NullString
 		var n int64
 		if err := rows.Scan(&status, &n); err != nil {
 			rows.Close()
 			return st, fmt.Errorf("read status: %w", err)
 		}
-		st.Rows[event.Status(status)] = n
+		key := NullStatus
+		if status.Valid {
+			key = event.Status(status.String)
+		}
+		st.Rows[key] += n
 	}
 	rows.Close()
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	now := time.Now().UnixMilli()
 	var oldest sql.NullInt64
-	if err := tx.QueryRowContext(ctx, `SELECT created_at FROM `+s.table+` WHERE status = 'pending' ORDER BY id LIMIT 1`).Scan(&oldest); err != nil && err != sql.ErrNoRows {
+	if err := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT
+	(SELECT count(*) FROM %[1]s WHERE %[2]s),
+	(SELECT count(*) FROM %[1]s WHERE status = 'pending' AND typeof(available_at) IN ('integer', 'real') AND available_at > ?1),
+	(SELECT count(*) FROM %[1]s WHERE %[3]s),
+	(%[4]s)`, s.table, dueRow, neverDue, oldestDueSQL(s.table)), now).
+		Scan(&st.PendingDue, &st.PendingScheduled, &st.PendingNeverClaimed, &oldest); err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	if oldest.Valid {
@@ -102,7 +129,10 @@ func (s *Store) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error
 }
 
 func deadLetters(ctx context.Context, q querier, table string, limit int) ([]DeadLetter, error) {
-	rows, err := q.QueryContext(ctx, `SELECT id, coalesce(event_id, ''), event_type, attempts, coalesce(last_error, ''), coalesce(processed_at, 0)
+	// A foreign writer's values (a text processed_at, a NULL event_type) are
+	// read as well as they can be rather than failing the listing.
+	rows, err := q.QueryContext(ctx, `SELECT id, coalesce(CAST(event_id AS TEXT), ''), coalesce(CAST(event_type AS TEXT), ''), coalesce(CAST(attempts AS INTEGER), 0),
+	coalesce(CAST(last_error AS TEXT), ''), coalesce(`+msSQL("processed_at")+`, 0)
 FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"bytes"
+	"database/sql"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// statusJSON runs status --json and decodes what the tests look at.
+func statusJSON(t *testing.T, path string) (st struct {
+	Rows         map[string]int64 `json:"rows"`
+	Due          int64            `json:"pending_due"`
+	Scheduled    int64            `json:"pending_scheduled"`
+	NeverClaimed int64            `json:"pending_never_claimed"`
+	OldestAge    float64          `json:"oldest_pending_age_seconds"`
+	LastDead     []struct {
+		ID        int64  `json:"id"`
+		Processed string `json:"processed_at"`
+	} `json:"last_dead_letters"`
+}) {
+	t.Helper()
+	code, out, errOut := runCLI(t, "status", "--database-path", path, "--json")
+	if code != 0 {
+		t.Fatalf("status --json: exit %d\n%s", code, errOut)
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return st
+}
+
+// statusText runs status and returns its output.
+func statusText(t *testing.T, path string) string {
+	t.Helper()
+	code, out, errOut := runCLI(t, "status", "--database-path", path)
+	if code != 0 {
+		t.Fatalf("status: exit %d\n%s", code, errOut)
+	}
+	return out
+}
+
+// TestStatusAgesFromWhenRowsBecameDue: an event scheduled an hour ahead,
+// inserted two hours ago, is not a stuck backlog; the age is that of the
+// due row, counted from when it became due, and the scheduled row is
+// shown apart.
+func TestStatusAgesFromWhenRowsBecameDue(t *testing.T) {
+	path := testenv.NewDB(t)
+	db := testenv.AppDB(t, path)
+	now := time.Now()
+	due := now.Add(-10 * time.Minute).UnixMilli()
+	for _, args := range [][]any{
+		{1, now.Add(-2 * time.Hour).UnixMilli(), now.Add(time.Hour).UnixMilli()},
+		{2, now.Add(-3 * time.Hour).UnixMilli(), due},
+	} {
+		if _, err := db.Exec(`INSERT INTO event_queue (id, event_id, event_type, payload, created_at, available_at) VALUES (?, ?, 'A', 'x', ?, ?)`,
+			args[0], args[0], args[1], args[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := statusJSON(t, path)
+	if st.Rows["pending"] != 2 || st.Due != 1 || st.Scheduled != 1 || st.NeverClaimed != 0 {
+		t.Errorf("status %+v, want 2 pending: 1 due, 1 scheduled", st)
+	}
+	if age := time.Since(time.UnixMilli(due)).Seconds(); st.OldestAge < 600 || st.OldestAge > age {
+		t.Errorf("oldest pending age %.1fs, want the due row's 10 minutes", st.OldestAge)
+	}
+	out := statusText(t, path)
+	for _, want := range []string{"due 1   scheduled 1\n", "waiting since it became due (" + time.UnixMilli(due).UTC().Format(time.RFC3339) + ")"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not say %q:\n%s", want, out)
+		}
+	}
+
+	if _, err := db.Exec(`DELETE FROM event_queue WHERE id = 2`); err != nil {
+		t.Fatal(err)
+	}
+	if st := statusJSON(t, path); st.OldestAge != 0 || st.Scheduled != 1 {
+		t.Errorf("only a scheduled row: %+v, want no age", st)
+	}
+	if out := statusText(t, path); !strings.Contains(out, "none due") {
+		t.Errorf("only a scheduled row:\n%s", out)
+	}
+}
+
+// TestStatusReadsForeignRows: rows a legacy writer left (a created_at in
+// CURRENT_TIMESTAMP's text, a NULL available_at, a text processed_at) do
+// not make status fail; the text time counts as the UTC time it names, and
+// the rows the relay never claims are counted and said to be so.
+func TestStatusReadsForeignRows(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := testenv.AppDB(t, path)
+	// A legacy outbox whose available_at may be NULL, migrated before the
+	// foreign rows arrive.
+	if _, err := db.Exec(`CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB NOT NULL,
+		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, available_at INTEGER,
+		created_at INTEGER NOT NULL DEFAULT 0, processed_at INTEGER, last_error TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := runCLI(t, "migrate", "--database-path", path); code != 0 {
+		t.Fatalf("migrate: %d %s", code, errOut)
+	}
+	for _, q := range []string{
+		`INSERT INTO event_queue (id, event_id, event_type, payload, created_at, available_at) VALUES (1, 'e1', 'A', 'x', '2024-05-01 10:00:00', 0)`,
+		`INSERT INTO event_queue (id, event_id, event_type, payload, created_at, available_at) VALUES (2, 'e2', 'A', 'x', 1000, NULL)`,
+		`INSERT INTO event_queue (id, event_id, event_type, payload, created_at, available_at) VALUES (3, 'e3', 'A', 'x', 'whenever', '2024-05-01 10:00:00')`,
+		`INSERT INTO event_queue (id, event_id, event_type, payload, status, processed_at, last_error) VALUES (4, 'e4', 'A', 'x', 'dead_lettered', '2024-05-02 00:00:00', 'gone')`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := statusJSON(t, path)
+	if st.Rows["pending"] != 3 || st.Due != 1 || st.Scheduled != 0 || st.NeverClaimed != 2 {
+		t.Errorf("status %+v, want 3 pending: 1 due, 2 never claimed", st)
+	}
+	if want := time.Since(time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)).Seconds(); st.OldestAge < want-60 || st.OldestAge > want {
+		t.Errorf("oldest pending age %.0fs, want %.0fs (since 2024-05-01 10:00 UTC)", st.OldestAge, want)
+	}
+	if len(st.LastDead) != 1 || st.LastDead[0].Processed != "2024-05-02T00:00:00Z" {
+		t.Errorf("last dead letters %+v, want row 4 processed 2024-05-02T00:00:00Z", st.LastDead)
+	}
+	out := statusText(t, path)
+	for _, want := range []string{
+		"never claimed 2 (available_at is NULL or not a number",
+		"waiting since it became due (2024-05-01T10:00:00Z)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not say %q:\n%s", want, out)
+		}
+	}
+	if code, out, errOut := runCLI(t, "dead-letters", "list", "--database-path", path); code != 0 || !strings.Contains(out, "2024-05-02T00:00:00Z") {
+		t.Errorf("dead-letters list: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// TestStatusCountsUnknownStatuses: rows another writer gave a status the
+// relay does not know are shown as other, by name, not hidden.
+func TestStatusCountsUnknownStatuses(t *testing.T) {
+	path, db := preparedDB(t)
+	for _, q := range []string{
+		`INSERT INTO event_queue (event_id, event_type, payload, status) VALUES ('w1', 'A', 'x', 'weird')`,
+		`INSERT INTO event_queue (event_id, event_type, payload, status) VALUES ('q1', 'A', 'x', 'queued')`,
+		`INSERT INTO event_queue (event_id, event_type, payload, status) VALUES ('q2', 'A', 'x', 'queued')`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := `pending 1   processing 1   done 1   dead_lettered 2   other 3 ("queued" 2, "weird" 1)`
+	if out := statusText(t, path); !strings.Contains(out, want) {
+		t.Errorf("status does not say %q:\n%s", want, out)
+	}
+	if st := statusJSON(t, path); st.Rows["weird"] != 1 || st.Rows["queued"] != 2 {
+		t.Errorf("status --json rows %v", st.Rows)
+	}
+}
+
+// TestRetryCountsEachIDOnce: an id given three times is one row; only ids
+// that are really not dead-lettered are reported as such.
+func TestRetryCountsEachIDOnce(t *testing.T) {
+	path, db := preparedDB(t)
+	code, out, errOut := runCLI(t, "dead-letters", "retry", "--database-path", path, "2", "2", "2")
+	if code != 0 || out != "requeued 1 dead-lettered row(s)\n" {
+		t.Errorf("retry 2 2 2: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "dead-letters", "retry", "--database-path", path, "3", "2", "3", "99", "2")
+	if code != 0 || out != "requeued 1 dead-lettered row(s)\n2 of the ids given were not dead-lettered and were left alone\n" {
+		t.Errorf("retry 3 2 3 99 2: exit %d\n%s%s", code, out, errOut)
+	}
+	if c := testenv.Counts(t, db); c["dead_lettered"] != 0 || c["pending"] != 3 {
+		t.Errorf("after the retries: %v", c)
+	}
+}
+
+// TestReadOnlyCommandsLeaveTheFileAlone: status and dead-letters list on a
+// database in rollback-journal mode leave it exactly as it was: same
+// bytes, same modification time, still journal_mode delete, no -wal,
+// -shm or -journal beside it.
+func TestReadOnlyCommandsLeaveTheFileAlone(t *testing.T) {
+	path, app := preparedDB(t)
+	app.Close()
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`PRAGMA journal_mode = DELETE`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	journalMode := func() string {
+		db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		var mode string
+		if err := db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil {
+			t.Fatal(err)
+		}
+		return mode
+	}
+	if m := journalMode(); m != "delete" {
+		t.Fatalf("journal_mode %s before the commands", m)
+	}
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"status"}, {"status", "--json"}, {"dead-letters", "list"}, {"dead-letters", "list", "--consumer"}} {
+		if code, _, errOut := runCLI(t, append(args, "--database-path", path)...); code != 0 {
+			t.Fatalf("%s: exit %d\n%s", strings.Join(args, " "), code, errOut)
+		}
+		after, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fa, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(after, before) || !fa.ModTime().Equal(fi.ModTime()) {
+			t.Errorf("%s changed the database file", strings.Join(args, " "))
+		}
+		for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+			if _, err := os.Stat(path + suffix); err == nil {
+				t.Errorf("%s left a %s file", strings.Join(args, " "), suffix)
+			}
+		}
+		if m := journalMode(); m != "delete" {
+			t.Errorf("%s switched journal_mode to %s", strings.Join(args, " "), m)
+		}
+	}
+}
