@@ -6,18 +6,23 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"net"
 	"net/url"
+	"os"
 	"reflect"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
@@ -224,6 +229,23 @@ func Keys() []Key {
 	return keys
 }
 
+// sections lists the dotted names of the sections (database, nats.tls, ...).
+func sections() map[string]bool {
+	out := map[string]bool{}
+	var walk func(t reflect.Type, prefix string)
+	walk = func(t reflect.Type, prefix string) {
+		for i := 0; i < t.NumField(); i++ {
+			if f := t.Field(i); f.Type.Kind() == reflect.Struct {
+				name := prefix + f.Tag.Get("mapstructure")
+				out[name] = true
+				walk(f.Type, name+".")
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}), "")
+	return out
+}
+
 // EnvName returns the environment variable of a dotted key.
 func EnvName(key string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
@@ -287,20 +309,15 @@ func Load(file string, fs *pflag.FlagSet, environ []string) (Config, error) {
 		v.SetDefault(k.Name, k.Default)
 	}
 	if file != "" {
-		v.SetConfigFile(file)
-		v.SetConfigType("yaml")
-		if err := v.ReadInConfig(); err != nil {
+		m, err := readFile(file)
+		if err != nil {
+			return Config{}, err
+		}
+		if err := v.MergeConfigMap(m); err != nil {
 			return Config{}, configErr("read config file %s: %w", file, err)
 		}
-		var unknown []string
-		for _, k := range v.AllKeys() {
-			if !known[k] && v.InConfig(k) {
-				unknown = append(unknown, k)
-			}
-		}
-		if len(unknown) > 0 {
-			sort.Strings(unknown)
-			return Config{}, configErr("unknown config key %s in %s", strings.Join(unknown, ", "), file)
+		if err := checkFileKeys(v, known, file); err != nil {
+			return Config{}, err
 		}
 	}
 	env := map[string]string{}
@@ -341,16 +358,130 @@ func Load(file string, fs *pflag.FlagSet, environ []string) (Config, error) {
 	var c Config
 	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
 		strictDurationHook,
+		strictIntHook,
 		mapstructure.StringToTimeDurationHookFunc(),
 		mapstructure.StringToSliceHookFunc(","),
 	)))
 	if err != nil {
-		return Config{}, configErr("invalid configuration: %s", decodeMessage(err))
+		return Config{}, configErr("%s", decodeMessage(err))
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, &Error{Err: err}
 	}
 	return c, nil
+}
+
+// readFile reads the YAML file for viper. A section written with nothing
+// under it (YAML null) is left out, as if absent: viper would otherwise take
+// the null for the whole section and, once the environment or a flag sets
+// one of its keys, lose the defaults of the others. An integer key keeps its
+// text as written, so that the decoder can refuse 1.5 and report
+// 99999999999999999999 as it stands instead of a float's wrapped-around
+// conversion.
+func readFile(file string) (map[string]any, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, configErr("read config file %s: %w", file, err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, configErr("read config file %s: %s", file, oneLine(err.Error()))
+	}
+	m := map[string]any{}
+	if len(doc.Content) == 0 {
+		return m, nil // empty file
+	}
+	root := doc.Content[0]
+	if isNull(root) {
+		return m, nil
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, configErr("read config file %s: the top level must be sections such as database: and nats:", file)
+	}
+	if err := root.Decode(&m); err != nil {
+		return nil, configErr("read config file %s: %s", file, oneLine(err.Error()))
+	}
+	ints := map[string]bool{}
+	for _, k := range Keys() {
+		if k.Type.Kind() == reflect.Int {
+			ints[k.Name] = true
+		}
+	}
+	prepareFile(root, m, "", sections(), ints)
+	return m, nil
+}
+
+// prepareFile drops the null sections of the mapping node and its decoded
+// form m, and puts back the text of integer keys (see readFile).
+func prepareFile(node *yaml.Node, m map[string]any, prefix string, sections, ints map[string]bool) {
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		key, val := node.Content[i], node.Content[i+1]
+		if val.Kind == yaml.AliasNode && val.Alias != nil {
+			val = val.Alias
+		}
+		name := prefix + strings.ToLower(key.Value)
+		switch {
+		case sections[name] && isNull(val):
+			delete(m, key.Value)
+		case sections[name] && val.Kind == yaml.MappingNode:
+			if sub, ok := m[key.Value].(map[string]any); ok {
+				prepareFile(val, sub, name+".", sections, ints)
+			}
+		case ints[name] && val.Kind == yaml.ScalarNode && !isNull(val):
+			m[key.Value] = val.Value
+		}
+	}
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+// checkFileKeys refuses keys of the file that are not configuration keys,
+// and values of the wrong shape: keys under a key that takes a value (not
+// shown: under nats.password they could be the password), a value where a
+// section belongs.
+func checkFileKeys(v *viper.Viper, known map[string]bool, file string) error {
+	secs := sections()
+	var unknown []string
+	shape := map[string]string{}
+	for _, k := range v.AllKeys() {
+		if known[k] || !v.InConfig(k) {
+			continue
+		}
+		if secs[k] {
+			shape[k] = fmt.Sprintf("%s: must be a section with keys under it, not a single value (in %s)", k, file)
+			continue
+		}
+		if leaf := knownPrefix(k, known); leaf != "" {
+			shape[leaf] = fmt.Sprintf("%s: takes a value, not keys under it (in %s)", leaf, file)
+			continue
+		}
+		unknown = append(unknown, k)
+	}
+	var msgs []string
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		msgs = append(msgs, fmt.Sprintf("unknown config key %s in %s", strings.Join(unknown, ", "), file))
+	}
+	for _, k := range slices.Sorted(maps.Keys(shape)) {
+		msgs = append(msgs, shape[k])
+	}
+	if len(msgs) > 0 {
+		return configErr("%s", strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// knownPrefix returns the configuration key that the dotted name k lies
+// under (nats.password for nats.password.x), or "".
+func knownPrefix(k string, known map[string]bool) string {
+	for i := strings.LastIndex(k, "."); i > 0; i = strings.LastIndex(k[:i], ".") {
+		if known[k[:i]] {
+			return k[:i]
+		}
+	}
+	return ""
 }
 
 // serviceLink reports whether name is one of the variables Kubernetes
@@ -395,10 +526,95 @@ func strictDurationHook(from, to reflect.Type, data any) (any, error) {
 	return data, nil
 }
 
-// decodeMessage flattens mapstructure's multi-line error into one line.
+var intType = reflect.TypeOf(0)
+
+// strictIntHook refuses what is not an integer as written (1.5, 1e3, true)
+// and reports a number out of range as it was written: the decoder would
+// truncate the one and wrap the other around to a negative number.
+func strictIntHook(from, to reflect.Type, data any) (any, error) {
+	if to != intType {
+		return data, nil
+	}
+	v := reflect.ValueOf(data)
+	switch from.Kind() {
+	case reflect.String:
+		s := v.String()
+		n, err := strconv.ParseInt(s, 0, strconv.IntSize)
+		switch {
+		case errors.Is(err, strconv.ErrRange) && strings.HasPrefix(s, "-"):
+			return nil, fmt.Errorf("%s is out of range (at least %d)", s, math.MinInt)
+		case errors.Is(err, strconv.ErrRange):
+			return nil, fmt.Errorf("%s is out of range (at most %d)", s, math.MaxInt)
+		case err != nil:
+			return nil, fmt.Errorf("%q is not an integer", s)
+		}
+		return int(n), nil
+	case reflect.Float32, reflect.Float64:
+		f := v.Float()
+		switch {
+		case f != math.Trunc(f) || math.IsInf(f, 0):
+			return nil, fmt.Errorf("%v is not an integer", data)
+		case f < math.MinInt || f >= math.MaxInt:
+			return nil, fmt.Errorf("%v is out of range (between %d and %d)", data, math.MinInt, math.MaxInt)
+		}
+		return int(f), nil
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		if v.Uint() > math.MaxInt {
+			return nil, fmt.Errorf("%d is out of range (at most %d)", v.Uint(), math.MaxInt)
+		}
+		return int(v.Uint()), nil
+	case reflect.Bool:
+		return nil, fmt.Errorf("%v is not an integer", data)
+	}
+	return data, nil
+}
+
+// decodeMessage turns mapstructure's errors into one line of
+// "key: what is wrong". The value of a key that holds a secret (or a URL,
+// which may hold one) is never shown.
 func decodeMessage(err error) string {
-	msg := err.Error()
-	msg = strings.TrimPrefix(msg, "decoding failed due to the following error(s):")
+	var parts []string
+	var walk func(err error)
+	walk = func(err error) {
+		// Descend through joins, nested decode errors and the wrapper
+		// mapstructure puts around several errors.
+		var inner error
+		switch e := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, x := range e.Unwrap() {
+				walk(x)
+			}
+			return
+		case *mapstructure.DecodeError:
+			inner = e.Unwrap()
+		default:
+			inner = errors.Unwrap(err)
+		}
+		switch inner.(type) {
+		case *mapstructure.DecodeError, interface{ Unwrap() []error }:
+			walk(inner)
+			return
+		}
+		de, ok := err.(*mapstructure.DecodeError)
+		switch {
+		case !ok:
+			parts = append(parts, oneLine(err.Error()))
+		case de.Name() == "nats.url":
+			parts = append(parts, "nats.url: must be a string (servers separated by commas)")
+		case Secret(de.Name()):
+			parts = append(parts, de.Name()+": must be a string")
+		case inner == nil:
+			parts = append(parts, oneLine(err.Error()))
+		default:
+			parts = append(parts, de.Name()+": "+oneLine(inner.Error()))
+		}
+	}
+	walk(err)
+	return strings.Join(parts, "; ")
+}
+
+// oneLine joins the lines of a message with "; ".
+func oneLine(msg string) string {
 	var parts []string
 	for _, line := range strings.Split(msg, "\n") {
 		if line = strings.TrimSpace(line); line != "" {
@@ -424,6 +640,8 @@ func (c *Config) Validate() error {
 	}
 	if !identRe.MatchString(c.Database.Table) {
 		bad("database.table", "%q is not a plain SQL identifier (letters, digits, underscore)", c.Database.Table)
+	} else if sqlKeyword(c.Database.Table) {
+		bad("database.table", "%q is an SQL keyword, and the table name goes into SQL unquoted: choose another name", c.Database.Table)
 	}
 	if c.Database.BusyTimeout < time.Millisecond {
 		bad("database.busy_timeout", "%v: must be at least 1ms (0 fails every write the application's lock delays)", c.Database.BusyTimeout)
@@ -554,29 +772,53 @@ func validateServerURL(s string) error {
 	return fmt.Errorf("%q: scheme %q is not one of nats, tls, ws, wss", RedactURLs(s), u.Scheme)
 }
 
+// mask replaces a credential in RedactURLs' output.
+const mask = "xxxxx"
+
+var schemeRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
+
 // RedactURLs hides passwords and tokens embedded in (comma-separated)
-// server URLs, for logs and errors.
+// server URLs, for logs and errors. It reads the text rather than parsing
+// it, so that it also masks what url.Parse refuses or reads otherwise
+// (u:pw@host without a scheme, nats:u:pw@host, bad %-escapes, spaces): in
+// each URL everything before the last '@' after the scheme is user
+// information. Only the user name of "scheme://user:password@" is kept; a
+// user part without a password is a token. A port that is not a number
+// (what is left of a password cut at an unescaped comma) is masked too.
 func RedactURLs(urls string) string {
 	parts := strings.Split(urls, ",")
 	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
-			if j := strings.LastIndex(p, "@"); j >= 0 {
-				parts[i] = "xxxxx@" + p[j+1:]
-			}
-			continue
-		}
-		if u.User == nil {
-			continue
-		}
-		if _, hasPass := u.User.Password(); hasPass {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		} else {
-			u.User = url.User("xxxxx") // a bare user part is a token
-		}
-		parts[i] = u.String()
+		parts[i] = redactURL(p)
 	}
 	return strings.Join(parts, ",")
+}
+
+func redactURL(p string) string {
+	start := 0 // where the user information or host begins
+	scheme := false
+	if i := strings.Index(p, "://"); i >= 0 && schemeRe.MatchString(strings.TrimSpace(p[:i])) {
+		start, scheme = i+3, true
+	}
+	if at := strings.LastIndex(p, "@"); at >= 0 {
+		if at < start { // an '@' before "://": no telling where it began
+			start, scheme = 0, false
+		}
+		user, _, hasPass := strings.Cut(p[start:at], ":")
+		if scheme && hasPass && user != "" {
+			return p[:start] + user + ":" + mask + p[at:]
+		}
+		return p[:start] + mask + p[at:]
+	}
+	host := p[start:]
+	if end := strings.IndexAny(host, "/?#"); end >= 0 {
+		host = host[:end]
+	}
+	if colon := strings.LastIndex(host, ":"); colon >= 0 && colon > strings.LastIndex(host, "]") {
+		if port := strings.TrimSpace(host[colon+1:]); strings.Trim(port, "0123456789") != "" {
+			return p[:start+colon+1] + mask
+		}
+	}
+	return p
 }
 
 // validateFilter checks a stream subject, where wildcards are allowed.
