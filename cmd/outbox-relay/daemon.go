@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -81,9 +82,11 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		a.natsURL = a.embedded.URL()
 		log.Info("started embedded jetstream server", zap.String("url", a.natsURL), zap.String("store_dir", dir))
 	}
+	// The store and the loop share one clock that never steps back.
+	clock := event.NewClock(nil)
 	if a.store, err = claim.Open(ctx, claim.Options{
 		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.createDB,
-		OwnCheckpoints: true,
+		OwnCheckpoints: true, Clock: clock,
 	}); err != nil {
 		return nil, err
 	}
@@ -122,6 +125,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		RetainDone:            cfg.Retention.Done,
 		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
 		Ready:                 a.brokerReady,
+		Clock:                 clock,
 		Metrics:               a.metrics,
 		Log:                   log.Named("relay"),
 	})
@@ -141,6 +145,12 @@ func applySchema(ctx context.Context, s *claim.Store, mode string, log *zap.Logg
 		}
 	case config.SchemaVerify:
 		return s.Verify(ctx)
+	case config.SchemaOff:
+		// Nothing is checked, but a missing table would never heal by
+		// waiting: the relay would only retry.
+		if err := s.TableExists(ctx); err != nil {
+			return fmt.Errorf("%w (schema.mode is off, so the relay does not create it: create it, or use schema.mode auto)", err)
+		}
 	}
 	return nil
 }
@@ -191,6 +201,11 @@ func (a *app) syncOptions() streamsync.Options {
 // stream takes the relay's subjects. The reason names the part that is not.
 func (a *app) ready(ctx context.Context) error {
 	if err := a.store.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if err := a.relay.DatabaseError(); err != nil && !errors.Is(err, event.ErrBusy) {
+		// A lock held by the application passes; anything else (a dropped
+		// table, a file that turned read-only) does not heal by waiting.
 		return fmt.Errorf("database: %w", err)
 	}
 	if err := a.relay.Paused(); err != nil {
@@ -296,12 +311,14 @@ func (a *app) close() {
 	}
 }
 
-// signalContext is cancelled by the first SIGTERM or SIGINT; a second one
-// exits at once (claims are then recovered by the next relay).
+// signalContext is cancelled by the first SIGTERM, SIGINT or SIGHUP (the
+// relay has no configuration reload: a hang-up stops it cleanly, and its
+// supervisor starts it again with the new file); a second one exits at once
+// (claims are then recovered by the next relay).
 func signalContext(log *zap.Logger) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
 		sig, ok := <-ch
 		if !ok {

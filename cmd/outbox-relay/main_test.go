@@ -659,7 +659,7 @@ func preparedDB(t *testing.T) (string, *sql.DB) {
 		`INSERT INTO event_queue (id, event_id, event_type, payload, status, processed_at) VALUES (1, 'e1', 'A', 'x', 'done', 1000)`,
 		`INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, last_error, processed_at) VALUES (2, 'e2', 'Big', 'x', 'dead_lettered', 10, 'nats: API error: code=400 err_code=10054 description=message size exceeds maximum allowed', 2000)`,
 		`INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, last_error, processed_at) VALUES (3, 'e3', 'bad type', 'x', 'dead_lettered', 1, 'event_type "bad type" cannot form a subject: it contains whitespace', 3000)`,
-		`INSERT INTO event_queue (id, event_id, event_type, payload, created_at) VALUES (4, 'e4', 'A', 'x', 5000)`,
+		`INSERT INTO event_queue (id, event_id, event_type, payload, created_at, available_at) VALUES (4, 'e4', 'A', 'x', 5000, 5000)`,
 		`INSERT INTO event_queue (id, event_id, event_type, payload, status, claimed_at, claimed_by) VALUES (5, 'e5', 'A', 'x', 'processing', 6000, 'someone')`,
 	} {
 		if _, err := db.Exec(q); err != nil {

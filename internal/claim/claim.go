@@ -5,10 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	sqlite3 "github.com/mattn/go-sqlite3"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
@@ -26,16 +31,35 @@ const owned = `id = ? AND status = 'processing' AND claimed_at = ? AND claimed_b
 // claim's claimed_at is unique per owner).
 const ofClaim = `status = 'processing' AND claimed_at = ?1 AND claimed_by = ?2`
 
+// dueSQL is true for a pending row whose time has come (param is now in
+// Unix milliseconds). A NULL available_at (a legacy row, or an explicit
+// NULL) means now, and so does a value that is no time: such a row is taken
+// so that it is dealt with (published, or dead-lettered with the reason)
+// instead of waiting unseen forever. SQLite's own date-time text counts as
+// the time it names. An integer available_at, the relay's own, is decided
+// by the first comparison.
+func dueSQL(param string) string {
+	return fmt.Sprintf(`(available_at <= %[1]s OR (typeof(available_at) NOT IN ('integer', 'real') AND coalesce(%[2]s, 0) <= %[1]s))`,
+		param, msSQL("available_at"))
+}
+
 func newQueries(t string) queries {
 	return queries{
-		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND available_at <= ?)`, t),
-		// One statement claims atomically; the subquery walks the pending
-		// index in id order and stops at the limit. event_id is not in the
-		// SET list, so SQLite leaves its unique index alone.
+		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND %s)`, t, dueSQL("?1")),
+		// One statement claims atomically; the innermost subquery walks the
+		// pending index in id order and stops at the limit, and of those
+		// rows the claim takes the ones that begin within the byte budget
+		// (?5; at least one row), so large payloads are never read past it.
+		// event_id is not in the SET list, so SQLite leaves its unique index
+		// alone.
 		claim: fmt.Sprintf(`UPDATE %[1]s SET status = 'processing', claimed_at = ?1, claimed_by = ?2
-WHERE id IN (SELECT id FROM %[1]s WHERE status = 'pending' AND available_at <= ?1 ORDER BY id LIMIT ?3)`, t),
-		assignIDs:    fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE `+ofClaim+` AND event_id IS NULL`, t, uuidSQL),
-		claimed:      fmt.Sprintf(`SELECT id, event_id, event_type, payload, attempts, created_at FROM %s WHERE `+ofClaim+` ORDER BY id`, t),
+WHERE id IN (SELECT id FROM (
+	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
+		SELECT id, length(payload) AS len FROM %[1]s WHERE status = 'pending' AND %[2]s ORDER BY id LIMIT ?3))
+	WHERE before < ?5)`, t, dueSQL("?4")),
+		assignIDs: fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE `+ofClaim+` AND event_id IS NULL`, t, uuidSQL),
+		claimed: fmt.Sprintf(`SELECT id, event_id, event_type, payload, CAST(attempts AS INTEGER),
+	%[2]s, created_at IS NOT NULL, %[3]s, available_at IS NOT NULL FROM %[1]s WHERE `+ofClaim+` ORDER BY id`, t, msSQL("created_at"), msSQL("available_at")),
 		settledAt:    fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
 		releaseClaim: fmt.Sprintf(`UPDATE %s SET status = 'pending', claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
 		doneClaim:    fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?3, claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
@@ -54,23 +78,18 @@ WHERE status = 'processing' AND (
 	}
 }
 
-// claimTime returns the claimed_at of a new claim: the current millisecond,
-// or one more than the previous claim's, so that (claimed_at, owner)
-// identifies one claim.
-func (s *Store) claimTime() int64 {
+// claimTime returns the current millisecond and the claimed_at of a new
+// claim: the current millisecond, or one more than the previous claim's
+// when that is not earlier, so that (claimed_at, owner) identifies one
+// claim. It never waits: a token may run a millisecond or so ahead of the
+// clock, which only lengthens its lease by as much.
+func (s *Store) claimTime() (now, token int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// A second claim in the same millisecond waits for the next one, so
-	// claimed_at never runs ahead of the clock (it is also what available_at
-	// is compared with). At most one claim a millisecond costs nothing: a
-	// claim takes every due row, up to the batch size.
-	now := nowMs()
-	for now <= s.lastClaim {
-		time.Sleep(time.Until(time.UnixMilli(s.lastClaim + 1)))
-		now = nowMs()
-	}
-	s.lastClaim = now
-	return now
+	now = s.nowMs()
+	token = max(now, s.lastClaim+1)
+	s.lastClaim = token
+	return now, token
 }
 
 // claimSize records (n > 0) or takes back (n == 0) how many rows the claim
@@ -87,29 +106,35 @@ func (s *Store) claimSize(at int64, n int) (size int) {
 	return size
 }
 
-// Claim claims up to limit due rows in id order in one short BEGIN
+// Claim claims due rows in id order, up to limit rows and, past the first
+// row, up to maxBytes of payload (0: no byte limit), in one short BEGIN
 // IMMEDIATE transaction: status becomes processing, claimed_at the claim's
 // millisecond (the lease start and, with the owner, the claim's token), and
 // a NULL event_id gets a fresh UUID. The rows are then read through the
-// read-only pool, outside the write lock, and returned in id order.
-func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
+// read-only pool, outside the write lock, and returned in id order. A row
+// whose columns cannot be read as the relay needs them comes back with
+// Problem set, to be dead-lettered alone.
+func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.Row, error) {
+	if maxBytes <= 0 {
+		maxBytes = math.MaxInt64
+	}
 	// Most wake-ups find nothing due (they follow this relay's own
 	// commits): find out with a read, without taking the write lock the
 	// application needs.
 	var due bool
-	if err := s.read.QueryRowContext(context.WithoutCancel(ctx), s.q.due, nowMs()).Scan(&due); err != nil {
+	if err := s.read.QueryRowContext(context.WithoutCancel(ctx), s.q.due, s.nowMs()).Scan(&due); err != nil {
 		return nil, fmt.Errorf("look for due rows: %w", err)
 	}
 	if !due {
 		return nil, nil
 	}
-	at := s.claimTime()
+	now, at := s.claimTime()
 	tx, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
 	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, s.q.claim, at, s.instance, limit)
+	res, err := tx.ExecContext(ctx, s.q.claim, at, s.instance, limit, now, maxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
@@ -136,7 +161,10 @@ func (s *Store) Claim(ctx context.Context, limit int) ([]event.Row, error) {
 	return out, nil
 }
 
-// readClaim reads the rows of the claim at claimed_at, in id order.
+// readClaim reads the rows of the claim at claimed_at, in id order. The
+// columns are read as whatever SQLite holds, so that one row of a foreign
+// shape (a text created_at, say) is reported on that row alone instead of
+// failing the whole claim, which would take the same row first again.
 func (s *Store) readClaim(ctx context.Context, at int64) ([]event.Row, error) {
 	// A context that cannot be cancelled lets go-sqlite3 read each row in
 	// one cgo call; the read is short and holds no lock.
@@ -148,22 +176,65 @@ func (s *Store) readClaim(ctx context.Context, at int64) ([]event.Row, error) {
 	var out []event.Row
 	for rows.Next() {
 		var (
-			r         event.Row
-			eventID   sql.NullString
-			eventType sql.NullString
-			attempts  sql.NullInt64
-			created   sql.NullInt64
+			r                           event.Row
+			eventID, eventType, payload any
+			attempts                    sql.NullInt64
+			created, availAt            sql.NullInt64
+			hasCreated, hasAvailAt      bool
 		)
-		if err := rows.Scan(&r.ID, &eventID, &eventType, &r.Payload, &attempts, &created); err != nil {
+		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt); err != nil {
 			return nil, fmt.Errorf("read claimed rows: %w", err)
 		}
-		r.EventID, r.EventType, r.Attempts, r.CreatedAt, r.ClaimedAt = eventID.String, eventType.String, int(attempts.Int64), created.Int64, at
+		r.ClaimedAt = at
+		r.EventID, r.EventType, r.Payload = text(eventID), text(eventType), blob(payload)
+		r.Attempts = int(max(0, min(attempts.Int64, math.MaxInt32)))
+		// A NULL created_at leaves the claim as the earliest time known.
+		r.CreatedAt = at
+		if created.Valid {
+			r.CreatedAt = created.Int64
+		}
+		var problems []string
+		if hasCreated && !created.Valid {
+			problems = append(problems, "created_at")
+		}
+		if hasAvailAt && !availAt.Valid {
+			problems = append(problems, "available_at")
+		}
+		if len(problems) > 0 {
+			r.Problem = fmt.Sprintf("cannot read the row: %s holds neither Unix milliseconds nor a date and time SQLite writes", strings.Join(problems, " and "))
+		}
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read claimed rows: %w", err)
 	}
 	return out, nil
+}
+
+// text returns a text column's value as the relay publishes it.
+func text(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return fmt.Sprint(v)
+}
+
+// blob returns a payload's bytes as SQLite stores them.
+func blob(v any) []byte {
+	switch v := v.(type) {
+	case nil:
+		return nil
+	case []byte:
+		return v
+	case string:
+		return []byte(v)
+	}
+	return []byte(fmt.Sprint(v))
 }
 
 // Settle writes outcomes in one transaction. Each update is conditioned on
@@ -174,7 +245,7 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 	if len(outs) == 0 {
 		return nil, nil
 	}
-	now := nowMs()
+	now := s.nowMs()
 	tx, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("settle rows: %w", err)
@@ -310,6 +381,7 @@ func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome
 // waited too, and their silence proves nothing until they have had as long
 // again to catch up.
 func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error) {
+	defer func() { err = s.notWritable(err) }()
 	host, _ := os.Hostname()
 	asked := time.Now()
 	tx, err := s.begin(ctx) // BEGIN IMMEDIATE: waits for the lock
@@ -317,7 +389,7 @@ func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	defer tx.Rollback()
-	now := nowMs() // taken with the lock held, so it is not already late
+	now := s.nowMs() // taken with the lock held, so it is not already late
 	heldUp := time.Since(asked) > staleAfter/3 || (!s.lastBeat.IsZero() && time.Since(s.lastBeat) > staleAfter/3)
 	if heldUp || s.beatingSince.IsZero() {
 		s.beatingSince = time.UnixMilli(now)
@@ -349,11 +421,35 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s
 	return reclaimed, nil
 }
 
+// notWritable marks err with event.ErrNotWritable when SQLite says this
+// process may not write the file, naming what the relay needs.
+func (s *Store) notWritable(err error) error {
+	var se sqlite3.Error
+	if !errors.As(err, &se) || (se.Code != sqlite3.ErrReadonly && se.Code != sqlite3.ErrPerm && se.Code != sqlite3.ErrCantOpen) {
+		return err
+	}
+	return fmt.Errorf("%w: %s: %w (the relay runs as uid %d and needs to write the file, its -wal and -shm files and their directory %s)",
+		event.ErrNotWritable, s.path, err, os.Geteuid(), filepath.Dir(s.path))
+}
+
 // Leave removes this instance's heartbeat row; call it after every claim
 // of this instance has been settled.
 func (s *Store) Leave(ctx context.Context) error {
 	if _, err := s.exec(ctx, `DELETE FROM `+InstancesTable+` WHERE instance_id = ?`, s.instance); err != nil {
 		return fmt.Errorf("remove instance: %w", err)
+	}
+	return nil
+}
+
+// TableExists returns an error naming the outbox table when the file has
+// no such table.
+func (s *Store) TableExists(ctx context.Context) error {
+	ok, err := objectExists(ctx, s.read, "table", s.table)
+	if err != nil {
+		return fmt.Errorf("look for table %s: %w", s.table, err)
+	}
+	if !ok {
+		return fmt.Errorf("database %s has no table %s", s.path, s.table)
 	}
 	return nil
 }

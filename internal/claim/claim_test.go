@@ -65,7 +65,7 @@ func claimed(t *testing.T, n int) (*Store, *sql.DB, []event.Row) {
 	s := newStore(t)
 	db := appDB(t, s.Path())
 	insertRows(t, db, n, "pending")
-	rows, err := s.Claim(context.Background(), n)
+	rows, err := s.Claim(context.Background(), n, 0)
 	if err != nil || len(rows) != n {
 		t.Fatal(rows, err)
 	}
@@ -317,7 +317,7 @@ func TestMinimalInsertFromSQLiteShell(t *testing.T) {
 	}
 	t.Logf("sqlite3 shell version %s", strings.TrimSpace(string(out)))
 	after := time.Now().UnixMilli()
-	rows, err := s.Claim(context.Background(), 10)
+	rows, err := s.Claim(context.Background(), 10, 0)
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("claim after shell insert: %v %v", rows, err)
 	}
@@ -366,7 +366,7 @@ func TestMinimalInsertOnOldSQLite(t *testing.T) {
 	if res.Status != "pending" || res.Attempts != 0 || res.CreatedAt < before || res.CreatedAt > after || res.AvailableAt != res.CreatedAt {
 		t.Fatalf("defaults evaluated by SQLite %s: %+v (now in [%d, %d])", res.Version, res, before, after)
 	}
-	rows, err := s.Claim(context.Background(), 10)
+	rows, err := s.Claim(context.Background(), 10, 0)
 	if err != nil || len(rows) != 1 || rows[0].EventType != "CompatChecked" {
 		t.Fatalf("the relay cannot claim the old SQLite's row: %v %v", rows, err)
 	}
@@ -384,7 +384,7 @@ func TestClaimDueRowsInOrder(t *testing.T) {
 	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status) VALUES (5, 'e', 'T', 'p5', 'done')`)
 	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (6, 'f', 'T', 'p6')`)
 
-	rows, err := s.Claim(ctx, 3)
+	rows, err := s.Claim(ctx, 3, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +409,7 @@ func TestClaimDueRowsInOrder(t *testing.T) {
 	if stored != rows[1].EventID || status != "processing" || claimedAt != rows[1].ClaimedAt {
 		t.Fatalf("row 3 stored %q %q %d", stored, status, claimedAt)
 	}
-	rows, err = s.Claim(ctx, 10)
+	rows, err = s.Claim(ctx, 10, 0)
 	if err != nil || len(rows) != 1 || rows[0].ID != 6 {
 		t.Fatalf("second claim %v %v, want row 6 only", rows, err)
 	}
@@ -491,7 +491,7 @@ func BenchmarkClaim(b *testing.B) {
 			ctx := context.Background()
 			b.ResetTimer()
 			for i := 0; i < b.N; i += batch {
-				rows, err := s.Claim(ctx, batch)
+				rows, err := s.Claim(ctx, batch, 0)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -520,7 +520,7 @@ func BenchmarkClaimTrickle(b *testing.B) {
 		time.Sleep(time.Millisecond) // one claim a millisecond at most (claimTime)
 		exec1(b, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Thing', randomblob(256))`, event.NewID())
 		b.StartTimer()
-		rows, err := s.Claim(ctx, 1000)
+		rows, err := s.Claim(ctx, 1000, 0)
 		if err != nil || len(rows) != 1 {
 			b.Fatal(len(rows), err)
 		}
@@ -536,7 +536,7 @@ func BenchmarkSettle(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i += batch {
 		b.StopTimer()
-		rows, err := s.Claim(ctx, batch)
+		rows, err := s.Claim(ctx, batch, 0)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -544,7 +544,7 @@ func BenchmarkSettle(b *testing.B) {
 			if _, err := s.write.Exec(`UPDATE event_queue SET status = 'pending', processed_at = NULL`); err != nil {
 				b.Fatal(err)
 			}
-			if rows, err = s.Claim(ctx, batch); err != nil {
+			if rows, err = s.Claim(ctx, batch, 0); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -622,7 +622,7 @@ func TestStaleClaimCannotSettle(t *testing.T) {
 	b := openStore(t, a.Path(), false)
 	db := appDB(t, a.Path())
 	insertRows(t, db, 1, "pending")
-	old, err := a.Claim(ctx, 1)
+	old, err := a.Claim(ctx, 1, 0)
 	if err != nil || len(old) != 1 {
 		t.Fatal(old, err)
 	}
@@ -631,7 +631,7 @@ func TestStaleClaimCannotSettle(t *testing.T) {
 	if _, err := b.Heartbeat(ctx, "test", time.Millisecond, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := b.Claim(ctx, 1)
+	fresh, err := b.Claim(ctx, 1, 0)
 	if err != nil || len(fresh) != 1 || fresh[0].ClaimedAt == old[0].ClaimedAt {
 		t.Fatal(fresh, err)
 	}
@@ -663,7 +663,7 @@ func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 		if _, err := s.Heartbeat(ctx, "test", time.Hour, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if rows, err := s.Claim(ctx, 3); err != nil || len(rows) != 3 {
+		if rows, err := s.Claim(ctx, 3, 0); err != nil || len(rows) != 3 {
 			t.Fatal(rows, err)
 		}
 	}
@@ -713,7 +713,7 @@ func TestConcurrentClaimersNeverShareRows(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				rows, err := s.Claim(ctx, 97)
+				rows, err := s.Claim(ctx, 97, 0)
 				if err != nil {
 					t.Error(err)
 					return
@@ -774,7 +774,7 @@ func TestBacklog(t *testing.T) {
 	exec1(t, db, `INSERT INTO event_queue (event_type, payload, created_at) VALUES ('T', 'x', 1000)`)
 	insertRows(t, db, 4, "pending")
 	insertRows(t, db, 2, "dead_lettered")
-	if _, err := s.Claim(ctx, 2); err != nil {
+	if _, err := s.Claim(ctx, 2, 0); err != nil {
 		t.Fatal(err)
 	}
 	b, err := s.Backlog(ctx)
@@ -876,7 +876,7 @@ func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if rows, err := b.Claim(ctx, 5); err != nil || len(rows) != 5 {
+	if rows, err := b.Claim(ctx, 5, 0); err != nil || len(rows) != 5 {
 		t.Fatal(rows, err)
 	}
 	tx, err := db.Begin() // the application's long transaction
@@ -950,7 +950,7 @@ func TestClaimTokensAreUnique(t *testing.T) {
 	insertRows(t, appDB(t, s.Path()), 20, "pending")
 	seen := map[int64]bool{}
 	for i := 0; i < 10; i++ {
-		rows, err := s.Claim(ctx, 2)
+		rows, err := s.Claim(ctx, 2, 0)
 		if err != nil || len(rows) != 2 {
 			t.Fatal(rows, err)
 		}
@@ -1025,7 +1025,7 @@ func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
 	if _, err := dead.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
 		t.Fatal(err)
 	}
-	if rows, err := dead.Claim(ctx, 2); err != nil || len(rows) != 2 {
+	if rows, err := dead.Claim(ctx, 2, 0); err != nil || len(rows) != 2 {
 		t.Fatal(rows, err)
 	}
 	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 60000`)
@@ -1118,7 +1118,7 @@ func TestNoWritesToAReplacedFile(t *testing.T) {
 	if _, err := s.Heartbeat(ctx, "test", time.Minute, 6*time.Second); !errors.Is(err, event.ErrDatabaseReplaced) {
 		t.Errorf("heartbeat on a replaced file: %v", err)
 	}
-	if _, err := s.Claim(ctx, 10); !errors.Is(err, event.ErrDatabaseReplaced) {
+	if _, err := s.Claim(ctx, 10, 0); !errors.Is(err, event.ErrDatabaseReplaced) {
 		t.Errorf("claim on a replaced file: %v", err)
 	}
 	if _, _, err := s.Checkpoint(ctx); !errors.Is(err, event.ErrDatabaseReplaced) {

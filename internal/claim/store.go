@@ -36,6 +36,9 @@ type Options struct {
 	// claim and settle commits; the owner calls Checkpoint instead, often.
 	// The application's connections keep their own automatic checkpoints.
 	OwnCheckpoints bool
+	// Clock gives the times the store writes and compares (a new
+	// event.Clock over time.Now when nil); share it with the relay.
+	Clock *event.Clock
 }
 
 // writerDriver is go-sqlite3 with the automatic checkpoint turned off on
@@ -61,6 +64,7 @@ type Store struct {
 	opened       os.FileInfo   // the file at path when the store opened it
 	busy         time.Duration // how long a write waits for the lock
 	instance     string
+	clock        *event.Clock
 	q            queries
 	lastBeat     time.Time // the last committed heartbeat; one heartbeat loop per store
 	beatingSince time.Time // since when heartbeats have been on time
@@ -148,6 +152,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	ckpt.SetMaxOpenConns(1)
 	s := &Store{busy: opts.BusyTimeout, write: write, read: read, ckpt: ckpt, table: opts.Table, path: opts.Path, instance: event.NewID(), claims: map[int64]int{}, pruned: map[string]int64{}}
 	s.q = newQueries(opts.Table)
+	if s.clock = opts.Clock; s.clock == nil {
+		s.clock = event.NewClock(nil)
+	}
 	// Reading the schema proves the file is a database.
 	if err := retryBusy(ctx, func() error {
 		_, err := objectExists(ctx, s.read, "table", opts.Table)
@@ -183,8 +190,11 @@ func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
 	}
 	for {
 		tx, err := s.write.BeginTx(ctx, nil)
-		if err == nil || !Busy(err) || time.Now().After(deadline) {
+		if err == nil || !Busy(err) {
 			return tx, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %w", event.ErrBusy, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -240,8 +250,11 @@ func Busy(err error) bool {
 	return false
 }
 
-// nowMs is the clock used for every timestamp the relay writes.
+// nowMs is the wall clock for the timestamps of one-off commands.
 func nowMs() int64 { return time.Now().UnixMilli() }
+
+// nowMs is the clock for every timestamp the relay writes and compares.
+func (s *Store) nowMs() int64 { return s.clock.Now().UnixMilli() }
 
 // uuidSQL generates a random version 4 UUID per row in SQL, so a claim or a
 // backfill assigns event ids without a round trip per row.

@@ -33,6 +33,14 @@ var Statuses = []Status{StatusPending, StatusProcessing, StatusDone, StatusDeadL
 // writing to the old file, whose -wal the new one may find beside it.
 var ErrDatabaseReplaced = errors.New("database file replaced")
 
+// ErrBusy marks an error that only means another connection held the
+// database's write lock for longer than the relay waits: it heals by itself.
+var ErrBusy = errors.New("database is locked by another connection")
+
+// ErrNotWritable means this process may not write the database (a
+// read-only file, directory or mount): waiting will not heal it.
+var ErrNotWritable = errors.New("database not writable")
+
 // Row is one claimed outbox row: what the relay publishes and the claim token
 // it must present to settle it.
 type Row struct {
@@ -43,6 +51,10 @@ type Row struct {
 	Attempts  int
 	CreatedAt int64 // Unix milliseconds
 	ClaimedAt int64 // Unix milliseconds; the lease start and owner token
+	// Problem says why the row could not be read as the relay needs it (a
+	// created_at that is no time, say): it is dead-lettered with this reason
+	// instead of being published.
+	Problem string
 }
 
 // Backlog is the part of the outbox that is not finished.
@@ -50,7 +62,7 @@ type Backlog struct {
 	Pending       int64
 	Processing    int64
 	DeadLettered  int64
-	OldestPending time.Time // creation time of the oldest pending row; zero if none
+	OldestPending time.Time // when the longest-waiting due row became due (the later of created_at and available_at); zero if none is due
 }
 
 // What retention prunes (also the values of pruned_rows_total's label).
@@ -177,9 +189,10 @@ func Subject(prefix, eventType string) (string, error) {
 	return subject, nil
 }
 
-// ValidateEventID reports why id cannot be a Nats-Msg-Id: empty (no dedup),
-// invalid UTF-8, control characters (a header value cannot hold them) or
-// longer than 255 bytes.
+// ValidateEventID reports why id cannot be a Nats-Msg-Id as it is stored:
+// empty (no dedup), invalid UTF-8, surrounding whitespace (a header value
+// loses it), control characters (a header value cannot hold them) or longer
+// than 255 bytes.
 func ValidateEventID(id string) error {
 	switch {
 	case id == "":
@@ -188,6 +201,10 @@ func ValidateEventID(id string) error {
 		return fmt.Errorf("event_id is %d bytes, more than 255", len(id))
 	case !utf8.ValidString(id):
 		return fmt.Errorf("event_id is not valid UTF-8 text (a BLOB?)")
+	case strings.TrimSpace(id) != id:
+		// NATS trims a header value's surrounding whitespace, so "a " would
+		// be deduplicated against "a": one of the two events would be lost.
+		return fmt.Errorf("event_id %q begins or ends with whitespace, which NATS headers drop: it would be deduplicated against %q", id, strings.TrimSpace(id))
 	}
 	for _, c := range id {
 		if unicode.IsControl(c) {

@@ -71,7 +71,7 @@ func New(version, commit string) *Metrics {
 	m.Backlog = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "backlog_rows",
 		Help: "Unfinished outbox rows by status (pending, processing, dead_lettered)."}, []string{"status"})
 	m.OldestPendingAge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "oldest_pending_age_seconds",
-		Help: "Age of the oldest pending row; 0 when none is pending."})
+		Help: "Seconds the longest-waiting due pending row has waited since it became due; 0 when none is due."})
 	m.BrokerConnected = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "broker_connected",
 		Help: "1 while the broker takes publishes, 0 during an outage."})
 	m.PublishDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: "publish_duration_seconds",

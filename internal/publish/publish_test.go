@@ -3,7 +3,11 @@ package publish
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -90,16 +94,18 @@ func TestClassifyRealOutcomes(t *testing.T) {
 			return publishOne(p, "events.Huge", row("Huge", make([]byte, 2<<20)))
 		}, Rejected, "maximum payload exceeded"},
 		{"stream full with discard new (503)", func() Result { return publishOne(p, "full.two", row("Full", []byte("y"))) }, Transport, "maximum messages exceeded"},
+		// A stream that does not capture the relay's subjects is wrong for
+		// every row: an outage until it is fixed, never a rejection.
 		{"subject captured by no stream", func() Result {
 			r := publishOne(p, "nostream.x", row("X", []byte("x")))
-			noStreamErr = errors.Unwrap(r.Err)
+			noStreamErr = r.Err
 			return r
-		}, Rejected, "stream EVENTS does not capture subject nostream.x"},
+		}, Transport, "no response from stream"},
 		{"no stream response on a captured subject", func() Result {
 			if noStreamErr == nil || !errors.Is(noStreamErr, jetstream.ErrNoStreamResponse) {
 				t.Fatalf("previous case gave %v, not ErrNoStreamResponse", noStreamErr)
 			}
-			return p.classify(context.Background(), "events.captured", noStreamErr)
+			return p.classify("events.captured", noStreamErr)
 		}, Transport, "no response from stream"},
 		{"no acknowledgement before the ack timeout", func() Result { return publishOne(p, "hang.x", row("X", []byte("x"))) }, Transport, "timeout waiting for ack"},
 		{"wrong expected stream (400)", func() Result {
@@ -268,5 +274,49 @@ func TestNewMsgHeaders(t *testing.T) {
 	if m.Header.Get(HeaderMsgID) != "id-1" || m.Header.Get(HeaderEventType) != "T" || m.Header.Get(HeaderRowID) != "42" ||
 		m.Header.Get(HeaderCreatedAt) != "2023-11-14T22:13:20.123Z" || string(m.Data) != "\x00\x01" {
 		t.Fatalf("message %+v", m)
+	}
+}
+
+// TestClassifySocketErrors: a write on a connection the peer dropped fails
+// with "broken pipe" or "connection reset"; that is the connection, never
+// the message, so it must not spend an attempt.
+func TestClassifySocketErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Read(make([]byte, 1))       // the client is connected
+			c.(*net.TCPConn).SetLinger(0) // close with a reset
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte{'x'}); err != nil {
+		t.Fatal(err)
+	}
+	var werr error
+	buf := make([]byte, 64<<10)
+	for i := 0; i < 1000 && werr == nil; i++ {
+		_, werr = c.Write(buf)
+		time.Sleep(time.Millisecond)
+	}
+	if werr == nil {
+		t.Fatal("writes to a dropped connection kept succeeding")
+	}
+	for _, err := range []error{werr, fmt.Errorf("publish: %w", werr), io.EOF, syscall.EPIPE} {
+		if k := Classify(err); k != Transport {
+			t.Errorf("Classify(%v) = %v, want transport", err, k)
+		}
+	}
+	// What the server says about a message stays a rejection.
+	if k := Classify(nats.ErrMaxPayload); k != Rejected {
+		t.Errorf("Classify(max payload) = %v, want rejected", k)
 	}
 }

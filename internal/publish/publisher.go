@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -81,7 +84,9 @@ func (k Kind) String() string {
 // Result is the outcome of one publish.
 type Result struct {
 	Kind Kind
-	Err  error // nil for Stored and Duplicate
+	// Err is why a publish failed; for a Duplicate, set when the stream's
+	// message with this Nats-Msg-Id came from another row.
+	Err error
 }
 
 // Ack is the pending outcome of one publish.
@@ -97,8 +102,11 @@ type resolved Result
 func (r resolved) Wait(context.Context) Result { return Result(r) }
 
 // Classify sorts a publish error into Transport or Rejected (nil is
-// Stored). It knows only the error; JetStream.Wait refines errors that need
-// the subject (no stream captures it, permission denied).
+// Stored). Rejected is what the server said about this message (a
+// JetStream API error for it, a subject or payload it refuses); anything
+// about the connection (a reset, a broken pipe, a timeout) is Transport and
+// spends no attempt. It knows only the error; JetStream.Wait refines errors
+// that need the subject (permission denied).
 func Classify(err error) Kind {
 	if err == nil {
 		return Stored
@@ -134,8 +142,20 @@ func Classify(err error) Kind {
 		errors.Is(err, jetstream.ErrTooManyStalledMsgs),
 		errors.Is(err, jetstream.ErrInvalidJSAck),
 		errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, context.Canceled):
+		errors.Is(err, context.Canceled),
+		errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, net.ErrClosed),
+		errors.Is(err, os.ErrDeadlineExceeded),
+		errors.Is(err, syscall.EPIPE),
+		errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.ECONNABORTED):
 		return Transport
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return Transport // a socket error: the connection, not the message
 	}
 	// Unknown errors spend an attempt, so the row records why and cannot
 	// stall the relay forever.
@@ -156,19 +176,7 @@ type JetStream struct {
 	conn   *Conn
 	js     jetstream.JetStream
 	stream string
-
-	mu       sync.Mutex
-	captured map[string]captureEntry // subject -> whether a stream captures it
 }
-
-type captureEntry struct {
-	ok bool
-	at time.Time
-}
-
-// captureTTL bounds how long a "no stream captures this subject" answer is
-// trusted: an operator may add the subject to the stream at any time.
-const captureTTL = 5 * time.Second
 
 // NewJetStream returns a publisher on c for the stream named stream.
 // ackTimeout bounds every acknowledgement: without it, futures pending on a
@@ -180,7 +188,7 @@ func NewJetStream(c *Conn, stream string, maxInFlight int, ackTimeout time.Durat
 	if err != nil {
 		return nil, fmt.Errorf("open jetstream: %w", err)
 	}
-	return &JetStream{conn: c, js: js, stream: stream, captured: map[string]captureEntry{}}, nil
+	return &JetStream{conn: c, js: js, stream: stream}, nil
 }
 
 // API returns the JetStream API handle for stream management.
@@ -197,11 +205,7 @@ func (p *JetStream) Publish(_ context.Context, msgs []Message) []Ack {
 			continue
 		}
 		fut, err := p.js.PublishMsgAsync(NewMsg(m))
-		if err != nil {
-			acks[i] = &jsAck{p: p, subject: m.Subject, err: err}
-			continue
-		}
-		acks[i] = &jsAck{p: p, subject: m.Subject, fut: fut}
+		acks[i] = &jsAck{p: p, subject: m.Subject, rowID: m.Row.ID, fut: fut, err: err}
 	}
 	return acks
 }
@@ -209,6 +213,7 @@ func (p *JetStream) Publish(_ context.Context, msgs []Message) []Ack {
 type jsAck struct {
 	p       *JetStream
 	subject string
+	rowID   int64
 	fut     jetstream.PubAckFuture
 	err     error // the publish call itself failed
 }
@@ -219,7 +224,7 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 		select {
 		case ack := <-a.fut.Ok():
 			if ack.Duplicate {
-				return Result{Kind: Duplicate}
+				return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, ack.Sequence)}
 			}
 			return Result{Kind: Stored}
 		case err = <-a.fut.Err():
@@ -227,51 +232,42 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 			return Result{Kind: Transport, Err: ctx.Err()}
 		}
 	}
-	return a.p.classify(ctx, a.subject, err)
+	return a.p.classify(a.subject, err)
 }
 
 // classify refines Classify with what only the subject tells: a publish the
-// server dropped for lack of permission times out like an outage, and a
-// subject the stream does not capture gets "no response" like a stream
-// that is down.
-func (p *JetStream) classify(ctx context.Context, subject string, err error) Result {
+// server dropped for lack of permission times out like an outage. A subject
+// that no stream captures gets "no response" like a stream that is down,
+// and is treated the same: the stream's configuration is wrong for every
+// row, which the outage probe reports until it is fixed, so no row spends
+// an attempt on it.
+func (p *JetStream) classify(subject string, err error) Result {
 	kind := Classify(err)
-	if kind != Transport {
-		return Result{Kind: kind, Err: err}
-	}
-	if p.conn.Denied(subject) {
+	if kind == Transport && p.conn.Denied(subject) {
 		return Result{Kind: Rejected, Err: deniedErr(subject)}
 	}
-	if errors.Is(err, jetstream.ErrNoStreamResponse) && p.conn.Connected() && !p.captures(ctx, subject) {
-		return Result{Kind: Rejected, Err: fmt.Errorf("stream %s does not capture subject %s: %w", p.stream, subject, err)}
-	}
-	return Result{Kind: Transport, Err: err}
+	return Result{Kind: kind, Err: err}
 }
 
-// captures reports false only when the relay's stream exists and none of
-// its subjects matches subject. A missing stream is an outage (the relay
-// recreates it or waits for it), and so is a server that does not answer.
-func (p *JetStream) captures(ctx context.Context, subject string) bool {
-	p.mu.Lock()
-	e, cached := p.captured[subject]
-	p.mu.Unlock()
-	if cached && time.Since(e.at) < captureTTL {
-		return e.ok
-	}
+// conflict looks at the message the stream kept for a Nats-Msg-Id that a
+// PubAck reported as a duplicate, and returns an error when another row
+// published it: the row's own event is not in the stream. A message that
+// cannot be read (removed by the stream's limits, say) proves nothing.
+func (p *JetStream) conflict(ctx context.Context, rowID int64, seq uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	s, err := p.js.Stream(ctx, p.stream)
 	if err != nil {
-		return true
+		return nil
 	}
-	ok := false
-	for _, f := range s.CachedInfo().Config.Subjects {
-		ok = ok || event.MatchSubject(f, subject)
+	m, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		return nil
 	}
-	p.mu.Lock()
-	p.captured[subject] = captureEntry{ok: ok, at: time.Now()}
-	p.mu.Unlock()
-	return ok
+	if other := m.Header.Get(HeaderRowID); other != "" && other != strconv.FormatInt(rowID, 10) {
+		return fmt.Errorf("stream %s already holds this event id at sequence %d, published for row %s", p.stream, seq, other)
+	}
+	return nil
 }
 
 // Ready reports whether the connection is up; whether the stream answers

@@ -80,7 +80,7 @@ type memStore struct {
 	payload []byte
 }
 
-func (m *memStore) Claim(_ context.Context, limit int) ([]event.Row, error) {
+func (m *memStore) Claim(_ context.Context, limit int, _ int64) ([]event.Row, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := min(int64(limit), m.n-m.next)

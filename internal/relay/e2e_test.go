@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -51,7 +52,9 @@ type harnessOptions struct {
 	ackTimeout    time.Duration // default 5 s
 	replicas      int           // of the stream the relay creates
 	wrapPublisher func(relay.Publisher) relay.Publisher
+	wrapStore     func(relay.Store) relay.Store
 	mutateOpt     func(*relay.Options)
+	clock         *event.Clock // shared by the store and the loop, as the command line does
 }
 
 var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
@@ -80,7 +83,10 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		ho.busyTimeout = 5 * time.Second
 	}
 	var err error
-	h.store, err = claim.Open(context.Background(), claim.Options{Path: dbPath, Table: "event_queue", BusyTimeout: ho.busyTimeout, OwnCheckpoints: true})
+	if ho.clock == nil {
+		ho.clock = event.NewClock(nil)
+	}
+	h.store, err = claim.Open(context.Background(), claim.Options{Path: dbPath, Table: "event_queue", BusyTimeout: ho.busyTimeout, OwnCheckpoints: true, Clock: ho.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,6 +139,7 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		StatsInterval:      50 * time.Millisecond,
 		CheckpointInterval: 200 * time.Millisecond,
 		Ready:              ready,
+		Clock:              ho.clock,
 		Metrics:            h.metrics,
 		Log:                log,
 	}
@@ -145,7 +152,11 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 	if ho.wrapPublisher != nil {
 		pub = ho.wrapPublisher(pub)
 	}
-	h.relay = relay.New(h.store, pub, o)
+	var store relay.Store = h.store
+	if ho.wrapStore != nil {
+		store = ho.wrapStore(store)
+	}
+	h.relay = relay.New(store, pub, o)
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() { h.done <- h.relay.Run(ctx) }()

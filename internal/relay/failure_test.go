@@ -345,7 +345,7 @@ func TestDeadRelayClaimsRecoveredFast(t *testing.T) {
 	if _, err := dead.Heartbeat(ctx, "dead", 10*time.Minute, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if rows, err := dead.Claim(ctx, 40); err != nil || len(rows) != 40 {
+	if rows, err := dead.Claim(ctx, 40, 0); err != nil || len(rows) != 40 {
 		t.Fatal(rows, err)
 	}
 	// dead never heartbeats again: it was killed.

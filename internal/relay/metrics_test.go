@@ -99,11 +99,18 @@ func TestMetricsTellTheStory(t *testing.T) {
 	})
 	// And they show a backlog when there is one: stop the broker again.
 	n.Stop()
-	if _, err := app.Exec(`INSERT INTO event_queue (event_id, event_type, payload, created_at) VALUES ('old-one', 'Late', 'x', ?)`, time.Now().Add(-time.Hour).UnixMilli()); err != nil {
+	// A row the relay tries and defers shows it the outage; a row waiting
+	// for an hour is then never claimed while the broker is down.
+	if _, err := app.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES ('trigger', 'Late', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the relay to pause", func() bool { return h.relay.Paused() != nil })
+	hourAgo := time.Now().Add(-time.Hour).UnixMilli()
+	if _, err := app.Exec(`INSERT INTO event_queue (event_id, event_type, payload, created_at, available_at) VALUES ('old-one', 'Late', 'x', ?, ?)`, hourAgo, hourAgo); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "backlog gauges to show the waiting row", func() bool {
-		return scrape(t, h, `outbox_relay_backlog_rows{status="pending"}`) == 1 &&
+		return scrape(t, h, `outbox_relay_backlog_rows{status="pending"}`) == 2 &&
 			scrape(t, h, "outbox_relay_oldest_pending_age_seconds") >= 3600
 	})
 }

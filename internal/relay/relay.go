@@ -22,7 +22,9 @@ import (
 
 // Store is the SQLite side (implemented by *claim.Store).
 type Store interface {
-	Claim(ctx context.Context, limit int) ([]event.Row, error)
+	// Claim claims due rows: up to limit, and past the first row up to
+	// maxBytes of payload (0: no byte limit).
+	Claim(ctx context.Context, limit int, maxBytes int64) ([]event.Row, error)
 	// Settle writes outcomes; stale lists those whose claim was lost.
 	Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error)
 	Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error)
@@ -73,7 +75,9 @@ type Options struct {
 	RetainProcessedEvents time.Duration
 	// Ready, when set, replaces Publisher.Ready as the outage probe (the
 	// command line adds creating the stream once the broker answers).
-	Ready   func(ctx context.Context) error
+	Ready func(ctx context.Context) error
+	// Clock gives the times of retries and deferrals; share the store's.
+	Clock   *event.Clock
 	Metrics *metrics.Metrics
 	Log     *zap.Logger
 }
@@ -91,14 +95,15 @@ type Relay struct {
 	settled  chan struct{} // in-flight rows were settled: room to claim
 	pipeline chan *batch   // claimer -> settler, in publish order
 	inflight atomic.Int64
-	// inflightBytes is the payload held by rows in flight; avgPayload the
-	// average payload of the last claim, to size the next one.
-	inflightBytes, avgPayload atomic.Int64
-	running                   atomic.Bool
-	watching                  atomic.Bool // the commit watch runs: commits are announced
-	outage                    outageState
-	dbTrouble                 stateLog
-	readTrouble               stateLog // the backlog read (statsLoop)
+	// inflightBytes is the payload held by rows in flight.
+	inflightBytes atomic.Int64
+	running       atomic.Bool
+	watching      atomic.Bool // the commit watch runs: commits are announced
+	outage        outageState
+	// One trouble log per database operation, so that one that keeps
+	// failing is logged once while the others succeed.
+	claimTrouble, settleTrouble, beatTrouble stateLog
+	readTrouble                              stateLog // the backlog read (statsLoop)
 	// halt ends the claim loop with a cause that Run returns (set by Run).
 	halt context.CancelCauseFunc
 }
@@ -122,6 +127,9 @@ func New(store Store, pub Publisher, o Options) *Relay {
 	if o.Ready == nil {
 		o.Ready = pub.Ready
 	}
+	if o.Clock == nil {
+		o.Clock = event.NewClock(nil)
+	}
 	if o.MaxInFlight < o.BatchSize {
 		o.MaxInFlight = o.BatchSize
 	}
@@ -136,7 +144,12 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		settled:  make(chan struct{}, 1),
 		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
 	}
-	r.dbTrouble = stateLog{log: o.Log, level: zap.WarnLevel, down: "database unavailable; retrying", up: "database available again"}
+	for _, t := range []struct {
+		s  *stateLog
+		op string
+	}{{&r.claimTrouble, "claim"}, {&r.settleTrouble, "settle"}, {&r.beatTrouble, "heartbeat"}} {
+		*t.s = stateLog{log: o.Log.With(zap.String("operation", t.op)), level: zap.WarnLevel, down: "database unavailable; retrying", up: "database available again"}
+	}
 	r.readTrouble = stateLog{log: o.Log, level: zap.ErrorLevel, down: "cannot read the outbox", up: "outbox readable again"}
 	r.m.BrokerConnected.Set(0) // until the first probe answers
 	return r
@@ -147,6 +160,15 @@ func (r *Relay) Running() bool { return r.running.Load() }
 
 // Paused reports the current broker outage, if any (for /readyz).
 func (r *Relay) Paused() error { return r.outage.err() }
+
+// DatabaseError reports the error of a database operation that keeps
+// failing (claiming or settling rows), if any, for /readyz.
+func (r *Relay) DatabaseError() error {
+	if err := r.claimTrouble.err(); err != nil {
+		return err
+	}
+	return r.settleTrouble.err()
+}
 
 // Wake makes the claimer look for due rows now.
 func (r *Relay) Wake() { signal(r.wake) }
@@ -179,8 +201,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		// Be visibly alive before the first claim, or another relay would
 		// take this one's claims for a dead relay's. A locked database is
 		// waited out (logged once); /healthz fails meanwhile.
-		if !r.firstHeartbeat(ctx) {
-			return nil
+		if err := r.firstHeartbeat(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
 		}
 	}
 	r.running.Store(true)
@@ -251,21 +276,25 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // firstHeartbeat registers this relay, retrying database errors until it
-// succeeds (true) or ctx ends (false). Rows it reclaims from dead relays
-// are counted like every later reclaim.
-func (r *Relay) firstHeartbeat(ctx context.Context) bool {
+// succeeds (nil) or ctx ends; a file this process cannot write is returned
+// at once. Rows it reclaims from dead relays are counted like every later
+// reclaim.
+func (r *Relay) firstHeartbeat(ctx context.Context) error {
 	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	for {
 		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
 		if err == nil {
-			r.dbTrouble.ok()
+			r.beatTrouble.ok()
 			r.reclaimed(n)
-			return true
+			return nil
 		}
 		if ctx.Err() != nil {
-			return false
+			return ctx.Err()
 		}
-		r.dbTrouble.fail(err)
+		if errors.Is(err, event.ErrNotWritable) {
+			return err // waiting will not make the file writable
+		}
+		r.beatTrouble.fail(err)
 		sleep(ctx, retry.next())
 	}
 }
@@ -307,11 +336,14 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			continue
 		}
 		limit := min(int64(r.o.BatchSize), free)
-		if avg := r.avgPayload.Load(); r.o.MaxInFlightBytes > 0 && avg > 0 {
-			// Large payloads: claim what fits in the byte budget.
-			limit = max(1, min(limit, freeBytes/avg))
+		if r.outage.halfOpen() {
+			limit = 1 // one row tells whether the broker takes publishes again
 		}
-		rows, err := r.store.Claim(ctx, int(limit))
+		var maxBytes int64 // the claim reads no payload past the budget
+		if r.o.MaxInFlightBytes > 0 {
+			maxBytes = freeBytes
+		}
+		rows, err := r.store.Claim(ctx, int(limit), maxBytes)
 		if r.stopIfReplaced(err) {
 			return nil
 		}
@@ -319,24 +351,24 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			r.dbTrouble.fail(err)
+			r.claimTrouble.fail(err)
 			sleep(ctx, retry.next())
 			continue
 		}
 		retry.reset()
 		if len(rows) == 0 {
 			// An empty claim may not have written (it looks first): it
-			// proves nothing about the lock.
+			// proves nothing about the lock, but the database answered.
+			r.claimTrouble.okUnlessBusy()
 			r.idle(ctx)
 			continue
 		}
-		r.dbTrouble.ok()
+		r.claimTrouble.ok()
 		r.inflight.Add(int64(len(rows)))
 		bytes := payloadBytes(rows)
 		r.inflightBytes.Add(bytes)
-		r.avgPayload.Store(max(1, bytes/int64(len(rows))))
 		r.pipeline <- r.publish(ctx, rows)
-		if int64(len(rows)) < limit {
+		if int64(len(rows)) < limit && (maxBytes == 0 || bytes < maxBytes) {
 			// Caught up: wait for the next commit rather than spinning.
 			r.idle(ctx)
 		}
@@ -368,6 +400,10 @@ func (r *Relay) idle(ctx context.Context) {
 func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
 	b := &batch{msgs: make([]publish.Message, 0, len(rows))}
 	for _, row := range rows {
+		if row.Problem != "" {
+			b.outcomes = append(b.outcomes, event.Invalid(row, row.Problem))
+			continue
+		}
 		subject, err := event.Subject(r.o.SubjectPrefix, row.EventType)
 		if err == nil {
 			err = event.ValidateEventID(row.EventID)
@@ -440,15 +476,21 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 	for i, ack := range b.acks {
 		row := b.msgs[i].Row
 		res := ack.Wait(waitCtx)
-		now := time.Now()
+		now := r.o.Clock.Now()
 		switch res.Kind {
 		case publish.Stored, publish.Duplicate:
 			if res.Kind == publish.Duplicate {
 				r.m.Duplicates.Inc()
+				if res.Err != nil {
+					// Another event with this id went out within the
+					// duplicate window: this one is not in the stream.
+					r.log.Warn("broker dropped an event as a duplicate of another row's event with the same id",
+						zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.Error(res.Err))
+				}
 			}
-			r.m.PublishDuration.Observe(now.Sub(b.published).Seconds())
-			r.m.DeliveryLag.Observe(max(0, now.Sub(row.Created()).Seconds()))
-			r.outage.succeeded()
+			r.m.PublishDuration.Observe(time.Since(b.published).Seconds())
+			r.m.DeliveryLag.Observe(max(0, time.Since(row.Created()).Seconds()))
+			r.outage.succeeded(b.published, r.log, r.m)
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Done})
 		case publish.Rejected:
 			o := event.Reject(row, res.Err.Error(), r.o.MaxAttempts, now)
@@ -485,7 +527,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 	for {
 		stale, err := r.store.Settle(writeCtx, outs)
 		if err == nil {
-			r.dbTrouble.ok()
+			r.settleTrouble.ok()
 			r.count(outs, stale)
 			break
 		}
@@ -494,7 +536,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 				zap.Int("rows", len(outs)), zap.Error(err))
 			break
 		}
-		r.dbTrouble.fail(err)
+		r.settleTrouble.fail(err)
 		sleep(writeCtx, retry.next())
 	}
 	r.inflight.Add(-int64(len(outs)))
@@ -539,18 +581,19 @@ func (r *Relay) waitBroker(ctx context.Context) error {
 			return nil
 		}
 	}
-	probe := backoff{min: 250 * time.Millisecond, max: 5 * time.Second}
 	for ctx.Err() == nil {
+		sleep(ctx, r.outage.probeDelay())
 		err := r.probe(ctx)
 		if err == nil {
-			r.outage.end(r.log, r.m)
+			// Not over yet: the next publish tells (a full stream, say,
+			// answers every probe and refuses every message).
+			r.outage.probeOK()
 			return nil
 		}
 		if errors.Is(err, publish.ErrClosed) {
 			return err
 		}
 		r.outage.update(err)
-		sleep(ctx, probe.next())
 	}
 	return nil
 }
@@ -572,28 +615,40 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				r.dbTrouble.fail(err)
+				r.beatTrouble.fail(err)
 			}
 			return
 		}
-		r.dbTrouble.ok()
+		r.beatTrouble.ok()
 		r.reclaimed(n)
 	})
 }
 
 // outageState tracks a broker outage; it is shared by the settler (which
-// detects outages) and the claimer (which waits them out).
+// detects outages and their end) and the claimer (which waits them out).
+// When a probe succeeds the outage is half open: the claimer publishes one
+// row, and only a publish made after that which succeeds ends the outage.
 type outageState struct {
 	mu      sync.Mutex
 	since   time.Time
 	last    error
-	repeats int // outages since the last successful publish
+	repeats int       // outages since the last successful publish
+	open    time.Time // when the outage became half open; zero: closed
+	probes  int       // probes since the outage began
 }
 
+// active reports an outage that is not half open: nothing may be claimed.
 func (o *outageState) active() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return !o.since.IsZero()
+	return !o.since.IsZero() && o.open.IsZero()
+}
+
+// halfOpen reports an outage whose probe succeeded: one row may go.
+func (o *outageState) halfOpen() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.since.IsZero() && !o.open.IsZero()
 }
 
 func (o *outageState) err() error {
@@ -608,13 +663,16 @@ func (o *outageState) err() error {
 // begin records a transport failure and returns how long the row waits
 // before it may be claimed again: 1 s, doubling with every outage that
 // follows without a successful publish in between, capped at one minute.
+// A failure while half open closes the outage again, silently.
 func (o *outageState) begin(err error, log *zap.Logger, m *metrics.Metrics) time.Duration {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.last = err
+	o.open = time.Time{}
 	if o.since.IsZero() {
 		o.since = time.Now()
 		o.repeats++
+		o.probes = 0
 		m.BrokerConnected.Set(0)
 		log.Warn("broker unavailable; pausing without spending attempts", zap.Error(err))
 	}
@@ -627,23 +685,42 @@ func (o *outageState) update(err error) {
 	o.mu.Unlock()
 }
 
-func (o *outageState) end(log *zap.Logger, m *metrics.Metrics) {
+// probeDelay is how long to wait before the next probe: none before the
+// first of an outage, then 250 ms doubling to 5 s, also across half-open
+// tries that failed.
+func (o *outageState) probeDelay() time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.probes++
+	if o.probes == 1 {
+		return 0
+	}
+	return min(250*time.Millisecond<<min(o.probes-2, 5), 5*time.Second)
+}
+
+func (o *outageState) probeOK() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.since.IsZero() && o.open.IsZero() {
+		o.open = time.Now()
+	}
+}
+
+// succeeded records a publish made at published that the broker took. It
+// ends a half-open outage when the publish was made after it opened.
+func (o *outageState) succeeded(published time.Time, log *zap.Logger, m *metrics.Metrics) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.since.IsZero() {
+		o.repeats = 0
+		return
+	}
+	if o.open.IsZero() || published.Before(o.open) {
 		return
 	}
 	log.Info("broker recovered; resuming", zap.Duration("outage", time.Since(o.since).Round(time.Millisecond)))
-	o.since = time.Time{}
+	o.since, o.open, o.repeats = time.Time{}, time.Time{}, 0
 	m.BrokerConnected.Set(1)
-}
-
-func (o *outageState) succeeded() {
-	o.mu.Lock()
-	if o.since.IsZero() {
-		o.repeats = 0
-	}
-	o.mu.Unlock()
 }
 
 // stateLog logs a trouble once when it starts and once when it ends.
@@ -653,11 +730,13 @@ type stateLog struct {
 	down, up string
 	mu       sync.Mutex
 	since    time.Time
+	last     error
 }
 
 func (s *stateLog) fail(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.last = err
 	if s.since.IsZero() {
 		s.since = time.Now()
 		s.log.Log(s.level, s.down, zap.Error(err))
@@ -669,8 +748,26 @@ func (s *stateLog) ok() {
 	defer s.mu.Unlock()
 	if !s.since.IsZero() {
 		s.log.Info(s.up, zap.Duration("after", time.Since(s.since).Round(time.Millisecond)))
-		s.since = time.Time{}
+		s.since, s.last = time.Time{}, nil
 	}
+}
+
+// okUnlessBusy ends a trouble that was not the lock: a read answered, so
+// the database is there, but it says nothing about the write lock.
+func (s *stateLog) okUnlessBusy() {
+	s.mu.Lock()
+	busy := errors.Is(s.last, event.ErrBusy)
+	s.mu.Unlock()
+	if !busy {
+		s.ok()
+	}
+}
+
+// err returns the trouble's latest error while it lasts.
+func (s *stateLog) err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
 }
 
 // stopIfReplaced ends the claim loop when err says the database file was

@@ -29,7 +29,7 @@ func (s *fakeStore) add(n int, eventType string) {
 	}
 }
 
-func (s *fakeStore) Claim(_ context.Context, limit int) ([]event.Row, error) {
+func (s *fakeStore) Claim(_ context.Context, limit int, _ int64) ([]event.Row, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := min(limit, len(s.pending))

@@ -1,0 +1,28 @@
+package event
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestClockDoesNotStepBack(t *testing.T) {
+	var offset atomic.Int64
+	c := NewClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
+	before := c.Now()
+	offset.Store(int64(-time.Hour)) // the wall clock steps back an hour
+	after := c.Now()
+	if after.Before(before) {
+		t.Fatalf("clock went back from %v to %v", before, after)
+	}
+	time.Sleep(20 * time.Millisecond)
+	later := c.Now()
+	if d := later.Sub(after); d < 20*time.Millisecond {
+		t.Fatalf("during the step the clock advanced %v in 20ms of monotonic time; want at least 20ms", d)
+	}
+	// Forward steps are followed at once.
+	offset.Store(int64(2 * time.Hour))
+	if d := c.Now().Sub(later); d < 119*time.Minute {
+		t.Fatalf("a step forward of two hours (from an hour back) moved the clock %v", d)
+	}
+}

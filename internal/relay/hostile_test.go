@@ -1,0 +1,429 @@
+package relay_test
+
+// Faults and inputs that a hostile operator or a careless application
+// produces. Each test asserts what a user observes (rows, messages, logs,
+// readiness), not how the relay is built.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func exec(t *testing.T, db *sql.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// rowState is one row's status, attempts and last_error.
+type rowState struct {
+	status    string
+	attempts  int
+	lastError string
+}
+
+func rowByEventID(t *testing.T, db *sql.DB, id string) rowState {
+	t.Helper()
+	var r rowState
+	var lastErr sql.NullString
+	if err := db.QueryRow(`SELECT status, attempts, last_error FROM event_queue WHERE event_id = ?`, id).Scan(&r.status, &r.attempts, &lastErr); err != nil {
+		t.Fatalf("row %q: %v", id, err)
+	}
+	r.lastError = lastErr.String
+	return r
+}
+
+// spentAttempts returns how many rows spent an attempt or were dead-lettered.
+func spentAttempts(t *testing.T, db *sql.DB) (attempted, dead int) {
+	t.Helper()
+	if err := db.QueryRow(`SELECT count(*) FILTER (WHERE attempts > 0), count(*) FILTER (WHERE status = 'dead_lettered') FROM event_queue`).Scan(&attempted, &dead); err != nil {
+		t.Fatal(err)
+	}
+	return attempted, dead
+}
+
+// TestWhitespaceEventIDIsRefusedNotMerged: NATS drops a header value's
+// surrounding whitespace, so "sp1 " would be deduplicated against "sp1" and
+// one event lost. The relay refuses such an id instead.
+func TestWhitespaceEventIDIsRefusedNotMerged(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	for _, id := range []string{"sp1", "sp1 ", " sp1", "sp1\t"} {
+		exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Spaced', 'x')`, id)
+	}
+	startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, 4, 20*time.Second)
+	if r := rowByEventID(t, app, "sp1"); r.status != "done" {
+		t.Errorf("row sp1 is %s, want done", r.status)
+	}
+	for _, id := range []string{"sp1 ", " sp1", "sp1\t"} {
+		r := rowByEventID(t, app, id)
+		if r.status != "dead_lettered" || !strings.Contains(r.lastError, "whitespace") {
+			t.Errorf("row %q: %s %q; want dead_lettered saying why (whitespace)", id, r.status, r.lastError)
+		}
+	}
+	msgs := testenv.StreamMessages(t, n.JetStream(t), "EVENTS")
+	if len(msgs) != 1 || msgs[0].Header.Get(publish.HeaderMsgID) != "sp1" {
+		t.Fatalf("stream holds %d messages, want the one of sp1", len(msgs))
+	}
+}
+
+// TestDuplicateOfAnotherRowIsLogged: an application that deletes a done row
+// and reuses its event id within the duplicate window loses the second
+// event to JetStream's dedup; the relay cannot prevent that, but it says so
+// at warn level with the event id. A row published again (after a crash)
+// is a harmless duplicate and is not reported.
+func TestDuplicateOfAnotherRowIsLogged(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('reused-id', 'First', 'one')`)
+	waitAllSettled(t, app, 1, 20*time.Second)
+	// The same row published again (a relay that crashed after the PubAck).
+	exec(t, app, `UPDATE event_queue SET status = 'pending', processed_at = NULL`)
+	waitAllSettled(t, app, 1, 20*time.Second)
+	const warning = "broker dropped an event as a duplicate of another row's event with the same id"
+	if c := logCount(h, warning); c != 0 {
+		t.Fatalf("a row published again was reported %d times as another row's duplicate", c)
+	}
+	exec(t, app, `DELETE FROM event_queue`)
+	exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('reused-id', 'Second', 'two')`)
+	waitAllSettled(t, app, 1, 20*time.Second)
+	testenv.Eventually(t, 5*time.Second, "the warning", func() bool { return logCount(h, warning) == 1 })
+	for _, e := range h.logs.FilterMessage(warning).All() {
+		if e.ContextMap()["event_id"] != "reused-id" {
+			t.Errorf("warning without the event id: %v", e.ContextMap())
+		}
+	}
+}
+
+// TestUnreadableRowIsDealtWithAlone: a row whose created_at is text does
+// not stop the rows behind it. SQLite's own date-time text is read as the
+// time it names; text that is no time dead-letters that row alone, saying
+// why. A pending row with a NULL available_at is published, not ignored.
+func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	path := dir + "/legacy.db"
+	legacy, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer legacy.Close()
+	// A legacy table whose available_at may be NULL.
+	exec(t, legacy, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB NOT NULL,
+		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
+		available_at INTEGER, created_at INTEGER NOT NULL DEFAULT 0,
+		processed_at INTEGER, last_error TEXT)`)
+	s := testenv.OpenStore(t, path)
+	if _, err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ins := `INSERT INTO event_queue (event_id, event_type, payload, created_at, available_at) VALUES (?, 'Thing', 'x', ?, ?)`
+	now := time.Now().UnixMilli()
+	exec(t, legacy, ins, "before", now, now)
+	exec(t, legacy, ins, "sqlite-text", "2024-05-01 10:00:00", now)
+	exec(t, legacy, ins, "garbage", "last tuesday", now)
+	exec(t, legacy, ins, "no-available-at", now, nil)
+	exec(t, legacy, ins, "after", now, now)
+	startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, legacy, 5, 20*time.Second)
+	for _, id := range []string{"before", "sqlite-text", "no-available-at", "after"} {
+		if r := rowByEventID(t, legacy, id); r.status != "done" {
+			t.Errorf("row %s is %s (%s), want done", id, r.status, r.lastError)
+		}
+	}
+	if r := rowByEventID(t, legacy, "garbage"); r.status != "dead_lettered" || !strings.Contains(r.lastError, "created_at") {
+		t.Errorf("row garbage: %s %q; want dead_lettered naming created_at", r.status, r.lastError)
+	}
+	for _, m := range testenv.StreamMessages(t, n.JetStream(t), "EVENTS") {
+		if m.Header.Get(publish.HeaderMsgID) == "sqlite-text" {
+			if got := m.Header.Get(publish.HeaderCreatedAt); got != "2024-05-01T10:00:00.000Z" {
+				t.Errorf("created at header %q, want 2024-05-01T10:00:00.000Z", got)
+			}
+		}
+	}
+}
+
+// TestStreamThatStopsCapturingPauses: a stream recreated with other
+// subjects while the relay runs is an outage like a missing stream: no
+// attempt spent, nothing dead-lettered, /readyz not ready, and the rows go
+// out once the stream is fixed.
+func TestStreamThatStopsCapturingPauses(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
+	insertN(t, app, 20, "Before")
+	waitAllSettled(t, app, 20, 20*time.Second)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	if err := js.DeleteStream(ctx, "EVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"other.>"}, Duplicates: time.Hour}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	insertN(t, app, 50, "During")
+	testenv.Eventually(t, 20*time.Second, "the relay to pause", func() bool { return h.relay.Paused() != nil })
+	// Long enough for several probes and, before, for rejections to run
+	// out the two attempts.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if h.relay.Paused() == nil {
+			t.Fatal("the relay resumed while the stream captures none of its subjects")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
+		t.Fatalf("%d rows spent attempts and %d were dead-lettered while the stream did not capture the subjects", attempted, dead)
+	}
+	cfg.Subjects = []string{"events.>"}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitAllSettled(t, app, 70, 30*time.Second)
+	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
+		t.Fatalf("%d rows spent attempts and %d were dead-lettered", attempted, dead)
+	}
+}
+
+// TestDroppedConnectionsSpendNoAttempts: the server drops the relay's
+// connection again and again during a drain (as it does to a slow
+// consumer); every row still ends done without spending an attempt.
+func TestDroppedConnectionsSpendNoAttempts(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	const rows = 3000
+	payload := strings.Repeat("p", 8<<10) // large enough to fill socket buffers
+	tx, err := app.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < rows; i++ {
+		if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Drop', ?)`, event.NewID(), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	startRelay(t, path, n.URL(), harnessOptions{maxTries: 1, batch: 200, inFlight: 1000})
+	kicks := 0
+	for kicks < 20 && testenv.Counts(t, app)["done"] < rows {
+		conns, err := n.Srv.Connz(&server.ConnzOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range conns.Conns {
+			if c.Name == "test-relay" {
+				if n.Srv.DisconnectClientByID(c.Cid) == nil {
+					kicks++
+				}
+			}
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	t.Logf("dropped the relay's connection %d times", kicks)
+	waitAllSettled(t, app, rows, 60*time.Second)
+	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
+		t.Fatalf("%d rows spent attempts and %d were dead-lettered; dropped connections are not rejections", attempted, dead)
+	}
+	assertOncePerEvent(t, n, app, rows)
+}
+
+// TestWallClockSteppingBack: an NTP step back of an hour neither stops
+// claiming nor hides rows, and shutdown still ends promptly.
+func TestWallClockSteppingBack(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	var offset atomic.Int64
+	clock := event.NewClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
+	h := startRelay(t, path, n.URL(), harnessOptions{clock: clock})
+	insertN(t, app, 10, "BeforeStep")
+	waitAllSettled(t, app, 10, 20*time.Second)
+	offset.Store(int64(-time.Hour))
+	// Rows the application commits now carry a time an hour after the
+	// relay's wall clock.
+	for i := 0; i < 5; i++ {
+		insertN(t, app, 2, "AfterStep")
+		waitAllSettled(t, app, 12+2*i, 20*time.Second)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- h.stop() }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay did not stop after the clock stepped back")
+	}
+}
+
+// budgetPublisher records the most payload bytes that were published and
+// not yet acknowledged at any moment.
+type budgetPublisher struct {
+	relay.Publisher
+	mu          sync.Mutex
+	out, maxOut int64
+}
+
+func (p *budgetPublisher) Publish(ctx context.Context, msgs []publish.Message) []publish.Ack {
+	p.mu.Lock()
+	for _, m := range msgs {
+		p.out += int64(len(m.Row.Payload))
+	}
+	p.maxOut = max(p.maxOut, p.out)
+	p.mu.Unlock()
+	acks := p.Publisher.Publish(ctx, msgs)
+	for i, a := range acks {
+		acks[i] = &budgetAck{Ack: a, p: p, size: int64(len(msgs[i].Row.Payload))}
+	}
+	return acks
+}
+
+type budgetAck struct {
+	publish.Ack
+	p    *budgetPublisher
+	size int64
+	once sync.Once
+}
+
+func (a *budgetAck) Wait(ctx context.Context) publish.Result {
+	r := a.Ack.Wait(ctx)
+	a.once.Do(func() {
+		a.p.mu.Lock()
+		a.p.out -= a.size
+		a.p.mu.Unlock()
+	})
+	return r
+}
+
+// TestPayloadBudgetBoundsEveryClaim: large payloads are read only up to the
+// byte budget, from the first claim on (not only once the relay has seen
+// how large rows are).
+func TestPayloadBudgetBoundsEveryClaim(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	const rows, size, budget = 40, 256 << 10, 1 << 20
+	for i := 0; i < rows; i++ {
+		exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Big', zeroblob(?))`, event.NewID(), size)
+	}
+	bp := &budgetPublisher{}
+	startRelay(t, path, n.URL(), harnessOptions{
+		batch: 100, inFlight: 400,
+		wrapPublisher: func(p relay.Publisher) relay.Publisher { bp.Publisher = p; return bp },
+		mutateOpt:     func(o *relay.Options) { o.MaxInFlightBytes = budget },
+	})
+	waitAllSettled(t, app, rows, 30*time.Second)
+	bp.mu.Lock()
+	defer bp.mu.Unlock()
+	if bp.maxOut > budget+size {
+		t.Fatalf("%d KiB of payload in flight at once; the budget is %d KiB (plus one row)", bp.maxOut>>10, budget>>10)
+	}
+}
+
+// TestFullStreamStaysPaused: a stream that is full (discard new) answers
+// every probe and refuses every message; the relay stays paused, /readyz
+// stays not ready, and it says "recovered" once, when the stream takes
+// messages again.
+func TestFullStreamStaysPaused(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgs: 5, Discard: jetstream.DiscardNew}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	insertN(t, app, 20, "Full")
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	testenv.Eventually(t, 20*time.Second, "the relay to pause on the full stream", func() bool {
+		return testenv.Counts(t, app)["done"] == 5 && h.relay.Paused() != nil
+	})
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if h.relay.Paused() == nil {
+			t.Fatal("readiness flipped back while the stream is still full")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	const recovered = "broker recovered; resuming"
+	if c := logCount(h, recovered); c != 0 {
+		t.Fatalf("logged %q %d times while the stream was full", recovered, c)
+	}
+	cfg.MaxMsgs = -1
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitAllSettled(t, app, 20, 30*time.Second)
+	if c := logCount(h, recovered); c != 1 {
+		t.Fatalf("logged %q %d times, want once", recovered, c)
+	}
+	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
+		t.Fatalf("%d rows spent attempts and %d were dead-lettered", attempted, dead)
+	}
+}
+
+// failingClaims is the real store whose claims fail while its heartbeats
+// succeed (a table the relay can no longer read, say).
+type failingClaims struct {
+	relay.Store
+	claims, beats atomic.Int64
+}
+
+func (s *failingClaims) Claim(context.Context, int, int64) ([]event.Row, error) {
+	s.claims.Add(1)
+	return nil, errors.New("no such table: event_queue")
+}
+
+func (s *failingClaims) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (int64, error) {
+	s.beats.Add(1)
+	return s.Store.Heartbeat(ctx, version, lease, staleAfter)
+}
+
+// TestDatabaseTroubleLoggedOncePerEpisode: claims that keep failing are
+// logged once, although heartbeats succeed in between, and the relay says
+// what fails.
+func TestDatabaseTroubleLoggedOncePerEpisode(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	fs := &failingClaims{}
+	h := startRelay(t, path, n.URL(), harnessOptions{wrapStore: func(s relay.Store) relay.Store { fs.Store = s; return fs }})
+	testenv.Eventually(t, 20*time.Second, "several failed claims and heartbeats", func() bool {
+		return fs.claims.Load() >= 5 && fs.beats.Load() >= 5
+	})
+	if c := logCount(h, "database unavailable; retrying"); c != 1 {
+		t.Fatalf("logged the trouble %d times, want once", c)
+	}
+	if err := h.relay.DatabaseError(); err == nil || !strings.Contains(err.Error(), "no such table") {
+		t.Fatalf("DatabaseError() = %v, want the claim's error", err)
+	}
+	if v := metrics.Value(h.metrics.Published); v != 0 {
+		t.Fatalf("published %v", v)
+	}
+}
