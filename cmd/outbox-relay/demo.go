@@ -102,16 +102,17 @@ func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, 
 	defer stopHTTP()
 
 	out := c.stdout
+	shownURL := config.RedactURLs(a.natsURL) // credentials are never printed
 	fmt.Fprintf(out, "outbox-relay demo\n")
 	fmt.Fprintf(out, "  database  %s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
-	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.<event_type>)\n", a.natsURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix)
+	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.<event_type>)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix)
 	if httpAddr != "" {
 		fmt.Fprintf(out, "  metrics   http://%s/metrics\n", httpAddr)
 	}
 	fmt.Fprintf(out, "Look at the stream with the nats CLI (github.com/nats-io/natscli) while it runs:\n")
-	fmt.Fprintf(out, "  nats --server %s stream info %s\n", a.natsURL, cfg.Stream.Name)
-	fmt.Fprintf(out, "  nats --server %s stream view %s\n", a.natsURL, cfg.Stream.Name)
-	fmt.Fprintf(out, "  nats --server %s sub '%s.>'\n", a.natsURL, cfg.Stream.SubjectPrefix)
+	fmt.Fprintf(out, "  nats --server %s stream info %s\n", shownURL, cfg.Stream.Name)
+	fmt.Fprintf(out, "  nats --server %s stream view %s\n", shownURL, cfg.Stream.Name)
+	fmt.Fprintf(out, "  nats --server %s sub '%s.>'\n", shownURL, cfg.Stream.SubjectPrefix)
 	fmt.Fprintf(out, "The application writes %d events/s. Press Ctrl-C to stop.\n", rate)
 
 	// The relay outlives the application by a moment, to drain what it wrote.

@@ -68,11 +68,7 @@ func (c *cli) statusCommand() *cobra.Command {
 			w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "database\t%s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
 			fmt.Fprintf(w, "rows\t%s\n", rowCounts(st.Rows))
-			pending := fmt.Sprintf("due %d   scheduled %d", st.PendingDue, st.PendingScheduled)
-			if st.PendingNeverClaimed > 0 {
-				pending += fmt.Sprintf("   never claimed %d (available_at is NULL or not a number: the relay never takes these rows)", st.PendingNeverClaimed)
-			}
-			fmt.Fprintf(w, "pending\t%s\n", pending)
+			fmt.Fprintf(w, "pending\tdue %d   scheduled %d\n", st.PendingDue, st.PendingScheduled)
 			if st.OldestPending.IsZero() {
 				fmt.Fprintf(w, "oldest pending\tnone due\n")
 			} else {

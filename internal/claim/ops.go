@@ -47,11 +47,10 @@ type Status struct {
 	// Rows counts rows per status, including statuses the relay does not
 	// know (written by someone else); a NULL status counts as "(null)".
 	Rows map[event.Status]int64 `json:"rows"`
-	// Of the pending rows: due now, scheduled for later, and never
-	// claimed because their available_at is NULL or not a number.
-	PendingDue          int64 `json:"pending_due"`
-	PendingScheduled    int64 `json:"pending_scheduled"`
-	PendingNeverClaimed int64 `json:"pending_never_claimed"`
+	// Of the pending rows: due now, and scheduled for later. A row whose
+	// available_at is NULL or no time is due.
+	PendingDue       int64 `json:"pending_due"`
+	PendingScheduled int64 `json:"pending_scheduled"`
 	// OldestPending is when the longest-waiting due row became due (see
 	// Backlog); zero when no row is due.
 	OldestPending     time.Time    `json:"oldest_pending_due_at,omitzero"`
@@ -102,10 +101,9 @@ func (s *Store) Status(ctx context.Context, lastDead int) (Status, error) {
 	var oldest sql.NullInt64
 	if err := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE %[2]s),
-	(SELECT count(*) FROM %[1]s WHERE status = 'pending' AND typeof(available_at) IN ('integer', 'real') AND available_at > ?1),
-	(SELECT count(*) FROM %[1]s WHERE %[3]s),
-	(%[4]s)`, s.table, dueRow, neverDue, oldestDueSQL(s.table)), now).
-		Scan(&st.PendingDue, &st.PendingScheduled, &st.PendingNeverClaimed, &oldest); err != nil {
+	(SELECT count(*) FROM %[1]s WHERE status = 'pending' AND NOT %[3]s),
+	(%[4]s)`, s.table, dueRow, dueSQL("?1"), oldestDueSQL(s.table)), now).
+		Scan(&st.PendingDue, &st.PendingScheduled, &oldest); err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	if oldest.Valid {

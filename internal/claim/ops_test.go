@@ -57,8 +57,9 @@ func TestBacklogAgesFromWhenRowsBecameDue(t *testing.T) {
 // created_at (CURRENT_TIMESTAMP's UTC text), a NULL or meaningless one,
 // or an available_at that is NULL or text, never fail the backlog read.
 // SQLite's date text counts as the UTC time it names; a created_at that is
-// no time counts as available_at; a row whose available_at is no number is
-// never claimed and does not age the backlog.
+// no time counts as available_at and the other way round; a row whose
+// available_at is NULL or no time is due (the relay takes it to publish it
+// or to dead-letter it).
 func TestBacklogReadsForeignTimes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "app.db")
 	db := appDB(t, path)
@@ -78,10 +79,10 @@ func TestBacklogReadsForeignTimes(t *testing.T) {
 	ago := now.Add(-time.Minute).UnixMilli()
 	ins := `INSERT INTO event_queue (id, event_type, payload, created_at, available_at) VALUES (?, 'T', 'x', ?, ?)`
 	exec1(t, db, ins, 1, "2024-05-01 10:00:00", 0)            // due since its creation
-	exec1(t, db, ins, 2, nil, nil)                            // never claimed
+	exec1(t, db, ins, 2, nil, nil)                            // due, since when?
 	exec1(t, db, ins, 3, nil, ago)                            // created when?
 	exec1(t, db, ins, 4, "soon", ago)                         // created when?
-	exec1(t, db, ins, 5, 1000, "2024-01-01 00:00:00")         // never claimed
+	exec1(t, db, ins, 5, 1000, "2024-06-01 00:00:00")         // due since its text time
 	exec1(t, db, ins, 6, []byte{0}, ago)                      // created when?
 	exec1(t, db, ins, 7, now.Add(time.Hour).UnixMilli(), ago) // due in an hour
 	s := openStore(t, path, false)
@@ -94,9 +95,9 @@ func TestBacklogReadsForeignTimes(t *testing.T) {
 		t.Fatalf("backlog %d pending, oldest due %v; want 7 and %v", b.Pending, b.OldestPending.UTC(), want)
 	}
 
-	// Without the text row, the oldest due rows are those whose created_at
+	// Without the text rows, the oldest due rows are those whose created_at
 	// is no time, counted from their available_at.
-	exec1(t, db, `DELETE FROM event_queue WHERE id = 1`)
+	exec1(t, db, `DELETE FROM event_queue WHERE id IN (1, 5)`)
 	if b, err = s.Backlog(context.Background()); err != nil || b.OldestPending.UnixMilli() != now.Add(-time.Minute).UnixMilli() {
 		t.Fatalf("backlog %+v (%v), want the oldest due a minute ago", b, err)
 	}

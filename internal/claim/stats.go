@@ -37,13 +37,8 @@ func (s *Store) Backlog(ctx context.Context) (event.Backlog, error) {
 }
 
 // dueRow is the claim's own test of a row it would take now (?1, Unix
-// milliseconds). An available_at that is NULL, text or a BLOB never
-// passes it: NULL compares as unknown, and SQLite orders every number
-// before every text and BLOB.
-const dueRow = `status = 'pending' AND available_at <= ?1`
-
-// neverDue finds the pending rows dueRow never takes, whatever the time.
-const neverDue = `status = 'pending' AND (available_at IS NULL OR typeof(available_at) IN ('text', 'blob'))`
+// milliseconds).
+var dueRow = `status = 'pending' AND ` + dueSQL("?1")
 
 // oldestDueWindow is how many due rows, in claim order, oldestDueSQL looks
 // at, so that a backlog of a million rows costs a fraction of a
@@ -57,27 +52,12 @@ const oldestDueWindow = 1000
 // in Unix milliseconds (NULL when nothing is due): the later of created_at
 // and available_at, since a row cannot be published before either, among
 // the first oldestDueWindow due rows in id order (the order the relay
-// claims them in). A created_at that is no time counts as available_at; a
-// row whose available_at is no time is left out.
+// claims them in). Where one of the two is no time (or NULL), the other
+// counts alone.
 func oldestDueSQL(table string) string {
-	return fmt.Sprintf(`SELECT min(CASE WHEN c > a THEN c ELSE a END) FROM (
+	return fmt.Sprintf(`SELECT min(CASE WHEN c IS NULL THEN a WHEN a IS NULL OR c > a THEN c ELSE a END) FROM (
 	SELECT %s AS c, %s AS a FROM %s WHERE %s ORDER BY id LIMIT %d)`,
 		msSQL("created_at"), msSQL("available_at"), table, dueRow, oldestDueWindow)
-}
-
-// msSQL reads a time column as Unix milliseconds, or NULL: integers as
-// they are, REALs truncated, text of digits as its number, and text that
-// begins with a date as SQLite's date functions read it (no zone means UTC,
-// as CURRENT_TIMESTAMP writes it). Other text, BLOBs and NULL are NULL.
-func msSQL(col string) string {
-	return fmt.Sprintf(`(CASE typeof(%[1]s)
-	WHEN 'integer' THEN %[1]s
-	WHEN 'real' THEN CAST(%[1]s AS INTEGER)
-	WHEN 'text' THEN CASE
-		WHEN trim(%[1]s) <> '' AND trim(%[1]s) NOT GLOB '*[^0-9]*' THEN CAST(trim(%[1]s) AS INTEGER)
-		WHEN trim(%[1]s) GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*' THEN CAST(round((julianday(trim(%[1]s)) - 2440587.5) * 86400000) AS INTEGER)
-	END
-END)`, col)
 }
 
 // Ping checks that the database answers a read and that its path still
