@@ -91,7 +91,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		return nil, err
 	}
 	if err = applySchema(ctx, a.store, cfg.Schema.Mode, log); err != nil {
-		return nil, err
+		return nil, claim.NotWritable(cfg.Database.Path, err)
 	}
 	if a.conn, err = publish.Connect(ctx, a.natsURL, cfg.NATS, "outbox-relay", log.Named("nats")); err != nil {
 		return nil, err

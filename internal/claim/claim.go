@@ -381,7 +381,7 @@ func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome
 // waited too, and their silence proves nothing until they have had as long
 // again to catch up.
 func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error) {
-	defer func() { err = s.notWritable(err) }()
+	defer func() { err = NotWritable(s.path, err) }()
 	host, _ := os.Hostname()
 	asked := time.Now()
 	tx, err := s.begin(ctx) // BEGIN IMMEDIATE: waits for the lock
@@ -421,15 +421,15 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s
 	return reclaimed, nil
 }
 
-// notWritable marks err with event.ErrNotWritable when SQLite says this
-// process may not write the file, naming what the relay needs.
-func (s *Store) notWritable(err error) error {
+// NotWritable marks err with event.ErrNotWritable when SQLite says this
+// process may not write the file at path, naming what the relay needs.
+func NotWritable(path string, err error) error {
 	var se sqlite3.Error
 	if !errors.As(err, &se) || (se.Code != sqlite3.ErrReadonly && se.Code != sqlite3.ErrPerm && se.Code != sqlite3.ErrCantOpen) {
 		return err
 	}
 	return fmt.Errorf("%w: %s: %w (the relay runs as uid %d and needs to write the file, its -wal and -shm files and their directory %s)",
-		event.ErrNotWritable, s.path, err, os.Geteuid(), filepath.Dir(s.path))
+		event.ErrNotWritable, path, err, os.Geteuid(), filepath.Dir(path))
 }
 
 // Leave removes this instance's heartbeat row; call it after every claim

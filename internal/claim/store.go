@@ -126,6 +126,11 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	write.SetConnMaxLifetime(0)
 	if err := retryBusy(ctx, func() error { return write.PingContext(ctx) }); err != nil {
 		write.Close()
+		if !opts.ReadOnly {
+			if err := NotWritable(opts.Path, err); errors.Is(err, event.ErrNotWritable) {
+				return nil, err
+			}
+		}
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
 	read, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{
