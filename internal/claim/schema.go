@@ -5,10 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	sqlite3 "github.com/mattn/go-sqlite3"
 )
 
 // MigrationsTable records the relay's own migrations, keyed by outbox table.
@@ -19,15 +24,18 @@ const MigrationsTable = "outbox_relay_migrations"
 // InstancesTable holds one heartbeat row per running relay.
 const InstancesTable = "outbox_relay_instances"
 
-// ErrSchema is wrapped by Verify's error when the schema is incomplete.
+// ErrSchema is wrapped by Verify's and Migrate's errors when the schema is
+// incomplete, or has a column or index the relay cannot work with.
 var ErrSchema = errors.New("outbox schema incomplete")
 
-// migration is one schema step for the outbox table t, run inside a
-// BEGIN IMMEDIATE transaction.
+// migration is one schema step for the outbox table. apply runs it in as
+// many short BEGIN IMMEDIATE transactions as it needs (Store.inTx,
+// Store.backfill), each of them idempotent: a run killed half way leaves
+// the version unrecorded, and the next run finishes the job.
 type migration struct {
 	version int
 	name    string
-	apply   func(ctx context.Context, tx *sql.Tx, t string) error
+	apply   func(ctx context.Context, s *Store) error
 }
 
 var migrations = []migration{
@@ -40,8 +48,9 @@ var migrations = []migration{
 // max_deliver deliveries (JetStream has no dead-letter queue).
 const ExhaustedTable = "outbox_relay_exhausted"
 
-func migrateExhausted(ctx context.Context, tx *sql.Tx, _ string) error {
-	_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+ExhaustedTable+` (
+func migrateExhausted(ctx context.Context, s *Store) error {
+	return s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+ExhaustedTable+` (
 	id          INTEGER PRIMARY KEY,
 	event_id    TEXT,
 	stream      TEXT NOT NULL,
@@ -52,10 +61,11 @@ func migrateExhausted(ctx context.Context, tx *sql.Tx, _ string) error {
 	observed_at INTEGER NOT NULL,
 	UNIQUE (stream, consumer, stream_seq)
 )`)
-	if err != nil {
-		return fmt.Errorf("create table %s: %w", ExhaustedTable, err)
-	}
-	return nil
+		if err != nil {
+			return fmt.Errorf("create table %s: %w", ExhaustedTable, err)
+		}
+		return nil
+	})
 }
 
 // baseColumns are the columns an existing event_queue must already have for
@@ -72,15 +82,22 @@ var addable = []struct{ name, decl string }{
 }
 
 // migrateOutbox is the design record's migration 0101: create the outbox
-// on an empty file, or add event_id/claimed_at to a legacy one and backfill
-// a distinct random UUID into every row; the unique index; processed_events.
-func migrateOutbox(ctx context.Context, tx *sql.Tx, t string) error {
-	cols, err := columns(ctx, tx, t)
-	if err != nil {
-		return err
-	}
-	if len(cols) == 0 {
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s (
+// on an empty file, or upgrade a legacy one: add event_id/claimed_at,
+// backfill a distinct random UUID into every row and an available_at into
+// every row without one, and create the unique index; and processed_events.
+// Each part is a transaction of its own, and the backfill a series of short
+// ones.
+func migrateOutbox(ctx context.Context, s *Store) error {
+	t := s.table
+	created := false
+	err := s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+		cols, err := columns(ctx, tx, t)
+		if err != nil {
+			return err
+		}
+		if len(cols) == 0 {
+			created = true
+			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s (
 	id           INTEGER PRIMARY KEY AUTOINCREMENT,
 	event_id     TEXT,
 	event_type   TEXT NOT NULL,
@@ -93,33 +110,30 @@ func migrateOutbox(ctx context.Context, tx *sql.Tx, t string) error {
 	processed_at INTEGER,
 	last_error   TEXT
 )`, t, nowSQL)); err != nil {
-			return fmt.Errorf("create table %s: %w", t, err)
-		}
-	} else {
-		var missing []string
-		for _, c := range baseColumns {
-			if !cols[c] {
-				missing = append(missing, c)
+				return fmt.Errorf("create table %s: %w", t, err)
 			}
-		}
-		if len(missing) > 0 {
-			return fmt.Errorf("table %s lacks column(s) %s: it is not an outbox table this migration can upgrade", t, strings.Join(missing, ", "))
-		}
-		for _, c := range addable {
-			if !cols[c.name] {
-				if _, err := tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s %s`, t, c.name, c.decl)); err != nil {
-					return fmt.Errorf("add column %s.%s: %w", t, c.name, err)
+			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s_event_id ON %[1]s (event_id)`, t)); err != nil {
+				return fmt.Errorf("create unique index on %s.event_id: %w", t, err)
+			}
+		} else {
+			var missing []string
+			for _, c := range baseColumns {
+				if !cols[c] {
+					missing = append(missing, c)
+				}
+			}
+			if len(missing) > 0 {
+				return fmt.Errorf("table %s lacks column(s) %s: it is not an outbox table this migration can upgrade", t, strings.Join(missing, ", "))
+			}
+			for _, c := range addable {
+				if !cols[c.name] {
+					if _, err := tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s %s`, t, c.name, c.decl)); err != nil {
+						return fmt.Errorf("add column %s.%s: %w", t, c.name, err)
+					}
 				}
 			}
 		}
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE event_id IS NULL`, t, uuidSQL)); err != nil {
-			return fmt.Errorf("backfill %s.event_id: %w", t, err)
-		}
-	}
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE UNIQUE INDEX IF NOT EXISTS %[1]s_event_id ON %[1]s (event_id)`, t)); err != nil {
-		return fmt.Errorf("create unique index on %s.event_id: %w", t, err)
-	}
-	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS processed_events (
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS processed_events (
 	event_id     TEXT NOT NULL,
 	handler      TEXT NOT NULL,
 	status       TEXT NOT NULL,
@@ -127,20 +141,77 @@ func migrateOutbox(ctx context.Context, tx *sql.Tx, t string) error {
 	processed_at INTEGER,
 	PRIMARY KEY (event_id, handler)
 )`); err != nil {
-		return fmt.Errorf("create table processed_events: %w", err)
+			return fmt.Errorf("create table processed_events: %w", err)
+		}
+		return nil
+	})
+	if err != nil || created {
+		return err
+	}
+	err = s.backfill(ctx,
+		// A distinct random UUID for every row without one.
+		fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE rowid > ?1 AND rowid <= ?2 AND event_id IS NULL`, t, uuidSQL),
+		// A NULL available_at is never due (the claim asks available_at <=
+		// now): its created_at where that is a time, else now.
+		fmt.Sprintf(`UPDATE %s SET available_at = CASE WHEN typeof(created_at) = 'integer' THEN created_at ELSE %s END
+WHERE rowid > ?1 AND rowid <= ?2 AND available_at IS NULL`, t, nowSQL),
+	)
+	if err != nil {
+		return err
+	}
+	// The unique index after the backfill: kept up to date during it, the
+	// index would take a random page write per row (the ids are random),
+	// twenty times the backfill's cost. Building it is the one step that
+	// reads the whole table under the lock: SQLite builds an index in one
+	// statement (about 2 s for 2.5 million rows).
+	return s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error { return createEventIDIndex(ctx, tx, t) })
+}
+
+// createEventIDIndex creates the unique index on event_id unless one
+// exists. An index of the relay's name that does not make event_id unique
+// is an error: IF NOT EXISTS would keep it. One of another name is left
+// alone.
+func createEventIDIndex(ctx context.Context, tx *sql.Tx, t string) error {
+	problem, _, blocked, err := eventIDIndexProblem(ctx, tx, t)
+	if err != nil || problem == "" {
+		return err
+	}
+	if blocked {
+		return fmt.Errorf("%w: %s", ErrSchema, problem)
+	}
+	_, err = tx.ExecContext(ctx, fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s_event_id ON %[1]s (event_id)`, t))
+	var se sqlite3.Error
+	if errors.As(err, &se) && se.Code == sqlite3.ErrConstraint {
+		var n int
+		var example string
+		if qerr := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT count(*), coalesce(min(event_id), '') FROM (SELECT event_id FROM %s WHERE event_id IS NOT NULL GROUP BY event_id HAVING count(*) > 1)`, t)).Scan(&n, &example); qerr == nil && n > 0 {
+			return fmt.Errorf("create unique index on %s.event_id: %d event ids are each shared by more than one row (for one, %q): JetStream would publish only the first row of each; give every row its own id and migrate again", t, n, example)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("create unique index on %s.event_id: %w", t, err)
 	}
 	return nil
 }
 
 // migrateClaims adds what the relay needs beyond the design record: the
 // claim owner, the indexes that keep a claim proportional to the batch, and
-// the instance heartbeat table.
-func migrateClaims(ctx context.Context, tx *sql.Tx, t string) error {
-	cols, err := columns(ctx, tx, t)
-	if err != nil {
+// the instance heartbeat table. Each statement is a transaction of its own:
+// an index is built by reading the whole table under the lock.
+func migrateClaims(ctx context.Context, s *Store) error {
+	t := s.table
+	err := s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+		cols, err := columns(ctx, tx, t)
+		if err != nil || cols["claimed_by"] {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN claimed_by TEXT`, t))
 		return err
+	})
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", t, err)
 	}
-	stmts := []string{
+	for _, stmt := range []string{
 		// Leading id matches the claim's ORDER BY id: no sort, stop at LIMIT.
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_pending ON %[1]s (id, available_at) WHERE status = 'pending'`, t),
 		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_processing ON %[1]s (claimed_at) WHERE status = 'processing'`, t),
@@ -153,30 +224,130 @@ func migrateClaims(ctx context.Context, tx *sql.Tx, t string) error {
 	pid          INTEGER,
 	version      TEXT
 )`,
-	}
-	if !cols["claimed_by"] {
-		stmts = append([]string{fmt.Sprintf(`ALTER TABLE %s ADD COLUMN claimed_by TEXT`, t)}, stmts...)
-	}
-	for _, s := range stmts {
-		if _, err := tx.ExecContext(ctx, s); err != nil {
+	} {
+		if err := s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, stmt)
+			return err
+		}); err != nil {
 			return fmt.Errorf("migrate %s: %w", t, err)
 		}
 	}
 	return nil
 }
 
+// A backfill transaction updates at most backfillBatch rows, and fewer
+// where that would hold the lock for much longer than backfillHold: the
+// batch size follows the time the last batch held the lock.
+const (
+	backfillBatch = 10_000
+	backfillFirst = 1_000
+	backfillHold  = 25 * time.Millisecond
+)
+
+// backfill runs the updates over the rows present when it starts, in
+// rowid order, in short BEGIN IMMEDIATE transactions of up to
+// backfillBatch rows (sized to hold the lock for about backfillHold); each
+// update takes the batch's rowid range as ?1 (exclusive) and ?2
+// (inclusive), and must only fill what is missing, so that a backfill cut
+// short (kill -9) is finished by running it again. After each transaction
+// the application has the lock for a while (migrationTx), at least 10 ms.
+func (s *Store) backfill(ctx context.Context, updates ...string) error {
+	var lo, end sql.NullInt64
+	if err := s.read.QueryRowContext(ctx, fmt.Sprintf(`SELECT min(rowid) - 1, max(rowid) FROM %s`, s.table)).Scan(&lo, &end); err != nil {
+		return fmt.Errorf("backfill %s: %w", s.table, err)
+	}
+	if !end.Valid {
+		return nil // no rows
+	}
+	next := fmt.Sprintf(`SELECT rowid FROM %s WHERE rowid > ?1 AND rowid <= ?2 ORDER BY rowid LIMIT 1 OFFSET ?3`, s.table)
+	batch := backfillFirst
+	for from := lo.Int64; from < end.Int64; {
+		// Found without the lock: the range holds the batch's rows whatever
+		// the application does meanwhile.
+		to := end.Int64
+		var hi int64
+		switch err := s.read.QueryRowContext(ctx, next, from, end.Int64, batch-1).Scan(&hi); {
+		case err == nil:
+			to = hi
+		case !errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("backfill %s: %w", s.table, err)
+		}
+		var held time.Duration
+		err := s.migrationTx(ctx, 10*time.Millisecond, &held, func(tx *sql.Tx) error {
+			for _, u := range updates {
+				if _, err := tx.ExecContext(ctx, u, from, to); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("backfill %s rows %d to %d: %w", s.table, from+1, to, err)
+		}
+		from = to
+		batch = max(100, min(backfillBatch, 2*batch, int(float64(batch)*float64(backfillHold)/float64(max(held, time.Millisecond)))))
+	}
+	return nil
+}
+
+// migrationTx runs fn in a BEGIN IMMEDIATE transaction of its own, then
+// leaves the lock to the application for as long as the transaction held
+// it, at least minPause and at most 100 ms: the application's writers
+// sleep in their busy handlers between tries (up to 100 ms at a time), and
+// a relay that took the lock straight back would find them asleep again.
+// Before pausing it checkpoints (the WAL stays small, and the application's
+// commits do not pay for copying the migration into the database). held, if
+// not nil, receives how long the transaction held the lock.
+func (s *Store) migrationTx(ctx context.Context, minPause time.Duration, held *time.Duration, fn func(tx *sql.Tx) error) error {
+	var start time.Time
+	if err := s.inTx(ctx, func(tx *sql.Tx) error {
+		start = time.Now()
+		return fn(tx)
+	}); err != nil {
+		return err
+	}
+	d := time.Since(start)
+	if held != nil {
+		*held = d
+	}
+	pause := time.Now().Add(min(max(d, minPause), 100*time.Millisecond))
+	if d > time.Millisecond {
+		s.Checkpoint(ctx) // best effort: the next transaction finds out if the file is gone
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Until(pause)):
+	}
+	return nil
+}
+
+// inTx runs fn in a BEGIN IMMEDIATE transaction and commits it.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
 // Required lists what the relay needs of the schema, for Verify.
 var (
 	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by"}
-	requiredIndexes = []string{"_event_id", "_pending", "_processing", "_dead_lettered"}
+	requiredIndexes = []string{"_pending", "_processing", "_dead_lettered"}
 	requiredTables  = []string{"processed_events", InstancesTable, ExhaustedTable}
 )
 
 // Verify checks the schema without changing it and returns an error naming
-// every missing table, column and index.
+// every missing table, column and index, an event_id that no UNIQUE index
+// covers, and every time column that cannot hold integer milliseconds.
 func (s *Store) Verify(ctx context.Context) error {
 	t := s.table
-	var missing []string
+	var missing, wrong []string
 	cols, err := columns(ctx, s.read, t)
 	if err != nil {
 		return err
@@ -189,6 +360,17 @@ func (s *Store) Verify(ctx context.Context) error {
 				missing = append(missing, "column "+t+"."+c)
 			}
 		}
+		if wrong, err = timeColumnProblems(ctx, s.read, t); err != nil {
+			return err
+		}
+	}
+	switch problem, absent, _, err := eventIDIndexProblem(ctx, s.read, t); {
+	case err != nil:
+		return err
+	case absent:
+		missing = append(missing, problem)
+	case problem != "":
+		wrong = append(wrong, problem)
 	}
 	for _, suffix := range requiredIndexes {
 		if ok, err := objectExists(ctx, s.read, "index", t+suffix); err != nil {
@@ -204,18 +386,41 @@ func (s *Store) Verify(ctx context.Context) error {
 			missing = append(missing, "table "+name)
 		}
 	}
+	var parts []string
 	if len(missing) > 0 {
-		return fmt.Errorf("%w in %s: missing %s (run `outbox-relay migrate` or use schema.mode auto)", ErrSchema, s.path, strings.Join(missing, ", "))
+		parts = append(parts, "missing "+strings.Join(missing, ", ")+" (run `outbox-relay migrate` or use schema.mode auto)")
+	}
+	parts = append(parts, wrong...)
+	if len(parts) > 0 {
+		return fmt.Errorf("%w in %s: %s", ErrSchema, s.path, strings.Join(parts, "; "))
 	}
 	return nil
 }
 
-// Migrate applies the relay's pending migrations. Each runs in its own
-// BEGIN IMMEDIATE transaction and is re-checked inside it, so two processes
-// migrating the same file at once both succeed and apply each step once.
+// Migrate applies the relay's pending migrations. Each runs in short BEGIN
+// IMMEDIATE transactions, every one of them idempotent, and is recorded
+// only once complete, so two processes migrating the same file at once
+// both succeed and a migration cut short is finished by the next run.
 // Persistent lock contention is retried with a bounded backoff (100 ms
 // doubling to 1 s, 5 retries). It returns the versions it applied.
+//
+// It changes nothing, and says what to change, when an existing table has
+// a time column that cannot hold integer milliseconds (SQLite cannot change
+// a column's type or default in place) or an index of the relay's name for
+// event_id that does not make it UNIQUE; and it fails, after migrating,
+// when no UNIQUE index covers event_id.
 func (s *Store) Migrate(ctx context.Context) ([]int, error) {
+	var problems []string
+	err := retryBusy(ctx, func() (err error) {
+		problems, err = s.preconditions(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("%w in %s: %s; nothing was changed", ErrSchema, s.path, strings.Join(problems, "; "))
+	}
 	var applied []int
 	for _, m := range migrations {
 		ok, err := s.migrateOne(ctx, m)
@@ -226,7 +431,33 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 			applied = append(applied, m.version)
 		}
 	}
+	problem, _, _, err := eventIDIndexProblem(ctx, s.read, s.table)
+	if err != nil {
+		return applied, err
+	}
+	if problem != "" {
+		return applied, fmt.Errorf("%w in %s: %s", ErrSchema, s.path, problem)
+	}
 	return applied, nil
+}
+
+// preconditions lists what in an existing outbox table the migrations
+// cannot fix.
+func (s *Store) preconditions(ctx context.Context) ([]string, error) {
+	cols, err := columns(ctx, s.read, s.table)
+	if err != nil || len(cols) == 0 {
+		return nil, err
+	}
+	problems, err := timeColumnProblems(ctx, s.read, s.table)
+	if err != nil {
+		return nil, err
+	}
+	if problem, _, blocked, err := eventIDIndexProblem(ctx, s.read, s.table); err != nil {
+		return nil, err
+	} else if blocked {
+		problems = append(problems, problem)
+	}
+	return problems, nil
 }
 
 func (s *Store) migrateOne(ctx context.Context, m migration) (applied bool, err error) {
@@ -256,39 +487,273 @@ func retryBusy(ctx context.Context, fn func() error) error {
 	}
 }
 
+// applyMigration applies m unless it is recorded, and records it once it
+// is complete, unless another process recorded it meanwhile.
 func (s *Store) applyMigration(ctx context.Context, m migration) (applied bool, err error) {
-	tx, err := s.begin(ctx)
-	if err != nil {
-		return false, err
+	recorded := func(tx *sql.Tx) (bool, error) {
+		var n int
+		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+MigrationsTable+` WHERE target = ? AND version = ?`, s.table, m.version).Scan(&n)
+		return n > 0, err
 	}
-	defer func() {
-		if err != nil {
-			tx.Rollback()
-		}
-	}()
-	if _, err = tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
+	var done bool
+	err = s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
 	target     TEXT NOT NULL,
 	version    INTEGER NOT NULL,
 	name       TEXT NOT NULL,
 	applied_at INTEGER NOT NULL,
 	PRIMARY KEY (target, version)
 )`); err != nil {
+			return err
+		}
+		var err error
+		done, err = recorded(tx)
+		return err
+	})
+	if err != nil || done {
 		return false, err
 	}
-	var n int
-	if err = tx.QueryRowContext(ctx, `SELECT count(*) FROM `+MigrationsTable+` WHERE target = ? AND version = ?`, s.table, m.version).Scan(&n); err != nil {
+	if err := m.apply(ctx, s); err != nil {
 		return false, err
 	}
-	if n > 0 {
-		return false, tx.Commit()
+	// Recorded only now that it is complete, and once.
+	err = s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+		var err error
+		if done, err = recorded(tx); err != nil || done {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO `+MigrationsTable+` (target, version, name, applied_at) VALUES (?, ?, ?, ?)`, s.table, m.version, m.name, nowMs())
+		return err
+	})
+	return err == nil && !done, err
+}
+
+// timeColumns hold Unix milliseconds, which the relay compares as integers
+// (available_at <= now) and reads as integers.
+var timeColumns = []string{"available_at", "created_at", "processed_at", "claimed_at"}
+
+// timeColumnProblems names each time column of table t that cannot hold
+// integer milliseconds: one without INTEGER affinity, or whose default
+// gives something else (text such as CURRENT_TIMESTAMP's, a fraction, Unix
+// seconds). No default, a NULL one and an integer one are fine.
+func timeColumnProblems(ctx context.Context, q querier, t string) ([]string, error) {
+	type col struct {
+		name, typ string
+		dflt      sql.NullString
 	}
-	if err = m.apply(ctx, tx, s.table); err != nil {
-		return false, err
+	rows, err := q.QueryContext(ctx, `SELECT lower(name), type, dflt_value FROM pragma_table_info(?)`, t)
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t, err)
 	}
-	if _, err = tx.ExecContext(ctx, `INSERT INTO `+MigrationsTable+` (target, version, name, applied_at) VALUES (?, ?, ?, ?)`, s.table, m.version, m.name, nowMs()); err != nil {
-		return false, err
+	byName := map[string]col{}
+	for rows.Next() {
+		var c col
+		if err := rows.Scan(&c.name, &c.typ, &c.dflt); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		byName[c.name] = c
 	}
-	return true, tx.Commit()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var problems []string
+	for _, name := range timeColumns {
+		c, ok := byName[name]
+		if !ok {
+			continue
+		}
+		decl := c.typ
+		if decl == "" {
+			decl = "declared without a type"
+		}
+		if c.dflt.Valid {
+			d := c.dflt.String
+			if strings.Contains(d, "(") {
+				d = "(" + d + ")"
+			}
+			decl += " DEFAULT " + d
+		}
+		var why string
+		if aff := affinity(c.typ); aff != "INTEGER" {
+			why = aff + " affinity, not INTEGER"
+		} else if c.dflt.Valid {
+			if why, err = judgeDefault(ctx, q, c.dflt.String); err != nil {
+				return nil, err
+			}
+		}
+		if why == "" {
+			continue
+		}
+		want := "INTEGER" // claimed_at, processed_at: NULL until the relay sets them
+		if name == "available_at" || name == "created_at" {
+			want = "INTEGER NOT NULL DEFAULT (" + nowSQL + ")"
+		}
+		problems = append(problems, fmt.Sprintf("column %s.%s is %s, which has %s; declare it `%s %s`", t, name, decl, why, name, want))
+	}
+	if len(problems) > 0 {
+		problems[len(problems)-1] += " (SQLite cannot change a column's type or default in place: rebuild the table as " +
+			"https://sqlite.org/lang_altertable.html#otheralter shows, converting the column's text times with " +
+			"CAST((julianday(column) - 2440587.5) * 86400000 AS INTEGER), or Unix seconds with column * 1000)"
+	}
+	return problems, nil
+}
+
+// judgeDefault evaluates a column default as SQLite would for a column of
+// INTEGER affinity and says what is wrong with the value, if anything. A
+// default that cannot be evaluated here (a function of the application's
+// own) is given the benefit of the doubt.
+func judgeDefault(ctx context.Context, q querier, dflt string) (string, error) {
+	var v any
+	if err := q.QueryRowContext(ctx, `SELECT (`+dflt+`)`).Scan(&v); err != nil {
+		return "", nil
+	}
+	var n int64
+	switch v := v.(type) {
+	case nil:
+		return "", nil
+	case int64:
+		n = v
+	case float64:
+		if v != math.Trunc(v) || math.Abs(v) > 1<<62 {
+			return fmt.Sprintf("a default that stores a fraction (%v)", v), nil
+		}
+		n = int64(v)
+	case string, []byte:
+		text := fmt.Sprintf("%s", v)
+		f, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
+		if !numericText.MatchString(text) || err != nil || f != math.Trunc(f) || math.Abs(f) > 1<<62 {
+			return fmt.Sprintf("a default that stores text (%q now)", text), nil
+		}
+		n = int64(f)
+		if i, err := strconv.ParseInt(strings.TrimSpace(text), 10, 64); err == nil {
+			n = i
+		}
+	default:
+		return fmt.Sprintf("a default that stores %T", v), nil
+	}
+	if sec := time.Now().Unix(); n > sec-2*86400 && n < sec+2*86400 {
+		return fmt.Sprintf("a default that gives Unix seconds (%d now), not milliseconds", n), nil
+	}
+	return "", nil
+}
+
+// numericText is a number as SQLite's type affinity recognizes it.
+var numericText = regexp.MustCompile(`^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$`)
+
+// affinity is SQLite's type affinity of a declared column type
+// (https://sqlite.org/datatype3.html#determination_of_column_affinity).
+func affinity(decl string) string {
+	d := strings.ToUpper(decl)
+	switch {
+	case strings.Contains(d, "INT"):
+		return "INTEGER"
+	case strings.Contains(d, "CHAR"), strings.Contains(d, "CLOB"), strings.Contains(d, "TEXT"):
+		return "TEXT"
+	case d == "", strings.Contains(d, "BLOB"):
+		return "BLOB"
+	case strings.Contains(d, "REAL"), strings.Contains(d, "FLOA"), strings.Contains(d, "DOUB"):
+		return "REAL"
+	}
+	return "NUMERIC"
+}
+
+// eventIDIndexProblem says what is wrong with the uniqueness of table t's
+// event_id: "" when a UNIQUE index covers it alone (of any name, partial
+// only WHERE event_id IS NOT NULL); absent when there is simply none, else
+// which index on it, or of the relay's name, falls short and how to fix it;
+// blocked when the relay's name is taken by an index that falls short (the
+// migration cannot create its own).
+// Without uniqueness two rows can share an id, and JetStream drops the
+// second as a duplicate of the first: one event lost.
+func eventIDIndexProblem(ctx context.Context, q querier, t string) (problem string, absent, blocked bool, err error) {
+	rows, err := q.QueryContext(ctx, `SELECT il.name, il."unique", coalesce(lower(ii.name), '?'), coalesce(m.sql, '')
+FROM pragma_index_list(?1) il JOIN pragma_index_info(il.name) ii LEFT JOIN sqlite_master m ON m.type = 'index' AND m.name = il.name
+ORDER BY il.name, ii.seqno`, t)
+	if err != nil {
+		return "", false, false, fmt.Errorf("read indexes of %s: %w", t, err)
+	}
+	var idx []*index
+	for rows.Next() {
+		var name, col, def string
+		var unique bool
+		if err := rows.Scan(&name, &unique, &col, &def); err != nil {
+			rows.Close()
+			return "", false, false, err
+		}
+		if len(idx) == 0 || idx[len(idx)-1].name != name {
+			idx = append(idx, &index{name: name, unique: unique, sql: def})
+		}
+		idx[len(idx)-1].cols = append(idx[len(idx)-1].cols, col)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", false, false, err
+	}
+	var bad []string
+	for _, ix := range idx {
+		alone := len(ix.cols) == 1 && ix.cols[0] == "event_id"
+		where := partialWhere(ix.sql)
+		if alone && ix.unique && (where == "" || notNullOnly(where)) {
+			return "", false, false, nil
+		}
+		switch {
+		case !alone && strings.EqualFold(ix.name, t+"_event_id"):
+			bad = append(bad, fmt.Sprintf("index %s on %s (%s) is not UNIQUE on event_id alone", ix.name, t, strings.Join(ix.cols, ", ")))
+		case alone && !ix.unique:
+			bad = append(bad, fmt.Sprintf("index %s on %s.event_id is not UNIQUE", ix.name, t))
+		case alone:
+			bad = append(bad, fmt.Sprintf("index %s on %s.event_id is UNIQUE only WHERE %s", ix.name, t, where))
+		}
+	}
+	if len(bad) == 0 {
+		return fmt.Sprintf("index %[1]s_event_id (UNIQUE on %[1]s.event_id)", t), true, false, nil
+	}
+	fix := fmt.Sprintf("create one: CREATE UNIQUE INDEX %[1]s_event_id ON %[1]s (event_id)", t)
+	taken := relayIndex(idx, t)
+	if taken != "" {
+		fix = fmt.Sprintf("replace it: DROP INDEX %s; CREATE UNIQUE INDEX %[1]s ON %s (event_id)", taken, t)
+	}
+	return fmt.Sprintf("%s: two rows with one event_id would reach JetStream as one message (it drops the second as a duplicate); %s",
+		strings.Join(bad, ", "), fix), false, taken != "", nil
+}
+
+// index is one index of the outbox table, as eventIDIndexProblem reads it.
+type index struct {
+	name   string
+	unique bool
+	cols   []string
+	sql    string
+}
+
+// relayIndex returns the name of the index among idx that has the relay's
+// name for the event_id index, if any.
+func relayIndex(idx []*index, t string) string {
+	for _, ix := range idx {
+		if strings.EqualFold(ix.name, t+"_event_id") {
+			return ix.name
+		}
+	}
+	return ""
+}
+
+// partialWhere returns the WHERE clause of a CREATE INDEX statement, if any.
+func partialWhere(def string) string {
+	if m := indexWhere.FindStringSubmatch(def); m != nil {
+		return strings.TrimSpace(m[1])
+	}
+	return ""
+}
+
+// indexWhere finds a partial index's WHERE clause after its column list.
+var indexWhere = regexp.MustCompile(`(?is)\)\s*where\s+(.*)$`)
+
+// notNullOnly reports whether a partial index's WHERE clause only leaves
+// out NULL event ids, which never conflict anyway.
+func notNullOnly(where string) bool {
+	w := strings.NewReplacer(" ", "", "\t", "", "\n", "", "(", "", ")", "", `"`, "", "`", "", "[", "", "]", "").Replace(strings.ToLower(where))
+	return w == "event_idisnotnull" || w == "event_idnotnull"
 }
 
 type querier interface {
