@@ -427,3 +427,19 @@ func TestDatabaseTroubleLoggedOncePerEpisode(t *testing.T) {
 		t.Fatalf("published %v", v)
 	}
 }
+
+// TestOutageWithNothingToTryEnds: a broker that was down at startup, with
+// no row to publish, is ready again as soon as it answers: the relay does
+// not wait for a row to prove it.
+func TestOutageWithNothingToTryEnds(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	n.Stop()
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	testenv.Eventually(t, 20*time.Second, "the relay to pause", func() bool { return h.relay.Paused() != nil })
+	n.Restart()
+	testenv.Eventually(t, 30*time.Second, "the outage to end with an empty table", func() bool { return h.relay.Paused() == nil })
+	if c := logCount(h, "broker recovered; resuming"); c != 1 {
+		t.Fatalf("logged recovery %d times, want once", c)
+	}
+}

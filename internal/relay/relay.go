@@ -360,6 +360,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			// An empty claim may not have written (it looks first): it
 			// proves nothing about the lock, but the database answered.
 			r.claimTrouble.okUnlessBusy()
+			r.outage.nothingToTry(r.log, r.m)
 			r.idle(ctx)
 			continue
 		}
@@ -507,7 +508,7 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 				outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now, Reason: metrics.DeferShutdown})
 				continue
 			}
-			delay := r.outage.begin(res.Err, r.log, r.m)
+			delay := r.outage.deferRow(res.Err, r.log, r.m)
 			r.Wake() // the claimer may be idle: let it see the outage now
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
 		default:
@@ -629,13 +630,17 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 // When a probe succeeds the outage is half open: the claimer publishes one
 // row, and only a publish made after that which succeeds ends the outage.
 type outageState struct {
-	mu      sync.Mutex
-	since   time.Time
-	last    error
-	repeats int       // outages since the last successful publish
-	open    time.Time // when the outage became half open; zero: closed
-	probes  int       // probes since the outage began
+	mu       sync.Mutex
+	since    time.Time
+	last     error
+	repeats  int       // outages since the last successful publish
+	open     time.Time // when the outage became half open; zero: closed
+	probes   int       // probes since the outage began
+	deferred int       // rows deferred since the outage began
 }
+
+// maxDefer is the longest an outage defers a row (see begin).
+const maxDefer = time.Minute
 
 // active reports an outage that is not half open: nothing may be claimed.
 func (o *outageState) active() bool {
@@ -672,11 +677,39 @@ func (o *outageState) begin(err error, log *zap.Logger, m *metrics.Metrics) time
 	if o.since.IsZero() {
 		o.since = time.Now()
 		o.repeats++
-		o.probes = 0
+		o.probes, o.deferred = 0, 0
 		m.BrokerConnected.Set(0)
 		log.Warn("broker unavailable; pausing without spending attempts", zap.Error(err))
 	}
-	return min(time.Second<<min(o.repeats-1, 6), time.Minute)
+	return min(time.Second<<min(o.repeats-1, 6), maxDefer)
+}
+
+// deferRow records a row put back because of the outage and returns how
+// long it waits (see begin).
+func (o *outageState) deferRow(err error, log *zap.Logger, m *metrics.Metrics) time.Duration {
+	d := o.begin(err, log, m)
+	o.mu.Lock()
+	o.deferred++
+	o.mu.Unlock()
+	return d
+}
+
+// nothingToTry ends a half-open outage when there is no row to try: none
+// was deferred (the outage began with a probe, at startup say), or every
+// deferred row would have been due by now (another relay took them).
+func (o *outageState) nothingToTry(log *zap.Logger, m *metrics.Metrics) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since.IsZero() || o.open.IsZero() || (o.deferred > 0 && time.Since(o.open) < maxDefer) {
+		return
+	}
+	o.endLocked(log, m)
+}
+
+func (o *outageState) endLocked(log *zap.Logger, m *metrics.Metrics) {
+	log.Info("broker recovered; resuming", zap.Duration("outage", time.Since(o.since).Round(time.Millisecond)))
+	o.since, o.open, o.repeats = time.Time{}, time.Time{}, 0
+	m.BrokerConnected.Set(1)
 }
 
 func (o *outageState) update(err error) {
@@ -718,9 +751,7 @@ func (o *outageState) succeeded(published time.Time, log *zap.Logger, m *metrics
 	if o.open.IsZero() || published.Before(o.open) {
 		return
 	}
-	log.Info("broker recovered; resuming", zap.Duration("outage", time.Since(o.since).Round(time.Millisecond)))
-	o.since, o.open, o.repeats = time.Time{}, time.Time{}, 0
-	m.BrokerConnected.Set(1)
+	o.endLocked(log, m)
 }
 
 // stateLog logs a trouble once when it starts and once when it ends.
