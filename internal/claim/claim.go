@@ -55,7 +55,7 @@ func newQueries(t string) queries {
 		claim: fmt.Sprintf(`UPDATE %[1]s SET status = 'processing', claimed_at = ?1, claimed_by = ?2
 WHERE id IN (SELECT id FROM (
 	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
-		SELECT id, length(payload) AS len FROM %[1]s WHERE status = 'pending' AND %[2]s ORDER BY id LIMIT ?3))
+		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s WHERE status = 'pending' AND %[2]s ORDER BY id LIMIT ?3))
 	WHERE before < ?5)`, t, dueSQL("?4")),
 		assignIDs: fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE `+ofClaim+` AND event_id IS NULL`, t, uuidSQL),
 		claimed: fmt.Sprintf(`SELECT id, event_id, event_type, payload, CAST(attempts AS INTEGER),
@@ -86,8 +86,8 @@ WHERE status = 'processing' AND (
 func (s *Store) claimTime() (now, token int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now = s.nowMs()
-	token = max(now, s.lastClaim+1)
+	now = s.dueMs()
+	token = max(nowMs(), s.lastClaim+1)
 	s.lastClaim = token
 	return now, token
 }
@@ -122,7 +122,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	// commits): find out with a read, without taking the write lock the
 	// application needs.
 	var due bool
-	if err := s.read.QueryRowContext(context.WithoutCancel(ctx), s.q.due, s.nowMs()).Scan(&due); err != nil {
+	if err := s.read.QueryRowContext(context.WithoutCancel(ctx), s.q.due, s.dueMs()).Scan(&due); err != nil {
 		return nil, fmt.Errorf("look for due rows: %w", err)
 	}
 	if !due {
@@ -245,7 +245,7 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 	if len(outs) == 0 {
 		return nil, nil
 	}
-	now := s.nowMs()
+	now := nowMs()
 	tx, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("settle rows: %w", err)
@@ -389,7 +389,7 @@ func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	defer tx.Rollback()
-	now := s.nowMs() // taken with the lock held, so it is not already late
+	now := nowMs() // taken with the lock held, so it is not already late
 	heldUp := time.Since(asked) > staleAfter/3 || (!s.lastBeat.IsZero() && time.Since(s.lastBeat) > staleAfter/3)
 	if heldUp || s.beatingSince.IsZero() {
 		s.beatingSince = time.UnixMilli(now)

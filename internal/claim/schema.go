@@ -151,8 +151,9 @@ func migrateOutbox(ctx context.Context, s *Store) error {
 	err = s.backfill(ctx,
 		// A distinct random UUID for every row without one.
 		fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE rowid > ?1 AND rowid <= ?2 AND event_id IS NULL`, t, uuidSQL),
-		// A NULL available_at is never due (the claim asks available_at <=
-		// now): its created_at where that is a time, else now.
+		// A NULL available_at means "now" to the claim; give it its
+		// created_at where that is a time, else now, so that the backlog
+		// ages it from when it was written.
 		fmt.Sprintf(`UPDATE %s SET available_at = CASE WHEN typeof(created_at) = 'integer' THEN created_at ELSE %s END
 WHERE rowid > ?1 AND rowid <= ?2 AND available_at IS NULL`, t, nowSQL),
 	)

@@ -25,7 +25,7 @@ func (s *Store) Backlog(ctx context.Context) (event.Backlog, error) {
 	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
 	(SELECT count(*) FROM %[1]s WHERE status = 'processing'),
 	(SELECT count(*) FROM %[1]s WHERE status = 'dead_lettered'),
-	(%[2]s)`, s.table, oldestDueSQL(s.table)), time.Now().UnixMilli()).
+	(%[2]s)`, s.table, oldestDueSQL(s.table)), s.dueMs()).
 		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &oldest)
 	if err != nil {
 		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)

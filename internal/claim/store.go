@@ -36,8 +36,8 @@ type Options struct {
 	// claim and settle commits; the owner calls Checkpoint instead, often.
 	// The application's connections keep their own automatic checkpoints.
 	OwnCheckpoints bool
-	// Clock gives the times the store writes and compares (a new
-	// event.Clock over time.Now when nil); share it with the relay.
+	// Clock decides which rows are due (a new event.Clock over time.Now
+	// when nil); share it with the relay, which times retries by it.
 	Clock *event.Clock
 }
 
@@ -255,11 +255,13 @@ func Busy(err error) bool {
 	return false
 }
 
-// nowMs is the wall clock for the timestamps of one-off commands.
+// nowMs is the wall clock: the time of heartbeats, claims and settlements,
+// which relays compare with each other's.
 func nowMs() int64 { return time.Now().UnixMilli() }
 
-// nowMs is the clock for every timestamp the relay writes and compares.
-func (s *Store) nowMs() int64 { return s.clock.Now().UnixMilli() }
+// dueMs is the time rows are due by (Options.Clock): it does not step back
+// with the wall clock, so a step back hides no due row.
+func (s *Store) dueMs() int64 { return s.clock.Now().UnixMilli() }
 
 // uuidSQL generates a random version 4 UUID per row in SQL, so a claim or a
 // backfill assigns event ids without a round trip per row.

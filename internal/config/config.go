@@ -539,7 +539,8 @@ func strictIntHook(from, to reflect.Type, data any) (any, error) {
 	switch from.Kind() {
 	case reflect.String:
 		s := v.String()
-		n, err := strconv.ParseInt(s, 0, strconv.IntSize)
+		// Base 10 only: "010" is ten to an operator, not eight.
+		n, err := strconv.ParseInt(strings.TrimPrefix(s, "+"), 10, strconv.IntSize)
 		switch {
 		case errors.Is(err, strconv.ErrRange) && strings.HasPrefix(s, "-"):
 			return nil, fmt.Errorf("%s is out of range (at least %d)", s, math.MinInt)

@@ -251,9 +251,9 @@ func TestIntegerKeysStrict(t *testing.T) {
 			t.Errorf("error %q reports a wrapped-around number", msg)
 		}
 	}
-	// Integers as YAML writes them still load.
-	c, err := Load(writeFile(t, "relay:\n  batch_size: 500\n  max_in_flight: \"600\"\n  max_attempts: 0x10\nstream:\n  replicas: +3\n"), nil, nil)
-	if err != nil || c.Relay.BatchSize != 500 || c.Relay.MaxInFlight != 600 || c.Relay.MaxAttempts != 16 || c.Stream.Replicas != 3 {
+	// Integers as YAML writes them still load, in base 10 ("010" is ten).
+	c, err := Load(writeFile(t, "relay:\n  batch_size: 500\n  max_in_flight: \"600\"\n  max_attempts: 010\nstream:\n  replicas: +3\n"), nil, nil)
+	if err != nil || c.Relay.BatchSize != 500 || c.Relay.MaxInFlight != 600 || c.Relay.MaxAttempts != 10 || c.Stream.Replicas != 3 {
 		t.Fatalf("integers: %+v %d, %v", c.Relay, c.Stream.Replicas, err)
 	}
 }

@@ -5,14 +5,15 @@ import (
 	"time"
 )
 
-// Clock is the wall clock as the relay uses it for the times it writes and
-// compares with the table (claims, due rows, retries): it follows the wall
-// clock forward, but when the wall clock steps back (an NTP step, a VM
-// restored from a snapshot) it does not follow; it goes on from where it was
-// at the pace of the monotonic clock until the wall clock catches up. A step
-// back therefore neither hides due rows nor stalls anything that waits for
-// the next millisecond. Rows the application writes during such a step carry
-// the earlier wall time and are simply due at once.
+// Clock is the time by which the relay decides that a row is due, and
+// times retries and deferrals. It follows the wall clock forward, but when
+// the wall clock steps back (an NTP step, a VM restored from a snapshot) it
+// does not follow: it goes on from where it was at half the monotonic pace,
+// so it meets the wall clock again after twice the step (an hour's step is
+// absorbed in two hours). Meanwhile no row that was due stops being due,
+// nothing waits for the wall clock to pass an earlier reading, and rows the
+// application writes carry the earlier wall time and are due at once; a row
+// scheduled less than the remaining gap ahead may go out that much early.
 type Clock struct {
 	wall func() time.Time
 
@@ -39,7 +40,11 @@ func (c *Clock) Now() time.Time {
 		return w
 	}
 	// The wall clock is behind a reading already given out: advance that
-	// reading by the monotonic time since.
-	c.last, c.mono = c.last.Add(m.Sub(c.mono)), m
-	return c.last
+	// reading at half the monotonic pace, closing the gap.
+	next := c.last.Add(m.Sub(c.mono) / 2)
+	if w.After(next) {
+		next = w
+	}
+	c.last, c.mono = next, m
+	return next
 }

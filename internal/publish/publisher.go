@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -176,6 +177,9 @@ type JetStream struct {
 	conn   *Conn
 	js     jetstream.JetStream
 	stream string
+
+	mu     sync.Mutex
+	handle jetstream.Stream // for reading back a duplicate's original
 }
 
 // NewJetStream returns a publisher on c for the stream named stream.
@@ -256,7 +260,7 @@ func (p *JetStream) classify(subject string, err error) Result {
 func (p *JetStream) conflict(ctx context.Context, rowID int64, seq uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	s, err := p.js.Stream(ctx, p.stream)
+	s, err := p.streamHandle(ctx)
 	if err != nil {
 		return nil
 	}
@@ -268,6 +272,21 @@ func (p *JetStream) conflict(ctx context.Context, rowID int64, seq uint64) error
 		return fmt.Errorf("stream %s already holds this event id at sequence %d, published for row %s", p.stream, seq, other)
 	}
 	return nil
+}
+
+// streamHandle returns the relay's stream for reading messages, looked up
+// once (a handle reads by the stream's name, so it outlives a re-creation).
+func (p *JetStream) streamHandle(ctx context.Context) (jetstream.Stream, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.handle == nil {
+		s, err := p.js.Stream(ctx, p.stream)
+		if err != nil {
+			return nil, err
+		}
+		p.handle = s
+	}
+	return p.handle, nil
 }
 
 // Ready reports whether the connection is up; whether the stream answers

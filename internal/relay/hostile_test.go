@@ -118,7 +118,8 @@ func TestDuplicateOfAnotherRowIsLogged(t *testing.T) {
 // TestUnreadableRowIsDealtWithAlone: a row whose created_at is text does
 // not stop the rows behind it. SQLite's own date-time text is read as the
 // time it names; text that is no time dead-letters that row alone, saying
-// why. A pending row with a NULL available_at is published, not ignored.
+// why. A pending row with a NULL available_at or payload is published (an
+// empty body), not ignored.
 func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
@@ -128,8 +129,8 @@ func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer legacy.Close()
-	// A legacy table whose available_at may be NULL.
-	exec(t, legacy, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB NOT NULL,
+	// A legacy table whose available_at and payload may be NULL.
+	exec(t, legacy, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB,
 		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
 		available_at INTEGER, created_at INTEGER NOT NULL DEFAULT 0,
 		processed_at INTEGER, last_error TEXT)`)
@@ -143,10 +144,11 @@ func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
 	exec(t, legacy, ins, "sqlite-text", "2024-05-01 10:00:00", now)
 	exec(t, legacy, ins, "garbage", "last tuesday", now)
 	exec(t, legacy, ins, "no-available-at", now, nil)
+	exec(t, legacy, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('no-payload', 'Thing', NULL)`)
 	exec(t, legacy, ins, "after", now, now)
 	startRelay(t, path, n.URL(), harnessOptions{})
-	waitAllSettled(t, legacy, 5, 20*time.Second)
-	for _, id := range []string{"before", "sqlite-text", "no-available-at", "after"} {
+	waitAllSettled(t, legacy, 6, 20*time.Second)
+	for _, id := range []string{"before", "sqlite-text", "no-available-at", "no-payload", "after"} {
 		if r := rowByEventID(t, legacy, id); r.status != "done" {
 			t.Errorf("row %s is %s (%s), want done", id, r.status, r.lastError)
 		}

@@ -163,11 +163,19 @@ func (r *Relay) Paused() error { return r.outage.err() }
 
 // DatabaseError reports the error of a database operation that keeps
 // failing (claiming or settling rows), if any, for /readyz.
+// An error that only says the application held the lock (event.ErrBusy)
+// comes last, so that it cannot hide another.
 func (r *Relay) DatabaseError() error {
-	if err := r.claimTrouble.err(); err != nil {
-		return err
+	claimErr, settleErr := r.claimTrouble.err(), r.settleTrouble.err()
+	for _, err := range []error{claimErr, settleErr} {
+		if err != nil && !errors.Is(err, event.ErrBusy) {
+			return err
+		}
 	}
-	return r.settleTrouble.err()
+	if claimErr != nil {
+		return claimErr
+	}
+	return settleErr
 }
 
 // Wake makes the claimer look for due rows now.
@@ -327,6 +335,10 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			if err := r.waitBroker(ctx); err != nil {
 				return err
 			}
+			continue
+		}
+		if r.outage.halfOpen() && r.inflight.Load() > 0 {
+			wait(ctx, r.settled, nil) // the row on trial decides first
 			continue
 		}
 		free := int64(r.o.MaxInFlight) - r.inflight.Load()
@@ -491,9 +503,11 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 			}
 			r.m.PublishDuration.Observe(time.Since(b.published).Seconds())
 			r.m.DeliveryLag.Observe(max(0, time.Since(row.Created()).Seconds()))
-			r.outage.succeeded(b.published, r.log, r.m)
+			r.outage.answered(b.published, r.log, r.m)
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Done})
 		case publish.Rejected:
+			// The broker answered about this message: it is up.
+			r.outage.answered(b.published, r.log, r.m)
 			o := event.Reject(row, res.Err.Error(), r.o.MaxAttempts, now)
 			level := zap.WarnLevel
 			if publish.PermissionDenied(res.Err) && o.Settlement == event.Retry {
@@ -739,9 +753,10 @@ func (o *outageState) probeOK() {
 	}
 }
 
-// succeeded records a publish made at published that the broker took. It
-// ends a half-open outage when the publish was made after it opened.
-func (o *outageState) succeeded(published time.Time, log *zap.Logger, m *metrics.Metrics) {
+// answered records a publish made at published that the broker took or
+// refused on its merits. It ends a half-open outage when the publish was
+// made after it opened.
+func (o *outageState) answered(published time.Time, log *zap.Logger, m *metrics.Metrics) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.since.IsZero() {
