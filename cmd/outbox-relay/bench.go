@@ -68,6 +68,17 @@ type relayRun struct {
 	WriterP50Us float64 `json:"writer_tx_p50_us,omitempty"`
 	WriterP99Us float64 `json:"writer_tx_p99_us,omitempty"`
 	WriterMaxUs float64 `json:"writer_tx_max_us,omitempty"`
+	// The relay's CPU while the --rate writer wrote, in % of one core.
+	CPUPercent float64 `json:"cpu_percent_of_one_core,omitempty"`
+}
+
+// writerRun is the --rate writer alone, with no relay running: the
+// baseline of what the application feels.
+type writerRun struct {
+	Rows        int     `json:"rows"`
+	WriterP50Us float64 `json:"writer_tx_p50_us"`
+	WriterP99Us float64 `json:"writer_tx_p99_us"`
+	WriterMaxUs float64 `json:"writer_tx_max_us"`
 }
 
 // benchReport is the bench command's result.
@@ -82,8 +93,11 @@ type benchReport struct {
 	DrainWithDone  *relayRun          `json:"drain_with_done,omitempty"`
 	DoneRatio      float64            `json:"with_done_to_empty,omitempty"`
 	Rate           *relayRun          `json:"rate,omitempty"`
-	IdleCPUPercent *float64           `json:"idle_cpu_percent_of_one_core,omitempty"`
-	IdleSeconds    float64            `json:"idle_seconds,omitempty"`
+	WriterAlone    *writerRun         `json:"writer_alone,omitempty"`
+	// The writer's lateness p99 with the relay over the same without it.
+	WriterP99Ratio float64  `json:"writer_p99_with_relay_to_alone,omitempty"`
+	IdleCPUPercent *float64 `json:"idle_cpu_percent_of_one_core,omitempty"`
+	IdleSeconds    float64  `json:"idle_seconds,omitempty"`
 }
 
 func (c *cli) benchCommand() *cobra.Command {
@@ -242,9 +256,19 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		rep.DoneRatio = rep.DrainWithDone.RowsPerSec / rep.Drain.RowsPerSec
 	}
 	if o.rate > 0 {
+		// The same writer with no relay first: the yardstick for what the
+		// relay costs the application.
+		alone, err := writerAlone(ctx, filepath.Join(dir, "writer-alone.db"), o)
+		if err != nil {
+			return nil, err
+		}
+		rep.WriterAlone = alone
+		progress("writer alone: %d rows, lateness p50 %.2f ms p99 %.2f ms", alone.Rows, alone.WriterP50Us/1000, alone.WriterP99Us/1000)
 		if rep.Rate, err = run("rate", 0, o.rate); err != nil {
 			return nil, err
 		}
+		rep.WriterP99Ratio = rep.Rate.WriterP99Us / max(1, alone.WriterP99Us)
+		progress("rate: relay CPU %.1f%% of one core; writer lateness p99 %.2f x alone", rep.Rate.CPUPercent, rep.WriterP99Ratio)
 	}
 	if o.idle > 0 {
 		names, err := stream("idle", prefix+".>")
@@ -439,11 +463,23 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	res := &relayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
 	if rate > 0 {
 		res.WriterAutocheckpoint = &o.writerCheckpoint
+		cpuBefore, err := procCPU(ch.cmd.Process.Pid)
+		if err != nil {
+			ch.stop()
+			return nil, err
+		}
+		began := time.Now()
 		txs, err := writeRate(ctx, path, rate, o.duration, o.size, o.writerCheckpoint)
 		if err != nil {
 			ch.stop()
 			return nil, err
 		}
+		cpuAfter, err := procCPU(ch.cmd.Process.Pid)
+		if err != nil {
+			ch.stop()
+			return nil, err
+		}
+		res.CPUPercent = 100 * (cpuAfter - cpuBefore).Seconds() / time.Since(began).Seconds()
 		res.Rows = len(txs)
 		res.WriterP50Us, res.WriterP99Us, res.WriterMaxUs = spread(txs)
 	}
@@ -572,6 +608,26 @@ func writeRate(ctx context.Context, path string, rate int, d time.Duration, size
 	return txs, nil
 }
 
+// writerAlone runs the --rate writer on a fresh outbox with no relay.
+func writerAlone(ctx context.Context, path string, o benchOptions) (*writerRun, error) {
+	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	if err != nil {
+		return nil, err
+	}
+	_, err = s.Migrate(ctx)
+	s.Close()
+	if err != nil {
+		return nil, err
+	}
+	txs, err := writeRate(ctx, path, o.rate, o.duration, o.size, o.writerCheckpoint)
+	if err != nil {
+		return nil, err
+	}
+	r := &writerRun{Rows: len(txs)}
+	r.WriterP50Us, r.WriterP99Us, r.WriterMaxUs = spread(txs)
+	return r, nil
+}
+
 // benchIdle measures the relay's CPU while it is connected with nothing to do.
 func (c *cli) benchIdle(ctx context.Context, path, url string, names benchNames, d time.Duration) (float64, error) {
 	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
@@ -665,6 +721,11 @@ func printBench(c *cli, r *benchReport) {
 		fmt.Fprintf(w, "  %-27s %9d pages\n", "  writer wal_autocheckpoint", *r.Rate.WriterAutocheckpoint)
 		fmt.Fprintf(w, "  %-27s %9s         p50 %.1f ms p99 %.1f ms  max %.1f ms\n", "  commit to PubAck", "", r.Rate.AckLagP50Ms, r.Rate.AckLagP99Ms, r.Rate.AckLagMaxMs)
 		fmt.Fprintf(w, "  %-27s %9s         p50 %.2f ms p99 %.2f ms  max %.2f ms\n", "  writer, due to committed", "", r.Rate.WriterP50Us/1000, r.Rate.WriterP99Us/1000, r.Rate.WriterMaxUs/1000)
+		fmt.Fprintf(w, "  %-27s %9.1f %% of one core while the writer wrote\n", "  relay CPU", r.Rate.CPUPercent)
+		if a := r.WriterAlone; a != nil {
+			fmt.Fprintf(w, "  %-27s %9s         p50 %.2f ms p99 %.2f ms  max %.2f ms\n", "writer alone (no relay)", "", a.WriterP50Us/1000, a.WriterP99Us/1000, a.WriterMaxUs/1000)
+			fmt.Fprintf(w, "  writer p99, relay / alone   %9.2f\n", r.WriterP99Ratio)
+		}
 	}
 	if r.IdleCPUPercent != nil {
 		fmt.Fprintf(w, "  idle CPU                    %9.2f %% of one core over %.0f s\n", *r.IdleCPUPercent, r.IdleSeconds)

@@ -932,8 +932,14 @@ func TestBenchSmoke(t *testing.T) {
 			Checkpoint *int    `json:"writer_autocheckpoint"`
 			WriterP50  float64 `json:"writer_tx_p50_us"`
 			WriterMax  float64 `json:"writer_tx_max_us"`
+			CPUPercent float64 `json:"cpu_percent_of_one_core"`
 		} `json:"rate"`
-		Idle *float64 `json:"idle_cpu_percent_of_one_core"`
+		WriterAlone struct {
+			Rows      int     `json:"rows"`
+			WriterP99 float64 `json:"writer_tx_p99_us"`
+		} `json:"writer_alone"`
+		WriterRatio float64  `json:"writer_p99_with_relay_to_alone"`
+		Idle        *float64 `json:"idle_cpu_percent_of_one_core"`
 	}
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -957,6 +963,10 @@ func TestBenchSmoke(t *testing.T) {
 	if rep.Rate.WriterP50 <= 0 || rep.Rate.WriterMax < rep.Rate.WriterP50 {
 		t.Fatalf("writer's transactions: p50 %v µs, max %v µs", rep.Rate.WriterP50, rep.Rate.WriterMax)
 	}
+	// The relay's CPU while the writer wrote, and the same writer alone.
+	if rep.Rate.CPUPercent <= 0 || rep.WriterAlone.Rows < 300 || rep.WriterAlone.WriterP99 <= 0 || rep.WriterRatio <= 0 {
+		t.Fatalf("rate CPU %v%%, writer alone %+v, ratio %v", rep.Rate.CPUPercent, rep.WriterAlone, rep.WriterRatio)
+	}
 	// The same report for people: every measurement has its line.
 	var full benchReport
 	if err := json.Unmarshal(out, &full); err != nil {
@@ -965,7 +975,8 @@ func TestBenchSmoke(t *testing.T) {
 	var text bytes.Buffer
 	printBench(&cli{stdout: &text}, &full)
 	for _, want := range []string{"ceiling,  500 in flight", "ceiling (best)", "relay drain", "lag p50", "CPU", "peak RSS",
-		"drain / ceiling", "drain, 5000 done rows", "with done / empty", "200 rows/s offered", "commit to PubAck", "writer, due to committed", "idle CPU"} {
+		"drain / ceiling", "drain, 5000 done rows", "with done / empty", "200 rows/s offered", "commit to PubAck", "writer, due to committed", "relay CPU", "% of one core",
+		"writer alone (no relay)", "writer p99, relay / alone", "idle CPU"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("the printed report lacks %q:\n%s", want, text.String())
 		}
