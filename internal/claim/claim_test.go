@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -794,7 +795,8 @@ func TestBacklog(t *testing.T) {
 
 // TestPruneLeavesTheApplicationAlone deletes 100,000 old done rows while an
 // application writes; pruning completes, keeps everything else, and the
-// writer never waits long for the lock.
+// writer's commits go on between the prune's short transactions (its
+// longest wait is logged; a test does not judge timing).
 func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
@@ -811,6 +813,7 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 
 	stop := make(chan struct{})
 	waits := make(chan time.Duration, 1)
+	var commits atomic.Int64
 	writer := appDB(t, s.Path())
 	go func() {
 		var worst time.Duration
@@ -830,12 +833,15 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 			}
 			worst = max(worst, time.Since(start))
 			tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'App', 'x')`, event.NewID())
-			tx.Commit()
+			if tx.Commit() == nil {
+				commits.Add(1)
+			}
 			time.Sleep(time.Millisecond)
 		}
 	}()
 	before := time.Now().Add(-7 * 24 * time.Hour)
 	n, err := s.Prune(ctx, event.PruneOutbox, before, 20*time.Millisecond)
+	during := commits.Load()
 	close(stop)
 	worst := <-waits
 	if err != nil || n != 100000 {
@@ -847,9 +853,10 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 	if left != 2 || kept != 2 {
 		t.Fatalf("%d old rows left (want the dead letter and the pending row)", left)
 	}
-	t.Logf("writer's longest wait for the lock while pruning: %v", worst)
-	if worst >= 50*time.Millisecond {
-		t.Errorf("the application waited %v for the lock while pruning; want under 50ms", worst)
+	t.Logf("writer's longest wait for the lock while pruning: %v; %d commits meanwhile", worst, during)
+	// One long transaction would have let the writer in once, at its end.
+	if during < 5 {
+		t.Errorf("the application committed %d times while pruning; the prune held the lock throughout", during)
 	}
 	n, err = s.Prune(ctx, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond)
 	if err != nil || n != 2 {
