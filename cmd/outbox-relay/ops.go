@@ -76,8 +76,12 @@ func (c *cli) statusCommand() *cobra.Command {
 			}
 			fmt.Fprintf(w, "relays\t%d\n", len(st.Relays))
 			for _, r := range st.Relays {
-				fmt.Fprintf(w, "\t%s on %s (pid %d, %s), started %s, heartbeat %s ago\n", r.ID, r.Hostname, r.PID, r.Version,
-					r.StartedAt.UTC().Format(time.RFC3339), roundAge(now.Sub(r.HeartbeatAt).Seconds()))
+				role := "standing by"
+				if r.Leader {
+					role = "leading"
+				}
+				fmt.Fprintf(w, "\t%s on %s (pid %d, %s), %s, started %s, heartbeat %s ago\n", r.ID, r.Hostname, r.PID, r.Version,
+					role, r.StartedAt.UTC().Format(time.RFC3339), roundAge(now.Sub(r.HeartbeatAt).Seconds()))
 			}
 			fmt.Fprintf(w, "consumer exhausted\t%d message(s) (dead-letters list --consumer)\n", st.ConsumerExhausted)
 			w.Flush()

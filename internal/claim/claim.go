@@ -414,12 +414,27 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s
 	if _, err := tx.ExecContext(ctx, `DELETE FROM `+InstancesTable+` WHERE heartbeat_at < ?`, staleBefore); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
+	var leader string
+	if err := tx.QueryRowContext(ctx, leaderSQL).Scan(&leader); err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	s.lastBeat = time.UnixMilli(now)
+	s.leads.Store(leader == s.instance)
 	return reclaimed, nil
 }
+
+// leaderSQL names the relay that leads: the longest-running one among the
+// heartbeat rows. A relay that stops heartbeating loses its row (and the
+// lead) once another has judged it dead (see Heartbeat), so a standby
+// takes over in about the time crash recovery takes.
+const leaderSQL = `SELECT instance_id FROM ` + InstancesTable + ` ORDER BY started_at, instance_id LIMIT 1`
+
+// Leads reports whether this relay led at its latest heartbeat. Only the
+// leader claims rows; the others stand by.
+func (s *Store) Leads() bool { return s.leads.Load() }
 
 // NotWritable marks err with event.ErrNotWritable when SQLite says this
 // process may not write the file at path, naming what the relay needs.

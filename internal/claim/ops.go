@@ -28,6 +28,8 @@ type Instance struct {
 	Version     string    `json:"version"`
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
+	// Leader: this relay claims and publishes; the others stand by.
+	Leader bool `json:"leader"`
 }
 
 // Exhausted is a message a JetStream consumer stopped delivering after
@@ -151,7 +153,7 @@ FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DES
 
 func instances(ctx context.Context, q querier) ([]Instance, error) {
 	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at
-FROM `+InstancesTable+` ORDER BY started_at`)
+FROM `+InstancesTable+` ORDER BY started_at, instance_id`)
 	if err != nil {
 		return nil, fmt.Errorf("list relays: %w", err)
 	}
@@ -164,6 +166,7 @@ FROM `+InstancesTable+` ORDER BY started_at`)
 			return nil, fmt.Errorf("list relays: %w", err)
 		}
 		in.StartedAt, in.HeartbeatAt = time.UnixMilli(started), time.UnixMilli(beat)
+		in.Leader = len(out) == 0 // the order of leaderSQL
 		out = append(out, in)
 	}
 	return out, rows.Err()

@@ -102,3 +102,33 @@ func TestBacklogReadsForeignTimes(t *testing.T) {
 		t.Fatalf("backlog %+v (%v), want the oldest due a minute ago", b, err)
 	}
 }
+
+// TestOneRelayLeads: of the relays heartbeating on one file, the
+// longest-running leads; status marks it, and when it leaves the next one
+// leads.
+func TestOneRelayLeads(t *testing.T) {
+	ctx := context.Background()
+	first := newStore(t)
+	second := openStore(t, first.Path(), false)
+	for _, s := range []*Store{first, second, first} {
+		if _, err := s.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !first.Leads() || second.Leads() {
+		t.Fatalf("first leads %v, second leads %v; want the first only", first.Leads(), second.Leads())
+	}
+	st, err := first.Status(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Relays) != 2 || !st.Relays[0].Leader || st.Relays[0].ID != first.Instance() || st.Relays[1].Leader {
+		t.Fatalf("status relays %+v; want the first marked leader", st.Relays)
+	}
+	if err := first.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil || !second.Leads() {
+		t.Fatalf("after the leader left, the second leads %v (%v)", second.Leads(), err)
+	}
+}

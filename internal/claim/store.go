@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
@@ -64,6 +65,7 @@ type Store struct {
 	opened       os.FileInfo   // the file at path when the store opened it
 	busy         time.Duration // how long a write waits for the lock
 	instance     string
+	leads        atomic.Bool // this relay led at its latest heartbeat
 	clock        *event.Clock
 	q            queries
 	lastBeat     time.Time // the last committed heartbeat; one heartbeat loop per store

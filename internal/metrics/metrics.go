@@ -41,6 +41,7 @@ type Metrics struct {
 	Backlog             *prometheus.GaugeVec
 	OldestPendingAge    prometheus.Gauge
 	BrokerConnected     prometheus.Gauge
+	Leader              prometheus.Gauge
 	PublishDuration     prometheus.Histogram
 	DeliveryLag         prometheus.Histogram
 	StreamConfigPatched *prometheus.CounterVec
@@ -72,6 +73,8 @@ func New(version, commit string) *Metrics {
 		Help: "Unfinished outbox rows by status (pending, processing, dead_lettered)."}, []string{"status"})
 	m.OldestPendingAge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "oldest_pending_age_seconds",
 		Help: "Seconds the longest-waiting due pending row has waited since it became due; 0 when none is due."})
+	m.Leader = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "leader",
+		Help: "1 while this relay leads (claims and publishes), 0 while it stands by."})
 	m.BrokerConnected = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "broker_connected",
 		Help: "1 while the broker takes publishes, 0 during an outage."})
 	m.PublishDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: "publish_duration_seconds",
@@ -86,7 +89,7 @@ func New(version, commit string) *Metrics {
 		Help: "Rows deleted by retention, by table."}, []string{"table"})
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
-	for _, c := range []prometheus.Collector{m.Deferred, m.Backlog, m.OldestPendingAge, m.BrokerConnected,
+	for _, c := range []prometheus.Collector{m.Deferred, m.Backlog, m.OldestPendingAge, m.BrokerConnected, m.Leader,
 		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.PrunedRows, m.BuildInfo} {
 		f(c)
 	}

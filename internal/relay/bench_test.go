@@ -97,6 +97,8 @@ func (m *memStore) Settle(_ context.Context, outs []event.Outcome) ([]int, error
 	return nil, nil
 }
 
+func (m *memStore) Leads() bool { return true }
+
 func (m *memStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
 	return 0, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -299,8 +300,29 @@ func TestShutdownWaitsForAcks(t *testing.T) {
 	}
 }
 
-// TestStaleRelayCannotOverwrite: a relay stalled past its lease loses the
-// rows to another relay and, when it wakes up, changes nothing.
+// frozenHeartbeats is a store whose heartbeats, after the first, wait for
+// gate: with the stalled publisher, a whole process paused (SIGSTOP, a
+// frozen VM).
+type frozenHeartbeats struct {
+	relay.Store
+	gate  chan struct{}
+	beats atomic.Int64
+}
+
+func (s *frozenHeartbeats) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (int64, error) {
+	if s.beats.Add(1) > 1 {
+		select {
+		case <-s.gate:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return s.Store.Heartbeat(ctx, version, lease, staleAfter)
+}
+
+// TestStaleRelayCannotOverwrite: a leader paused past its lease loses the
+// lead and its rows to another relay and, when it wakes up, changes
+// nothing.
 func TestStaleRelayCannotOverwrite(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
@@ -309,7 +331,8 @@ func TestStaleRelayCannotOverwrite(t *testing.T) {
 	gate := make(chan struct{})
 	// The stalled relay may hold 50 rows at most: it cannot claim the rows
 	// back once they are taken from it.
-	stale := newStalledRelay(t, path, n.URL(), harnessOptions{lease: 2 * time.Second, batch: 50, inFlight: 50}, gate)
+	stale := newStalledRelay(t, path, n.URL(), harnessOptions{lease: 2 * time.Second, batch: 50, inFlight: 50,
+		wrapStore: func(s relay.Store) relay.Store { return &frozenHeartbeats{Store: s, gate: gate} }}, gate)
 	testenv.Eventually(t, 10*time.Second, "rows claimed by the stalled relay", func() bool { return testenv.Counts(t, app)["processing"] == 50 })
 	fresh := startRelay(t, path, n.URL(), harnessOptions{lease: 2 * time.Second})
 	waitAllSettled(t, app, 50, 20*time.Second)
@@ -362,29 +385,50 @@ func TestDeadRelayClaimsRecoveredFast(t *testing.T) {
 	}
 }
 
-// TestTwoLiveRelaysShareWithoutStealing: two relays on one file for a
-// whole run never reclaim each other's rows and store each event once.
-func TestTwoLiveRelaysShareWithoutStealing(t *testing.T) {
+// noGoodbye is a store whose relay dies without removing its heartbeat
+// row, as a killed process does.
+type noGoodbye struct{ relay.Store }
+
+func (noGoodbye) Leave(context.Context) error { return nil }
+
+// TestOneRelayLeadsTheOtherStandsBy: of two relays on one file, the first
+// leads and publishes every row while the other stands by, reclaiming
+// nothing; when the leader dies without a goodbye, the standby takes over
+// within seconds and publishes what comes next, each event once.
+func TestOneRelayLeadsTheOtherStandsBy(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	a := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute})
+	a := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute, wrapStore: func(s relay.Store) relay.Store { return noGoodbye{s} }})
+	testenv.Eventually(t, 10*time.Second, "the first relay to lead", func() bool { return metrics.Value(a.metrics.Leader) == 1 })
 	b := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute})
-	for i := 0; i < 200; i++ {
+	testenv.Eventually(t, 10*time.Second, "the second relay to stand by", func() bool {
+		return logCount(b, "standing by: another relay on this database leads") == 1
+	})
+	for i := 0; i < 100; i++ {
 		insertN(t, app, 15, "Shared")
 		if i%20 == 0 {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	waitAllSettled(t, app, 3000, 60*time.Second)
+	waitAllSettled(t, app, 1500, 60*time.Second)
 	if ra, rb := metrics.Value(a.metrics.LeasesReclaimed), metrics.Value(b.metrics.LeasesReclaimed); ra != 0 || rb != 0 {
 		t.Fatalf("live relays reclaimed each other's rows: %v and %v", ra, rb)
 	}
-	pa, pb := metrics.Value(a.metrics.Published), metrics.Value(b.metrics.Published)
-	if pa+pb != 3000 || pa == 0 || pb == 0 {
-		t.Fatalf("published %v + %v, want 3000 shared by both", pa, pb)
+	if pa, pb := metrics.Value(a.metrics.Published), metrics.Value(b.metrics.Published); pa != 1500 || pb != 0 {
+		t.Fatalf("published %v by the leader and %v by the standby; want all by the leader", pa, pb)
 	}
-	assertOncePerEvent(t, n, app, 3000)
+	// The leader dies; its heartbeat row stays behind.
+	a.stop()
+	died := time.Now()
+	testenv.Eventually(t, 10*time.Second, "the standby to lead", func() bool { return metrics.Value(b.metrics.Leader) == 1 })
+	t.Logf("the standby led %v after the leader died", time.Since(died).Round(100*time.Millisecond))
+	insertN(t, app, 100, "AfterTakeover")
+	waitAllSettled(t, app, 1600, 30*time.Second)
+	if pb := metrics.Value(b.metrics.Published); pb != 100 {
+		t.Fatalf("the new leader published %v rows, want the 100 written after the takeover", pb)
+	}
+	assertOncePerEvent(t, n, app, 1600)
 }
 
 // TestApplicationHoldingTheLock: the application holding the write lock

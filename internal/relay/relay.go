@@ -28,6 +28,9 @@ type Store interface {
 	// Settle writes outcomes; stale lists those whose claim was lost.
 	Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error)
 	Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error)
+	// Leads reports whether this relay led at its latest heartbeat: one
+	// relay per database file claims, the others stand by.
+	Leads() bool
 	Leave(ctx context.Context) error
 	Watch(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error
 	Backlog(ctx context.Context) (event.Backlog, error)
@@ -93,7 +96,10 @@ type Relay struct {
 	wake     chan struct{} // a commit or a reclaim happened: claim now
 	commits  chan struct{} // a commit happened: checkpoint
 	settled  chan struct{} // in-flight rows were settled: room to claim
-	pipeline chan *batch   // claimer -> settler, in publish order
+	led      chan struct{} // this relay became the leader
+	leading  atomic.Bool
+	roleSaid atomic.Bool // the role was logged once
+	pipeline chan *batch // claimer -> settler, in publish order
 	inflight atomic.Int64
 	// inflightBytes is the payload held by rows in flight.
 	inflightBytes atomic.Int64
@@ -142,6 +148,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		wake:     make(chan struct{}, 1),
 		commits:  make(chan struct{}, 1),
 		settled:  make(chan struct{}, 1),
+		led:      make(chan struct{}, 1),
 		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
 	}
 	for _, t := range []struct {
@@ -294,6 +301,7 @@ func (r *Relay) firstHeartbeat(ctx context.Context) error {
 		if err == nil {
 			r.beatTrouble.ok()
 			r.reclaimed(n)
+			r.lead()
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -335,6 +343,10 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			if err := r.waitBroker(ctx); err != nil {
 				return err
 			}
+			continue
+		}
+		if !r.leading.Load() && r.o.HeartbeatInterval > 0 {
+			wait(ctx, r.led, nil) // a standby claims nothing
 			continue
 		}
 		if r.outage.halfOpen() && r.inflight.Load() > 0 {
@@ -636,7 +648,24 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 		}
 		r.beatTrouble.ok()
 		r.reclaimed(n)
+		r.lead()
 	})
+}
+
+// lead follows the store's answer to who leads, logging changes.
+func (r *Relay) lead() {
+	leads := r.store.Leads()
+	if r.leading.Swap(leads) == leads && r.roleSaid.Swap(true) {
+		return
+	}
+	if leads {
+		r.m.Leader.Set(1)
+		r.log.Info("leading: this relay claims and publishes the rows")
+		signal(r.led)
+		return
+	}
+	r.m.Leader.Set(0)
+	r.log.Info("standing by: another relay on this database leads")
 }
 
 // outageState tracks a broker outage; it is shared by the settler (which

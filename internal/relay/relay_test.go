@@ -52,6 +52,8 @@ func (s *fakeStore) outcomes() []event.Outcome {
 	return append([]event.Outcome(nil), s.settled...)
 }
 
+func (s *fakeStore) Leads() bool { return true }
+
 func (s *fakeStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
 	return 0, nil
 }
