@@ -655,7 +655,8 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 // lead follows the store's answer to who leads, logging changes.
 func (r *Relay) lead() {
 	leads := r.store.Leads()
-	if r.leading.Swap(leads) == leads && r.roleSaid.Swap(true) {
+	said := r.roleSaid.Swap(true)
+	if r.leading.Swap(leads) == leads && said {
 		return
 	}
 	if leads {

@@ -508,8 +508,9 @@ func TestBrokerOutage(t *testing.T) {
 	summaries = append(summaries, summary{name: "broker stopped 20 s", rows: s.Written, outage: outage, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
 }
 
-// TestTwoRelays runs two relays on the same file for the whole run; neither
-// takes the other's claims.
+// TestTwoRelays runs two relays on the same file for the whole run: one
+// leads and publishes every row, the other stands by; neither takes the
+// other's claims.
 func TestTwoRelays(t *testing.T) {
 	e := newEnv(t)
 	db := e.open()
@@ -517,15 +518,7 @@ func TestTwoRelays(t *testing.T) {
 	e.startRelay("b")
 	s := e.waitWriter(e.writer("-rows", "20000", "-rate", "2000"))
 	e.waitSettled(db, 60*time.Second)
-	var reclaimed, published float64
-	for _, name := range []string{"a", "b"} {
-		reclaimed += e.metric(name, "outbox_relay_leases_reclaimed_total")
-		p := e.metric(name, "outbox_relay_published_total")
-		if p == 0 {
-			t.Errorf("relay %s published nothing", name)
-		}
-		published += p
-	}
+	reclaimed, published := e.oneLeader(float64(s.Written))
 	if reclaimed != 0 {
 		t.Errorf("live relays reclaimed %v rows from each other", reclaimed)
 	}
@@ -534,6 +527,30 @@ func TestTwoRelays(t *testing.T) {
 	lost, dups, dead := e.verify(db, 0)
 	summaries = append(summaries, summary{name: "two relays, one file", rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started),
 		notes: fmt.Sprintf("published %v", published)})
+}
+
+// oneLeader checks that of relays a and b exactly one leads and published
+// every one of rows, and returns the rows both reclaimed and published.
+func (e *env) oneLeader(rows float64) (reclaimed, published float64) {
+	e.t.Helper()
+	var leaders []string
+	for _, name := range []string{"a", "b"} {
+		reclaimed += e.metric(name, "outbox_relay_leases_reclaimed_total")
+		p := e.metric(name, "outbox_relay_published_total")
+		published += p
+		if e.metric(name, "outbox_relay_leader") == 1 {
+			leaders = append(leaders, name)
+			if p < rows {
+				e.t.Errorf("the leader %s published %v of %v rows", name, p, rows)
+			}
+		} else if p != 0 {
+			e.t.Errorf("relay %s stood by but published %v rows", name, p)
+		}
+	}
+	if len(leaders) != 1 {
+		e.t.Errorf("leaders %v, want one", leaders)
+	}
+	return reclaimed, published
 }
 
 // TestWriterHoldsLock: the application holds BEGIN IMMEDIATE for 3 s at
@@ -679,10 +696,8 @@ func TestTwoRelaysLongLocks(t *testing.T) {
 		t.Errorf("writer held the lock only %d times", s.Holds)
 	}
 	e.waitSettled(db, 60*time.Second)
-	var reclaimed float64
-	for _, name := range []string{"a", "b"} {
-		reclaimed += e.metric(name, "outbox_relay_leases_reclaimed_total")
-	}
+	// Neither took the other for dead: the leader never changed.
+	reclaimed, _ := e.oneLeader(float64(s.Written))
 	if reclaimed != 0 {
 		t.Errorf("live relays took %v of each other's rows during long locks", reclaimed)
 	}
