@@ -275,6 +275,17 @@ func TestMigrateMakesNullAvailableAtClaimable(t *testing.T) {
 	}
 }
 
+// legacyDB is a WAL database holding a legacy outbox of n rows.
+func legacyDB(t *testing.T, n int) (string, *sql.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := appDB(t, path)
+	exec1(t, db, `PRAGMA journal_mode = WAL`)
+	exec1(t, db, legacyNullable)
+	legacyRows(t, db, n)
+	return path, db
+}
+
 // TestMigrateBackfillsInShortTransactions: the backfill of a large legacy
 // table commits in batches and leaves the lock to the application between
 // them: a writer whose busy_timeout is 200 ms keeps committing all through
@@ -282,11 +293,7 @@ func TestMigrateMakesNullAvailableAtClaimable(t *testing.T) {
 func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 	const n = 50_000
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "app.db")
-	db := appDB(t, path)
-	exec1(t, db, `PRAGMA journal_mode = WAL`)
-	exec1(t, db, legacyNullable)
-	legacyRows(t, db, n)
+	path, db := legacyDB(t, n)
 	s := openStore(t, path, false)
 
 	// Count the relay's commits on its (single) writer connection.
@@ -384,11 +391,7 @@ func assertMigrated(t *testing.T, s *Store) {
 func TestMigrateResumesAfterKill(t *testing.T) {
 	const n = 50_000
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "app.db")
-	db := appDB(t, path)
-	exec1(t, db, `PRAGMA journal_mode = WAL`)
-	exec1(t, db, legacyNullable)
-	legacyRows(t, db, n)
+	path, db := legacyDB(t, n)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperMigrateToBeKilled$")
 	cmd.Env = append(os.Environ(), "CLAIM_HELPER_MIGRATE_KILLED="+path)
