@@ -86,7 +86,7 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 	clock := event.NewClock(nil)
 	if a.store, err = claim.Open(ctx, claim.Options{
 		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.createDB,
-		OwnCheckpoints: true, Clock: clock,
+		OwnCheckpoints: true, Clock: clock, Rescan: cfg.Relay.PollInterval,
 	}); err != nil {
 		return nil, err
 	}

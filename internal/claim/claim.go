@@ -20,16 +20,8 @@ import (
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, claim, assignIDs, claimed, settledAt, releaseClaim, doneClaim, done, retry, deadLetter, release, reclaim string
+	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release, reclaim string
 }
-
-// owned is the condition every single-row settle carries: the row is still
-// held by the claim (claimed_at, owner) that the relay presents.
-const owned = `id = ? AND status = 'processing' AND claimed_at = ? AND claimed_by = ?`
-
-// ofClaim selects the rows of one claim through the processing index (a
-// claim's claimed_at is unique per owner).
-const ofClaim = `status = 'processing' AND claimed_at = ?1 AND claimed_by = ?2`
 
 // dueSQL is true for a pending row whose time has come (param is now in
 // Unix milliseconds). A NULL available_at (a legacy row, or an explicit
@@ -43,32 +35,42 @@ func dueSQL(param string) string {
 		param, msSQL("available_at"))
 }
 
+// pendingRow is the condition of every settle write: the row is still
+// pending. A row someone else settled, took (a claimer that marks rows
+// processing) or deleted meanwhile is left alone.
+const pendingRow = `id = ? AND status = 'pending'`
+
+// takeSQL reads due pending rows in id order that pass cond (?1): up to
+// ?3 rows and, past the first, those that begin within ?4 bytes of
+// payload. The innermost subquery walks the pending index in id order and
+// stops at the limit, so payloads past the budget are never read.
+func takeSQL(t, cond string) string {
+	return fmt.Sprintf(`SELECT id, event_id, event_type, payload, CAST(attempts AS INTEGER),
+	%[3]s, created_at IS NOT NULL, %[4]s, available_at IS NOT NULL FROM %[1]s
+WHERE id IN (SELECT id FROM (
+	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
+		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s WHERE status = 'pending' AND %[5]s AND %[2]s ORDER BY id LIMIT ?3))
+	WHERE before < ?4)
+ORDER BY id`, t, dueSQL("?2"), msSQL("created_at"), msSQL("available_at"), cond)
+}
+
 func newQueries(t string) queries {
 	return queries{
 		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND %s)`, t, dueSQL("?1")),
-		// One statement claims atomically; the innermost subquery walks the
-		// pending index in id order and stops at the limit, and of those
-		// rows the claim takes the ones that begin within the byte budget
-		// (?5; at least one row), so large payloads are never read past it.
-		// event_id is not in the SET list, so SQLite leaves its unique index
-		// alone.
-		claim: fmt.Sprintf(`UPDATE %[1]s SET status = 'processing', claimed_at = ?1, claimed_by = ?2
-WHERE id IN (SELECT id FROM (
-	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
-		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s WHERE status = 'pending' AND %[2]s ORDER BY id LIMIT ?3))
-	WHERE before < ?5)`, t, dueSQL("?4")),
-		assignIDs: fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE `+ofClaim+` AND event_id IS NULL`, t, uuidSQL),
-		claimed: fmt.Sprintf(`SELECT id, event_id, event_type, payload, CAST(attempts AS INTEGER),
-	%[2]s, created_at IS NOT NULL, %[3]s, available_at IS NOT NULL FROM %[1]s WHERE `+ofClaim+` ORDER BY id`, t, msSQL("created_at"), msSQL("available_at")),
-		settledAt:    fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
-		releaseClaim: fmt.Sprintf(`UPDATE %s SET status = 'pending', claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
-		doneClaim:    fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?3, claimed_at = NULL, claimed_by = NULL WHERE `+ofClaim, t),
-		done:         fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
-		retry:        fmt.Sprintf(`UPDATE %s SET status = 'pending', attempts = ?, available_at = ?, last_error = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
-		deadLetter:   fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
-		release:      fmt.Sprintf(`UPDATE %s SET status = 'pending', available_at = ?, claimed_at = NULL, claimed_by = NULL WHERE `+owned, t),
-		// A claim is reclaimable when its lease expired, or at once when its
-		// owner stopped heartbeating (crashed); a live owner's claims are never
+		// Past the highest row in flight (the pending index's range).
+		takeAfter: takeSQL(t, `id > ?1`),
+		// Anywhere, except the rows in flight (a JSON array of ids).
+		takeRescan: takeSQL(t, `id NOT IN (SELECT value FROM json_each(?1))`),
+		assignID:   fmt.Sprintf(`UPDATE %s SET event_id = coalesce(event_id, ?) WHERE id = ? RETURNING event_id`, t),
+		settledAt:  fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
+		done:       fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'`, t),
+		retry:      fmt.Sprintf(`UPDATE %s SET attempts = ?, available_at = ?, last_error = ? WHERE `+pendingRow, t),
+		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ? WHERE `+pendingRow, t),
+		release:    fmt.Sprintf(`UPDATE %s SET available_at = ? WHERE `+pendingRow, t),
+		// Rows marked processing by a claimer that writes its claims (an
+		// older relay, or another implementation of the same design) are
+		// taken back when their lease expired, or at once when their owner
+		// stopped heartbeating (crashed); a live owner's claims are never
 		// taken before the lease.
 		reclaim: fmt.Sprintf(`UPDATE %s SET status = 'pending', claimed_at = NULL, claimed_by = NULL
 WHERE status = 'processing' AND (
@@ -78,102 +80,128 @@ WHERE status = 'processing' AND (
 	}
 }
 
-// claimTime returns the current millisecond and the claimed_at of a new
-// claim: the current millisecond, or one more than the previous claim's
-// when that is not earlier, so that (claimed_at, owner) identifies one
-// claim. It never waits: a token may run a millisecond or so ahead of the
-// clock, which only lengthens its lease by as much.
-func (s *Store) claimTime() (now, token int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now = s.dueMs()
-	token = max(nowMs(), s.lastClaim+1)
-	s.lastClaim = token
-	return now, token
+// held is what the store has taken and not yet settled: the rows in flight,
+// which stay pending in the table until their outcome is written, and the
+// times the rows it deferred become due again.
+type held struct {
+	ids        map[int64]struct{}
+	max        int64     // the highest id in ids
+	deferred   []int64   // due times (Unix ms, Options.Clock) of rows this store deferred
+	nextRescan time.Time // when a claim next reads the whole pending index
 }
 
-// claimSize records (n > 0) or takes back (n == 0) how many rows the claim
-// at claimed_at holds, so Settle knows when it has the whole claim.
-func (s *Store) claimSize(at int64, n int) (size int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n > 0 {
-		s.claims[at] = n
-		return n
-	}
-	size = s.claims[at]
-	delete(s.claims, at)
-	return size
-}
-
-// Claim claims due rows in id order, up to limit rows and, past the first
-// row, up to maxBytes of payload (0: no byte limit), in one short BEGIN
-// IMMEDIATE transaction: status becomes processing, claimed_at the claim's
-// millisecond (the lease start and, with the owner, the claim's token), and
-// a NULL event_id gets a fresh UUID. The rows are then read through the
-// read-only pool, outside the write lock, and returned in id order. A row
-// whose columns cannot be read as the relay needs them comes back with
-// Problem set, to be dead-lettered alone.
+// Claim takes due pending rows in id order, up to limit rows and, past the
+// first row, up to maxBytes of payload (0: no byte limit), and holds them
+// in memory until Settle: it writes nothing, so the application's write
+// lock is not taken to claim. Only one relay per file claims (the leader,
+// see Heartbeat); its Settle writes only while it leads.
+//
+// While rows are in flight a claim reads only past the highest of them (a
+// new row's id is above every row in the table, and the held rows are in
+// the table). It reads the whole pending index, skipping the rows in
+// flight, when none are, when a row this store deferred has become due,
+// and at least every Options.Rescan: that finds rows scheduled by the
+// application or by a previous leader, and rows that went back to pending
+// under this relay's feet (an operator's retry, say).
+//
+// A row with a NULL event_id gets a fresh UUID before it is returned, in
+// one short write transaction for all of them. The rows are read as
+// whatever SQLite holds; a row whose columns cannot be read as the relay
+// needs them comes back with Problem set, to be dead-lettered alone.
 func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.Row, error) {
 	if maxBytes <= 0 {
 		maxBytes = math.MaxInt64
 	}
-	// Most wake-ups find nothing due (they follow this relay's own
-	// commits): find out with a read, without taking the write lock the
-	// application needs.
-	var due bool
-	if err := s.read.QueryRowContext(context.WithoutCancel(ctx), s.q.due, s.dueMs()).Scan(&due); err != nil {
-		return nil, fmt.Errorf("look for due rows: %w", err)
-	}
-	if !due {
-		return nil, nil
-	}
-	now, at := s.claimTime()
-	tx, err := s.begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("claim rows: %w", err)
-	}
-	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, s.q.claim, at, s.instance, limit, now, maxBytes)
-	if err != nil {
-		return nil, fmt.Errorf("claim rows: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return nil, nil
-	}
-	if _, err := tx.ExecContext(ctx, s.q.assignIDs, at, s.instance); err != nil {
-		return nil, fmt.Errorf("assign event ids: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("claim rows: %w", err)
-	}
-	out, err := s.readClaim(ctx, at)
-	if err != nil {
-		// Do not leave the rows held by a live relay until the lease ends.
-		if _, rerr := s.exec(context.WithoutCancel(ctx), s.q.releaseClaim, at, s.instance); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("release the claim: %w", rerr))
-		}
+	// Publish nothing from a file the application no longer writes.
+	if err := s.sameFile(); err != nil {
 		return nil, err
 	}
-	if len(out) > 0 {
-		s.claimSize(at, len(out))
+	now := s.dueMs()
+	query, after := s.q.takeAfter, any(nil)
+	s.mu.Lock()
+	if rescan := s.rescanDue(now); rescan {
+		query, after = s.q.takeRescan, heldJSON(s.held.ids)
+		s.held.nextRescan = time.Now().Add(s.rescan)
+	} else {
+		after = s.held.max
 	}
+	s.mu.Unlock()
+	// A context that cannot be cancelled lets go-sqlite3 read each row in
+	// one cgo call; the read is short and holds no lock.
+	rows, err := s.read.QueryContext(context.WithoutCancel(ctx), query, after, now, limit, maxBytes)
+	if err != nil {
+		return nil, fmt.Errorf("claim rows: %w", err)
+	}
+	out, noID, err := readRows(rows, nowMs())
+	if err != nil {
+		return nil, fmt.Errorf("claim rows: %w", err)
+	}
+	if len(noID) > 0 {
+		if err := s.assignIDs(ctx, out, noID); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	for _, r := range out {
+		s.held.ids[r.ID] = struct{}{}
+		s.held.max = max(s.held.max, r.ID)
+	}
+	s.mu.Unlock()
 	return out, nil
 }
 
-// readClaim reads the rows of the claim at claimed_at, in id order. The
-// columns are read as whatever SQLite holds, so that one row of a foreign
-// shape (a text created_at, say) is reported on that row alone instead of
-// failing the whole claim, which would take the same row first again.
-func (s *Store) readClaim(ctx context.Context, at int64) ([]event.Row, error) {
-	// A context that cannot be cancelled lets go-sqlite3 read each row in
-	// one cgo call; the read is short and holds no lock.
-	rows, err := s.read.QueryContext(context.WithoutCancel(ctx), s.q.claimed, at, s.instance)
-	if err != nil {
-		return nil, fmt.Errorf("read claimed rows: %w", err)
+// rescanDue reports whether the next claim reads the whole pending index
+// (see Claim); s.mu is held.
+func (s *Store) rescanDue(now int64) bool {
+	h := &s.held
+	due := len(h.ids) == 0 || !time.Now().Before(h.nextRescan)
+	kept := h.deferred[:0]
+	for _, at := range h.deferred {
+		if at <= now {
+			due = true
+		} else {
+			kept = append(kept, at)
+		}
 	}
+	h.deferred = kept
+	return due
+}
+
+// Rescan makes the next claim read the whole pending index: rows went back
+// to pending (a heartbeat reclaimed them).
+func (s *Store) Rescan() {
+	s.mu.Lock()
+	s.held.nextRescan = time.Time{}
+	s.mu.Unlock()
+}
+
+// InFlight returns how many rows are claimed and not yet settled.
+func (s *Store) InFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held.ids)
+}
+
+// heldJSON returns ids as a JSON array.
+func heldJSON(ids map[int64]struct{}) string {
+	b := make([]byte, 0, 2+12*len(ids))
+	b = append(b, '[')
+	for id := range ids {
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return string(append(b, ']'))
+}
+
+// readRows reads claimed rows, in id order, and the indexes of those whose
+// event_id is NULL. The columns are read as whatever SQLite holds, so that
+// one row of a foreign shape (a text created_at, say) is reported on that
+// row alone instead of failing the whole claim, which would take the same
+// row first again. now (Unix ms) stands in for a NULL created_at.
+func readRows(rows *sql.Rows, now int64) (out []event.Row, noID []int, err error) {
 	defer rows.Close()
-	var out []event.Row
 	for rows.Next() {
 		var (
 			r                           event.Row
@@ -183,13 +211,15 @@ func (s *Store) readClaim(ctx context.Context, at int64) ([]event.Row, error) {
 			hasCreated, hasAvailAt      bool
 		)
 		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt); err != nil {
-			return nil, fmt.Errorf("read claimed rows: %w", err)
+			return nil, nil, err
 		}
-		r.ClaimedAt = at
+		if eventID == nil {
+			noID = append(noID, len(out))
+		}
 		r.EventID, r.EventType, r.Payload = text(eventID), text(eventType), blob(payload)
 		r.Attempts = int(max(0, min(attempts.Int64, math.MaxInt32)))
 		// A NULL created_at leaves the claim as the earliest time known.
-		r.CreatedAt = at
+		r.CreatedAt = now
 		if created.Valid {
 			r.CreatedAt = created.Int64
 		}
@@ -205,10 +235,39 @@ func (s *Store) readClaim(ctx context.Context, at int64) ([]event.Row, error) {
 		}
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read claimed rows: %w", err)
+	return out, noID, rows.Err()
+}
+
+// assignIDs gives the rows at indexes noID, whose event_id is NULL (a
+// foreign writer's), a fresh UUID before their first publish, so that a
+// publish again after a crash carries the same Nats-Msg-Id. The id is
+// written only where the row still has none; what the row holds is used.
+func (s *Store) assignIDs(ctx context.Context, rows []event.Row, noID []int) error {
+	tx, err := s.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("assign event ids: %w", err)
 	}
-	return out, nil
+	defer tx.Rollback()
+	st, err := tx.PrepareContext(ctx, s.q.assignID)
+	if err != nil {
+		return fmt.Errorf("assign event ids: %w", err)
+	}
+	defer st.Close()
+	ids := make([]string, len(noID))
+	for k, i := range noID {
+		var id sql.NullString
+		if err := st.QueryRowContext(ctx, event.NewID(), rows[i].ID).Scan(&id); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("assign event ids: %w", err)
+		}
+		ids[k] = id.String
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("assign event ids: %w", err)
+	}
+	for k, i := range noID {
+		rows[i].EventID = ids[k]
+	}
+	return nil
 }
 
 // text returns a text column's value as the relay publishes it.
@@ -237,22 +296,50 @@ func blob(v any) []byte {
 	return []byte(fmt.Sprint(v))
 }
 
-// Settle writes outcomes in one transaction. Each update is conditioned on
-// the claim it was made under, so a relay that lost its lease changes
-// nothing; stale lists the indexes of those outcomes. When every row of a
-// claim that is still held is done, one statement settles them all.
+// Settle writes the outcomes of claimed rows in one transaction and lets
+// go of the rows. Done rows are settled by one statement. Each write is
+// conditioned on the row being still pending; stale lists the indexes of
+// the outcomes that changed nothing. A relay that has heartbeated writes
+// only while it leads, checked in the same transaction: one that was
+// paused (SIGSTOP, a frozen VM) and lost the lead writes nothing, and every
+// outcome is stale. A release that makes a row due at once writes nothing
+// (the row is pending and due already).
 func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error) {
 	if len(outs) == 0 {
 		return nil, nil
 	}
-	now := nowMs()
 	tx, err := s.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("settle rows: %w", err)
 	}
 	defer tx.Rollback()
-	done := map[int64][]int{} // claimed_at -> indexes of done outcomes
+	if stale, err = s.settleTx(ctx, tx, outs); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("settle rows: %w", err)
+	}
+	s.letGo(outs, stale)
+	return stale, nil
+}
+
+// settleTx writes outs in tx (see Settle).
+func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) (stale []int, err error) {
+	if leads, err := s.leadsIn(ctx, tx); err != nil {
+		return nil, fmt.Errorf("settle rows: %w", err)
+	} else if !leads {
+		for i := range outs {
+			stale = append(stale, i)
+		}
+		return stale, nil
+	}
+	now, due := nowMs(), s.dueMs()
 	stmts := map[event.Settlement]*sql.Stmt{}
+	defer func() {
+		for _, st := range stmts {
+			st.Close()
+		}
+	}()
 	one := func(i int, q string, args ...any) error {
 		o := outs[i]
 		st := stmts[o.Settlement]
@@ -263,7 +350,7 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 			}
 			stmts[o.Settlement] = st
 		}
-		res, err := st.ExecContext(ctx, append(args, o.Row.ID, o.Row.ClaimedAt, s.instance)...)
+		res, err := st.ExecContext(ctx, append(args, o.Row.ID)...)
 		if err != nil {
 			return fmt.Errorf("settle row %d: %w", o.Row.ID, err)
 		}
@@ -272,22 +359,20 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 		}
 		return nil
 	}
-	defer func() {
-		for _, st := range stmts {
-			st.Close()
-		}
-	}()
+	var done []int
 	for i, o := range outs {
 		var err error
 		switch o.Settlement {
 		case event.Done:
-			done[o.Row.ClaimedAt] = append(done[o.Row.ClaimedAt], i)
+			done = append(done, i)
 		case event.Retry:
 			err = one(i, s.q.retry, o.Attempts, o.AvailableAt.UnixMilli(), o.Error)
 		case event.DeadLetter:
 			err = one(i, s.q.deadLetter, o.Attempts, o.Error, now)
 		case event.Release:
-			err = one(i, s.q.release, o.AvailableAt.UnixMilli())
+			if o.AvailableAt.UnixMilli() > due {
+				err = one(i, s.q.release, o.AvailableAt.UnixMilli())
+			}
 		default:
 			err = fmt.Errorf("settle row %d: unknown settlement %v", o.Row.ID, o.Settlement)
 		}
@@ -295,51 +380,63 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 			return nil, err
 		}
 	}
-	claimed := map[int64]int{} // claimed_at -> outcomes of that claim
-	for _, o := range outs {
-		claimed[o.Row.ClaimedAt]++
-	}
-	size := map[int64]int{} // claimed_at -> rows the claim took
-	for at := range claimed {
-		size[at] = s.claimSize(at, 0)
-	}
-	for at, idx := range done {
-		if size[at] == claimed[at] {
-			// These outcomes are the whole claim, and the rows it still
-			// holds are all done: one statement settles them. Rows another
-			// relay took meanwhile are not touched; find them if any.
-			res, err := tx.ExecContext(ctx, s.q.doneClaim, at, s.instance, now)
-			if err != nil {
-				return nil, fmt.Errorf("settle rows: %w", err)
-			}
-			if n, _ := res.RowsAffected(); int(n) < len(idx) {
-				lost, err := s.notSettled(ctx, tx, outs, idx, now)
-				if err != nil {
-					return nil, err
-				}
-				stale = append(stale, lost...)
-			}
-			continue
+	if len(done) > 0 {
+		ids := idsJSON(outs, done)
+		res, err := tx.ExecContext(ctx, s.q.done, ids, now)
+		if err != nil {
+			return nil, fmt.Errorf("settle rows: %w", err)
 		}
-		// Part of a claim: row by row.
-		for _, i := range idx {
-			if err := one(i, s.q.done, now); err != nil {
+		if n, _ := res.RowsAffected(); int(n) < len(done) {
+			lost, err := s.notSettled(ctx, tx, outs, done, ids, now)
+			if err != nil {
 				return nil, err
 			}
+			stale = append(stale, lost...)
 		}
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("settle rows: %w", err)
 	}
 	slices.Sort(stale)
 	return stale, nil
 }
 
-// notSettled returns the indexes among idx whose rows the bulk settle at
-// now did not mark done (their claim was lost).
-func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome, idx []int, now int64) ([]int, error) {
-	settled := map[int64]bool{}
-	ids := make([]byte, 0, 12*len(idx))
+// leadsIn reports whether this store may write settlements: it has never
+// heartbeated (a store used on its own), or it is the leader now.
+func (s *Store) leadsIn(ctx context.Context, tx *sql.Tx) (bool, error) {
+	if !s.registered.Load() {
+		return true, nil
+	}
+	var leader string
+	err := tx.QueryRowContext(ctx, leaderSQL).Scan(&leader)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return leader == s.instance, err
+}
+
+// letGo forgets settled rows as in flight and remembers when the rows it
+// deferred become due.
+func (s *Store) letGo(outs []event.Outcome, stale []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &s.held
+	for i, o := range outs {
+		delete(h.ids, o.Row.ID)
+		if len(stale) > 0 && stale[0] == i {
+			stale = stale[1:]
+			continue
+		}
+		if o.Settlement == event.Retry || o.Settlement == event.Release {
+			h.deferred = append(h.deferred, o.AvailableAt.UnixMilli())
+		}
+	}
+	h.max = 0
+	for id := range h.ids {
+		h.max = max(h.max, id)
+	}
+}
+
+// idsJSON returns the row ids of outs at idx as a JSON array.
+func idsJSON(outs []event.Outcome, idx []int) string {
+	ids := make([]byte, 0, 2+12*len(idx))
 	ids = append(ids, '[')
 	for k, i := range idx {
 		if k > 0 {
@@ -347,8 +444,14 @@ func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome
 		}
 		ids = strconv.AppendInt(ids, outs[i].Row.ID, 10)
 	}
-	ids = append(ids, ']')
-	rows, err := tx.QueryContext(ctx, s.q.settledAt, string(ids), now)
+	return string(append(ids, ']'))
+}
+
+// notSettled returns the indexes among idx (whose ids are the JSON array
+// ids) whose rows the done statement at now did not mark done.
+func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome, idx []int, ids string, now int64) ([]int, error) {
+	settled := map[int64]bool{}
+	rows, err := tx.QueryContext(ctx, s.q.settledAt, ids, now)
 	if err != nil {
 		return nil, fmt.Errorf("settle rows: %w", err)
 	}
@@ -369,10 +472,12 @@ func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome
 	return lost, rows.Err()
 }
 
-// Heartbeat records that this instance is alive and makes claims
+// Heartbeat records that this instance is alive, with how many rows it
+// has in flight, and makes rows marked processing by a writing claimer
 // reclaimable whose lease expired or whose owner stopped heartbeating for
-// staleAfter; it removes such owners' heartbeat rows. It returns how many
-// rows went back to pending.
+// staleAfter; it removes such owners' heartbeat rows, and with them their
+// lead. It returns how many rows went back to pending. From the first
+// heartbeat on, Settle writes only while this store leads.
 //
 // Another relay is judged dead only when this one has itself been
 // heartbeating on time for a whole staleAfter: a heartbeat held up for a
@@ -397,9 +502,10 @@ func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter
 	// Judge others only after beating on time for a whole staleness window
 	// ourselves: then a silent relay was silent while the lock was to be had.
 	judge := !heldUp && time.UnixMilli(now).Sub(s.beatingSince) >= staleAfter
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version)
-VALUES (?1, ?2, ?2, ?3, ?4, ?5)
-ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s.instance, now, host, os.Getpid(), version); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight)
+VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6)
+ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in_flight = excluded.in_flight`,
+		s.instance, now, host, os.Getpid(), version, s.InFlight()); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	staleBefore := now - staleAfter.Milliseconds()
@@ -422,7 +528,11 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`, s
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	s.lastBeat = time.UnixMilli(now)
+	s.registered.Store(true)
 	s.leads.Store(leader == s.instance)
+	if reclaimed > 0 {
+		s.Rescan()
+	}
 	return reclaimed, nil
 }
 
@@ -447,8 +557,8 @@ func NotWritable(path string, err error) error {
 		event.ErrNotWritable, path, err, os.Geteuid(), filepath.Dir(path))
 }
 
-// Leave removes this instance's heartbeat row; call it after every claim
-// of this instance has been settled.
+// Leave removes this instance's heartbeat row, and with it the lead; call
+// it after the rows in flight have been settled.
 func (s *Store) Leave(ctx context.Context) error {
 	if _, err := s.exec(ctx, `DELETE FROM `+InstancesTable+` WHERE instance_id = ?`, s.instance); err != nil {
 		return fmt.Errorf("remove instance: %w", err)

@@ -126,7 +126,7 @@ func TestMigrateFreshAndIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(applied) != "[101 102 103]" {
+	if fmt.Sprint(applied) != "[101 102 103 104]" {
 		t.Fatalf("applied %v", applied)
 	}
 	if err := s.Verify(ctx); err != nil {
@@ -291,7 +291,7 @@ func assertMigratedOnce(t *testing.T, path string) {
 	t.Helper()
 	s := openStore(t, path, false)
 	got, err := s.AppliedMigrations(context.Background())
-	if err != nil || fmt.Sprint(got) != "[101 102 103]" {
+	if err != nil || fmt.Sprint(got) != "[101 102 103 104]" {
 		t.Fatalf("migrations recorded %v, %v", got, err)
 	}
 	if err := s.Verify(context.Background()); err != nil {
@@ -392,9 +392,6 @@ func TestClaimDueRowsInOrder(t *testing.T) {
 	var ids []int64
 	for _, r := range rows {
 		ids = append(ids, r.ID)
-		if r.ClaimedAt == 0 {
-			t.Errorf("row %d without claimed_at", r.ID)
-		}
 	}
 	if fmt.Sprint(ids) != "[1 3 4]" {
 		t.Fatalf("claimed %v, want [1 3 4] (2 is not due, 5 is done)", ids)
@@ -402,17 +399,17 @@ func TestClaimDueRowsInOrder(t *testing.T) {
 	if rows[0].EventID != "a" || !uuidRe.MatchString(rows[1].EventID) || !uuidRe.MatchString(rows[2].EventID) || rows[1].EventID == rows[2].EventID {
 		t.Fatalf("event ids %q %q %q", rows[0].EventID, rows[1].EventID, rows[2].EventID)
 	}
-	// The generated ids were written in the claim transaction.
-	var stored string
-	var status string
-	var claimedAt int64
+	// The generated ids were written before the rows were returned; the
+	// claim itself wrote nothing: the rows stay pending.
+	var stored, status string
+	var claimedAt sql.NullInt64
 	db.QueryRow(`SELECT event_id, status, claimed_at FROM event_queue WHERE id = 3`).Scan(&stored, &status, &claimedAt)
-	if stored != rows[1].EventID || status != "processing" || claimedAt != rows[1].ClaimedAt {
-		t.Fatalf("row 3 stored %q %q %d", stored, status, claimedAt)
+	if stored != rows[1].EventID || status != "pending" || claimedAt.Valid {
+		t.Fatalf("row 3 stored %q %q %v", stored, status, claimedAt)
 	}
 	rows, err = s.Claim(ctx, 10, 0)
 	if err != nil || len(rows) != 1 || rows[0].ID != 6 {
-		t.Fatalf("second claim %v %v, want row 6 only", rows, err)
+		t.Fatalf("second claim %v %v, want row 6 only: 1, 3 and 4 are in flight", rows, err)
 	}
 }
 
@@ -447,8 +444,8 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	insertRows(t, db, 1000, "pending")
 	exec1(t, db, `ANALYZE`)
 	now := time.Now().UnixMilli()
-	claimSub := regexp.MustCompile(`(?s)SELECT id, coalesce\(octet_length\(payload\), 0\) AS len FROM .*? LIMIT \?3`).FindString(s.q.claim)
-	plan := queryPlan(t, s, claimSub, now, "x", 100, now)
+	claimSub := regexp.MustCompile(`(?s)SELECT id, coalesce\(octet_length\(payload\), 0\) AS len FROM .*? LIMIT \?3`).FindString(s.q.takeAfter)
+	plan := queryPlan(t, s, claimSub, 0, now, 100)
 	if !strings.Contains(plan, "INDEX event_queue_pending") || strings.Contains(plan, "TEMP B-TREE") {
 		t.Errorf("claim plan %q: want the pending index and no sort", plan)
 	}
@@ -496,12 +493,8 @@ func BenchmarkClaim(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if len(rows) < batch { // pool used up: put it back, untimed
-					b.StopTimer()
-					if _, err := s.write.Exec(`UPDATE event_queue SET status = 'pending', claimed_at = NULL, claimed_by = NULL WHERE status = 'processing'`); err != nil {
-						b.Fatal(err)
-					}
-					b.StartTimer()
+				if len(rows) < batch { // pool used up: put it back
+					s.forget()
 				}
 			}
 		})
@@ -518,7 +511,7 @@ func BenchmarkClaimTrickle(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		time.Sleep(time.Millisecond) // one claim a millisecond at most (claimTime)
+		s.forget()
 		exec1(b, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Thing', randomblob(256))`, event.NewID())
 		b.StartTimer()
 		rows, err := s.Claim(ctx, 1000, 0)
@@ -545,6 +538,7 @@ func BenchmarkSettle(b *testing.B) {
 			if _, err := s.write.Exec(`UPDATE event_queue SET status = 'pending', processed_at = NULL`); err != nil {
 				b.Fatal(err)
 			}
+			s.forget()
 			if rows, err = s.Claim(ctx, batch, 0); err != nil {
 				b.Fatal(err)
 			}
@@ -615,42 +609,69 @@ func TestSettleOutcomes(t *testing.T) {
 	}
 }
 
-// TestStaleClaimCannotSettle: a relay whose lease was taken over changes
-// nothing when it finally settles.
-func TestStaleClaimCannotSettle(t *testing.T) {
+// TestSettleIsFencedByTheLead: a leader that was paused and lost the lead
+// writes nothing when it resumes; the new leader takes the rows from the
+// table, where they are still pending.
+func TestSettleIsFencedByTheLead(t *testing.T) {
 	ctx := context.Background()
 	a := newStore(t)
 	b := openStore(t, a.Path(), false)
 	db := appDB(t, a.Path())
-	insertRows(t, db, 1, "pending")
-	old, err := a.Claim(ctx, 1, 0)
-	if err != nil || len(old) != 1 {
+	insertRows(t, db, 2, "pending")
+	for _, s := range []*Store{a, b} {
+		if _, err := s.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond) // started_at orders the relays
+	}
+	if !a.Leads() || b.Leads() {
+		t.Fatalf("a leads %v, b leads %v; want the first relay to lead", a.Leads(), b.Leads())
+	}
+	old, err := a.Claim(ctx, 2, 0)
+	if err != nil || len(old) != 2 {
 		t.Fatal(old, err)
 	}
-	// The lease (1 ms here) expires; b reclaims and claims the row anew.
-	time.Sleep(5 * time.Millisecond)
-	if _, err := b.Heartbeat(ctx, "test", time.Millisecond, time.Minute); err != nil {
-		t.Fatal(err)
+	// a is paused past the staleness window; b, beating on time, judges it
+	// dead and leads.
+	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 120000 WHERE instance_id = ?`, a.Instance())
+	b.beatingSince = time.Now().Add(-2 * time.Minute)
+	if _, err := b.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil || !b.Leads() {
+		t.Fatalf("b leads %v (%v) after a went silent", b.Leads(), err)
 	}
-	fresh, err := b.Claim(ctx, 1, 0)
-	if err != nil || len(fresh) != 1 || fresh[0].ClaimedAt == old[0].ClaimedAt {
+	// a resumes, still believing it leads: its settle writes nothing.
+	stale, err := a.Settle(ctx, []event.Outcome{{Row: old[0], Settlement: event.Done}, event.Reject(old[1], "refused", 5, time.Now())})
+	if err != nil || fmt.Sprint(stale) != "[0 1]" {
+		t.Fatalf("a paused leader settled: stale %v, %v; want [0 1]", stale, err)
+	}
+	for _, r := range old {
+		if st := state(t, db, r.ID); st.Status != "pending" || st.Attempts != 0 {
+			t.Fatalf("a paused leader wrote row %d: %+v", r.ID, st)
+		}
+	}
+	fresh, err := b.Claim(ctx, 10, 0)
+	if err != nil || len(fresh) != 2 {
 		t.Fatal(fresh, err)
 	}
-	if n := settleOne(t, a, event.Outcome{Row: old[0], Settlement: event.Done}); n != 1 {
-		t.Fatalf("stale settle counted %d stale rows, want 1", n)
-	}
-	if r := state(t, db, old[0].ID); r.Status != "processing" || r.ClaimedAt.Int64 != fresh[0].ClaimedAt {
-		t.Fatalf("stale relay overwrote the new claim: %+v", r)
-	}
-	// Even a stale owner presenting the same millisecond is refused: the
-	// owner id is part of the token.
-	forged := fresh[0]
-	if n := settleOne(t, a, event.Outcome{Row: forged, Settlement: event.Done}); n != 1 {
-		t.Fatal("another instance settled b's claim")
-	}
 	if n := settleOne(t, b, event.Outcome{Row: fresh[0], Settlement: event.Done}); n != 0 {
-		t.Fatal("owner could not settle")
+		t.Fatal("the leader could not settle")
 	}
+	if a.InFlight() != 0 || b.InFlight() != 1 {
+		t.Fatalf("in flight: a %d, b %d; want 0 and 1", a.InFlight(), b.InFlight())
+	}
+}
+
+// legacyClaim marks up to n pending rows processing for owner, as a
+// claimer that writes its claims does (an older relay, or another
+// implementation of the same design), and returns how many it took.
+func legacyClaim(t *testing.T, db *sql.DB, owner string, n int) int64 {
+	t.Helper()
+	res, err := db.Exec(`UPDATE event_queue SET status = 'processing', claimed_at = ?, claimed_by = ?
+WHERE id IN (SELECT id FROM event_queue WHERE status = 'pending' ORDER BY id LIMIT ?)`, time.Now().UnixMilli(), owner, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := res.RowsAffected()
+	return k
 }
 
 func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
@@ -664,8 +685,8 @@ func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 		if _, err := s.Heartbeat(ctx, "test", time.Hour, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if rows, err := s.Claim(ctx, 3, 0); err != nil || len(rows) != 3 {
-			t.Fatal(rows, err)
+		if n := legacyClaim(t, db, s.Instance(), 3); n != 3 {
+			t.Fatal(n)
 		}
 	}
 	// Both owners are alive: nothing is taken before the lease.
@@ -696,48 +717,138 @@ func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 	}
 }
 
-// TestConcurrentClaimersNeverShareRows: four stores claim 20,000 rows at
-// once; every row is claimed exactly once.
-func TestConcurrentClaimersNeverShareRows(t *testing.T) {
+// TestClaimsNeverRepeatRowsInFlight: claims in small batches return every
+// pending row once while none is settled; rows released due at once (a
+// shutdown's) are taken again, without a write.
+func TestClaimsNeverRepeatRowsInFlight(t *testing.T) {
 	ctx := context.Background()
-	first := newStore(t)
-	insertRows(t, appDB(t, first.Path()), 20000, "pending")
-	var mu sync.Mutex
+	s := newStore(t)
+	insertRows(t, appDB(t, s.Path()), 2000, "pending")
 	seen := map[int64]int{}
-	var wg sync.WaitGroup
-	for i := 0; i < 4; i++ {
-		s := first
-		if i > 0 {
-			s = openStore(t, first.Path(), false)
+	var all []event.Row
+	for {
+		rows, err := s.Claim(ctx, 97, 0)
+		if err != nil {
+			t.Fatal(err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				rows, err := s.Claim(ctx, 97, 0)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if len(rows) == 0 {
-					return
-				}
-				mu.Lock()
-				for _, r := range rows {
-					seen[r.ID]++
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if len(seen) != 20000 {
-		t.Fatalf("%d rows claimed, want 20000", len(seen))
-	}
-	for id, n := range seen {
-		if n != 1 {
-			t.Fatalf("row %d claimed %d times", id, n)
+		if len(rows) == 0 {
+			break
 		}
+		for _, r := range rows {
+			seen[r.ID]++
+		}
+		all = append(all, rows...)
+	}
+	if len(seen) != 2000 || len(all) != 2000 || s.InFlight() != 2000 {
+		t.Fatalf("%d rows claimed (%d distinct, %d in flight), want 2000 once each", len(all), len(seen), s.InFlight())
+	}
+	outs := make([]event.Outcome, len(all))
+	for i, r := range all {
+		outs[i] = event.Outcome{Row: r, Settlement: event.Done}
+		if i%2 == 1 {
+			outs[i] = event.Outcome{Row: r, Settlement: event.Release, AvailableAt: time.Now()}
+		}
+	}
+	if stale, err := s.Settle(ctx, outs); err != nil || len(stale) != 0 {
+		t.Fatal(stale, err)
+	}
+	again, err := s.Claim(ctx, 5000, 0)
+	if err != nil || len(again) != 1000 || again[0].ID != all[1].ID {
+		t.Fatalf("after settling, claimed %d rows (%v), want the 1000 released ones", len(again), err)
+	}
+}
+
+// TestRowIDReuseIsSeen: without AUTOINCREMENT, a new row gets the highest
+// id plus one; once retention has deleted the highest rows, that id is at
+// or below ids the relay has already taken. It is claimed at once, whether
+// or not rows are in flight.
+func TestRowIDReuseIsSeen(t *testing.T) {
+	ctx := context.Background()
+	path, db := legacyDB(t, 10) // INTEGER PRIMARY KEY without AUTOINCREMENT
+	s := openStore(t, path, false)
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Claim(ctx, 10, 0)
+	if err != nil || len(rows) != 10 {
+		t.Fatal(rows, err)
+	}
+	// 6..10 are done and deleted; 1..5 stay in flight.
+	outs := make([]event.Outcome, 0, 5)
+	for _, r := range rows[5:] {
+		outs = append(outs, event.Outcome{Row: r, Settlement: event.Done})
+	}
+	if stale, err := s.Settle(ctx, outs); err != nil || len(stale) != 0 {
+		t.Fatal(stale, err)
+	}
+	exec1(t, db, `DELETE FROM event_queue WHERE status = 'done'`)
+	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('reused-1', 'T', 'x', 0)`)
+	got, err := s.Claim(ctx, 10, 0)
+	if err != nil || len(got) != 1 || got[0].EventID != "reused-1" || got[0].ID != 6 {
+		t.Fatalf("claimed %+v (%v), want the new row with the reused id 6", got, err)
+	}
+	// Nothing in flight: everything settled and deleted, ids start over.
+	outs = outs[:0]
+	for _, r := range append(rows[:5], got...) {
+		outs = append(outs, event.Outcome{Row: r, Settlement: event.Done})
+	}
+	if stale, err := s.Settle(ctx, outs); err != nil || len(stale) != 0 {
+		t.Fatal(stale, err)
+	}
+	exec1(t, db, `DELETE FROM event_queue`)
+	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('reused-2', 'T', 'x', 0)`)
+	got, err = s.Claim(ctx, 10, 0)
+	if err != nil || len(got) != 1 || got[0].EventID != "reused-2" || got[0].ID != 1 {
+		t.Fatalf("claimed %+v (%v), want the new row with the reused id 1", got, err)
+	}
+}
+
+// TestDeferredRowsBelowInFlightAreClaimedWhenDue: while rows with higher
+// ids are in flight, a row this relay retried comes back when it is due,
+// and a row the application scheduled for later is found by the rescan.
+func TestDeferredRowsBelowInFlightAreClaimedWhenDue(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now()
+	var offset atomic.Int64 // the due clock's lead over the wall clock
+	clock := event.NewClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
+	path := filepath.Join(t.TempDir(), "app.db")
+	s, err := Open(ctx, Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true, Clock: clock, Rescan: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db := appDB(t, path)
+	later := now.Add(time.Minute).UnixMilli()
+	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (1, 'retried', 'T', 'x'), (2, 'held', 'T', 'x')`)
+	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, available_at) VALUES (3, 'scheduled', 'T', 'x', ?)`, later)
+	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (4, 'held-too', 'T', 'x')`)
+	rows, err := s.Claim(ctx, 10, 0)
+	if err != nil || len(rows) != 3 {
+		t.Fatal(rows, err)
+	}
+	// Row 1 is refused and retried in 5 s; 2 and 4 stay in flight.
+	if n := settleOne(t, s, event.Reject(rows[0], "refused", 5, clock.Now())); n != 0 {
+		t.Fatal("stale retry")
+	}
+	if got, err := s.Claim(ctx, 10, 0); err != nil || len(got) != 0 {
+		t.Fatalf("claimed %v (%v) before anything was due", got, err)
+	}
+	offset.Store(int64(10 * time.Second))
+	got, err := s.Claim(ctx, 10, 0)
+	if err != nil || len(got) != 1 || got[0].EventID != "retried" {
+		t.Fatalf("claimed %+v (%v), want the retried row once due", got, err)
+	}
+	offset.Store(int64(2 * time.Minute))
+	if got, err := s.Claim(ctx, 10, 0); err != nil || len(got) != 0 {
+		t.Fatalf("claimed %v (%v): the scheduled row waits for the rescan", got, err)
+	}
+	s.Rescan()
+	got, err = s.Claim(ctx, 10, 0)
+	if err != nil || len(got) != 1 || got[0].EventID != "scheduled" {
+		t.Fatalf("claimed %+v (%v), want the scheduled row at the rescan", got, err)
 	}
 }
 
@@ -775,8 +886,8 @@ func TestBacklog(t *testing.T) {
 	exec1(t, db, `INSERT INTO event_queue (event_type, payload, created_at) VALUES ('T', 'x', 1000)`)
 	insertRows(t, db, 4, "pending")
 	insertRows(t, db, 2, "dead_lettered")
-	if _, err := s.Claim(ctx, 2, 0); err != nil {
-		t.Fatal(err)
+	if n := legacyClaim(t, db, "an-older-relay", 2); n != 2 {
+		t.Fatal(n)
 	}
 	b, err := s.Backlog(ctx)
 	if err != nil {
@@ -883,8 +994,8 @@ func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if rows, err := b.Claim(ctx, 5, 0); err != nil || len(rows) != 5 {
-		t.Fatal(rows, err)
+	if n := legacyClaim(t, db, b.Instance(), 5); n != 5 {
+		t.Fatal(n)
 	}
 	tx, err := db.Begin() // the application's long transaction
 	if err != nil {
@@ -923,48 +1034,37 @@ func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
 }
 
 // TestSettleInPartsAndLostRows: settling part of a claim, or a claim some
-// of whose rows another relay took, changes exactly the rows presented.
+// of whose rows someone else took meanwhile (a claimer that writes its
+// claims, an operator), changes exactly the rows presented that are still
+// pending, and reports the others stale.
 func TestSettleInPartsAndLostRows(t *testing.T) {
 	ctx := context.Background()
-	s, db, rows := claimed(t, 4)
-	// Row 0 goes to another relay (its lease expired, say).
-	exec1(t, db, `UPDATE event_queue SET claimed_by = 'other' WHERE id = ?`, rows[0].ID)
-	// Settle rows 0 and 1 only: 2 and 3 are still in flight.
+	s, db, rows := claimed(t, 5)
+	exec1(t, db, `UPDATE event_queue SET status = 'processing', claimed_by = 'other' WHERE id = ?`, rows[0].ID)
+	exec1(t, db, `UPDATE event_queue SET status = 'done' WHERE id = ?`, rows[3].ID)
 	stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done}, {Row: rows[1], Settlement: event.Done}})
 	if err != nil || fmt.Sprint(stale) != "[0]" {
 		t.Fatalf("stale %v, %v; want [0]", stale, err)
 	}
-	want := map[int64]string{rows[0].ID: "processing", rows[1].ID: "done", rows[2].ID: "processing", rows[3].ID: "processing"}
+	want := map[int64]string{rows[0].ID: "processing", rows[1].ID: "done", rows[2].ID: "pending", rows[4].ID: "pending"}
 	for id, st := range want {
 		if got := state(t, db, id).Status; got != st {
 			t.Errorf("row %d is %s, want %s", id, got, st)
 		}
 	}
-	// The rest of the claim, whole: one statement settles both.
-	if stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[2], Settlement: event.Done}, {Row: rows[3], Settlement: event.Done}}); err != nil || len(stale) != 0 {
-		t.Fatal(stale, err)
+	outs := []event.Outcome{event.Reject(rows[3], "late", 5, time.Now()), event.Reject(rows[2], "refused", 5, time.Now()), {Row: rows[4], Settlement: event.Done}}
+	stale, err = s.Settle(ctx, outs)
+	if err != nil || fmt.Sprint(stale) != "[0]" {
+		t.Fatalf("stale %v, %v; want [0]", stale, err)
 	}
-	if got := state(t, db, rows[3].ID).Status; got != "done" {
-		t.Fatalf("row 3 is %s", got)
+	if st := state(t, db, rows[3].ID); st.Status != "done" || st.Attempts != 0 {
+		t.Errorf("a row done elsewhere was retried: %+v", st)
 	}
-}
-
-// TestClaimTokensAreUnique: two claims in the same millisecond get
-// different claimed_at values, so settling one cannot touch the other.
-func TestClaimTokensAreUnique(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	insertRows(t, appDB(t, s.Path()), 20, "pending")
-	seen := map[int64]bool{}
-	for i := 0; i < 10; i++ {
-		rows, err := s.Claim(ctx, 2, 0)
-		if err != nil || len(rows) != 2 {
-			t.Fatal(rows, err)
-		}
-		if seen[rows[0].ClaimedAt] {
-			t.Fatalf("claimed_at %d used twice", rows[0].ClaimedAt)
-		}
-		seen[rows[0].ClaimedAt] = true
+	if st := state(t, db, rows[2].ID); st.Status != "pending" || st.Attempts != 1 {
+		t.Errorf("retried row %+v", st)
+	}
+	if s.InFlight() != 0 {
+		t.Errorf("%d rows still in flight", s.InFlight())
 	}
 }
 
@@ -999,27 +1099,6 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 	}
 }
 
-// TestWholeClaimWithALostRow: a whole claim settled done in one statement
-// leaves the row another relay took, and reports it stale.
-func TestWholeClaimWithALostRow(t *testing.T) {
-	ctx := context.Background()
-	s, db, rows := claimed(t, 3)
-	exec1(t, db, `UPDATE event_queue SET claimed_by = 'other' WHERE id = ?`, rows[1].ID)
-	outs := make([]event.Outcome, 3)
-	for i, r := range rows {
-		outs[i] = event.Outcome{Row: r, Settlement: event.Done}
-	}
-	stale, err := s.Settle(ctx, outs)
-	if err != nil || fmt.Sprint(stale) != "[1]" {
-		t.Fatalf("stale %v, %v; want [1]", stale, err)
-	}
-	for i, want := range []string{"done", "processing", "done"} {
-		if got := state(t, db, rows[i].ID).Status; got != want {
-			t.Errorf("row %d is %s, want %s", i, got, want)
-		}
-	}
-}
-
 // TestJudgeOnlyAfterBeatingOnTime: a relay that has just started (or just
 // got the lock back) does not take another for dead until it has itself
 // been heartbeating on time for a staleness window.
@@ -1032,8 +1111,8 @@ func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
 	if _, err := dead.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
 		t.Fatal(err)
 	}
-	if rows, err := dead.Claim(ctx, 2, 0); err != nil || len(rows) != 2 {
-		t.Fatal(rows, err)
+	if n := legacyClaim(t, db, dead.Instance(), 2); n != 2 {
+		t.Fatal(n)
 	}
 	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 60000`)
 	judge := openStore(t, dead.Path(), false)
@@ -1164,4 +1243,12 @@ func TestWatchSeesSynchronousFullCommits(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// forget drops the rows in flight without settling them (benchmarks put
+// their pool back this way).
+func (s *Store) forget() {
+	s.mu.Lock()
+	s.held = held{ids: map[int64]struct{}{}}
+	s.mu.Unlock()
 }

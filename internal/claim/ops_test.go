@@ -114,6 +114,7 @@ func TestOneRelayLeads(t *testing.T) {
 		if _, err := s.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil {
 			t.Fatal(err)
 		}
+		time.Sleep(2 * time.Millisecond) // started_at orders the relays
 	}
 	if !first.Leads() || second.Leads() {
 		t.Fatalf("first leads %v, second leads %v; want the first only", first.Leads(), second.Leads())

@@ -42,6 +42,22 @@ var migrations = []migration{
 	{101, "outbox_event_id", migrateOutbox},
 	{102, "relay_claims", migrateClaims},
 	{103, "consumer_exhausted", migrateExhausted},
+	{104, "relay_in_flight", migrateInFlight},
+}
+
+// migrateInFlight adds the count of rows a relay holds in flight to its
+// heartbeat row: claims are not written to the outbox table.
+func migrateInFlight(ctx context.Context, s *Store) error {
+	return s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+		cols, err := columns(ctx, tx, InstancesTable)
+		if err != nil || cols["in_flight"] {
+			return err
+		}
+		if _, err = tx.ExecContext(ctx, `ALTER TABLE `+InstancesTable+` ADD COLUMN in_flight INTEGER`); err != nil {
+			return fmt.Errorf("migrate %s: %w", InstancesTable, err)
+		}
+		return nil
+	})
 }
 
 // ExhaustedTable records messages a JetStream consumer gave up on after
@@ -385,6 +401,14 @@ func (s *Store) Verify(ctx context.Context) error {
 			return err
 		} else if !ok {
 			missing = append(missing, "table "+name)
+		} else if name == InstancesTable {
+			cols, err := columns(ctx, s.read, name)
+			if err != nil {
+				return err
+			}
+			if !cols["in_flight"] {
+				missing = append(missing, "column "+name+".in_flight")
+			}
 		}
 	}
 	var parts []string

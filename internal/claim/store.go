@@ -40,7 +40,13 @@ type Options struct {
 	// Clock decides which rows are due (a new event.Clock over time.Now
 	// when nil); share it with the relay, which times retries by it.
 	Clock *event.Clock
+	// Rescan is how often, at least, a claim reads the whole pending index
+	// while rows are in flight (see Store.Claim); DefaultRescan when 0.
+	Rescan time.Duration
 }
+
+// DefaultRescan is Options.Rescan's default.
+const DefaultRescan = time.Second
 
 // writerDriver is go-sqlite3 with the automatic checkpoint turned off on
 // every connection it opens (for Options.OwnCheckpoints).
@@ -74,10 +80,12 @@ type Store struct {
 	ckptMu  sync.Mutex
 	ckptWal walState // the -wal file after the last complete checkpoint
 
-	mu        sync.Mutex
-	lastClaim int64            // claimed_at of the latest claim
-	claims    map[int64]int    // claimed_at -> rows, for claims not yet settled
-	pruned    map[string]int64 // table -> rowid where the last prune stopped
+	registered atomic.Bool   // a heartbeat committed: settles are fenced by the lead
+	rescan     time.Duration // a claim reads the whole pending index at least this often
+
+	mu     sync.Mutex
+	held   held             // the rows in flight (see Claim)
+	pruned map[string]int64 // table -> rowid where the last prune stopped
 }
 
 // Open opens the database at opts.Path. It does not touch the schema.
@@ -157,7 +165,11 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
 	ckpt.SetMaxOpenConns(1)
-	s := &Store{busy: opts.BusyTimeout, write: write, read: read, ckpt: ckpt, table: opts.Table, path: opts.Path, instance: event.NewID(), claims: map[int64]int{}, pruned: map[string]int64{}}
+	s := &Store{busy: opts.BusyTimeout, write: write, read: read, ckpt: ckpt, table: opts.Table, path: opts.Path, instance: event.NewID(), pruned: map[string]int64{}, rescan: opts.Rescan}
+	s.held.ids = map[int64]struct{}{}
+	if s.rescan <= 0 {
+		s.rescan = DefaultRescan
+	}
 	s.q = newQueries(opts.Table)
 	if s.clock = opts.Clock; s.clock == nil {
 		s.clock = event.NewClock(nil)
@@ -244,7 +256,7 @@ func (s *Store) Path() string { return s.path }
 // Table returns the outbox table's name.
 func (s *Store) Table() string { return s.table }
 
-// Instance returns the id this store stamps on its claims.
+// Instance returns the id of this store's heartbeat row.
 func (s *Store) Instance() string { return s.instance }
 
 // Busy reports whether err is SQLite's "database is locked" or "busy":

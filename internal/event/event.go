@@ -50,7 +50,6 @@ type Row struct {
 	Payload   []byte
 	Attempts  int
 	CreatedAt int64 // Unix milliseconds
-	ClaimedAt int64 // Unix milliseconds; the lease start and owner token
 	// Problem says why the row could not be read as the relay needs it (a
 	// created_at that is no time, say): it is dead-lettered with this reason
 	// instead of being published.

@@ -42,6 +42,7 @@ type Metrics struct {
 	OldestPendingAge    prometheus.Gauge
 	BrokerConnected     prometheus.Gauge
 	Leader              prometheus.Gauge
+	InFlight            prometheus.Gauge
 	PublishDuration     prometheus.Histogram
 	DeliveryLag         prometheus.Histogram
 	StreamConfigPatched *prometheus.CounterVec
@@ -75,6 +76,8 @@ func New(version, commit string) *Metrics {
 		Help: "Seconds the longest-waiting due pending row has waited since it became due; 0 when none is due."})
 	m.Leader = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "leader",
 		Help: "1 while this relay leads (claims and publishes), 0 while it stands by."})
+	m.InFlight = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "in_flight_rows",
+		Help: "Rows this relay has taken from the outbox and not yet settled (published and awaiting the acknowledgement, or the settle write)."})
 	m.BrokerConnected = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "broker_connected",
 		Help: "1 while the broker takes publishes, 0 during an outage."})
 	m.PublishDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: "publish_duration_seconds",
@@ -89,7 +92,7 @@ func New(version, commit string) *Metrics {
 		Help: "Rows deleted by retention, by table."}, []string{"table"})
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
-	for _, c := range []prometheus.Collector{m.Deferred, m.Backlog, m.OldestPendingAge, m.BrokerConnected, m.Leader,
+	for _, c := range []prometheus.Collector{m.Deferred, m.Backlog, m.OldestPendingAge, m.BrokerConnected, m.Leader, m.InFlight,
 		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.PrunedRows, m.BuildInfo} {
 		f(c)
 	}

@@ -87,7 +87,7 @@ func (m *memStore) Claim(_ context.Context, limit int, _ int64) ([]event.Row, er
 	rows := make([]event.Row, k)
 	for i := range rows {
 		m.next++
-		rows[i] = event.Row{ID: m.next, EventID: event.NewID(), EventType: "Bench", Payload: m.payload, CreatedAt: time.Now().UnixMilli(), ClaimedAt: 1}
+		rows[i] = event.Row{ID: m.next, EventID: event.NewID(), EventType: "Bench", Payload: m.payload, CreatedAt: time.Now().UnixMilli()}
 	}
 	return rows, nil
 }

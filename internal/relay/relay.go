@@ -389,7 +389,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			continue
 		}
 		r.claimTrouble.ok()
-		r.inflight.Add(int64(len(rows)))
+		r.m.InFlight.Set(float64(r.inflight.Add(int64(len(rows)))))
 		bytes := payloadBytes(rows)
 		r.inflightBytes.Add(bytes)
 		r.pipeline <- r.publish(ctx, rows)
@@ -566,7 +566,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 		r.settleTrouble.fail(err)
 		sleep(writeCtx, retry.next())
 	}
-	r.inflight.Add(-int64(len(outs)))
+	r.m.InFlight.Set(float64(r.inflight.Add(-int64(len(outs)))))
 	var bytes int64
 	for _, o := range outs {
 		bytes += int64(len(o.Row.Payload))
@@ -579,7 +579,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 // changed nothing.
 func (r *Relay) count(outs []event.Outcome, stale []int) {
 	if len(stale) > 0 {
-		r.log.Warn("lost the lease on rows before settling them; another relay owns them now", zap.Int("rows", len(stale)))
+		r.log.Warn("rows not settled: this relay lost the lead, or the rows changed meanwhile; the leader publishes what is still pending", zap.Int("rows", len(stale)))
 	}
 	for i, o := range outs {
 		if len(stale) > 0 && stale[0] == i {

@@ -387,9 +387,11 @@ func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
 	return lost, duplicates, dead
 }
 
-// heldIDs lists the rows a relay holds right now.
-func heldIDs(t *testing.T, db *sql.DB) []int64 {
-	rows, err := db.Query(`SELECT id FROM event_queue WHERE status = 'processing'`)
+// pendingIDs lists the rows that are pending right now: the rows a relay
+// holds in flight (claims live in its memory; the rows stay pending until
+// settled) and those it has not taken yet.
+func pendingIDs(t *testing.T, db *sql.DB) []int64 {
+	rows, err := db.Query(`SELECT id FROM event_queue WHERE status = 'pending'`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,8 +417,9 @@ func allDone(t *testing.T, db *sql.DB, ids []int64) bool {
 }
 
 // TestKill9 kills the relay with SIGKILL six times while 30,000 rows are
-// written; the rows a dead relay held are published again within
-// 10 s of the restart (the lease is the default 600 s).
+// written; every row pending when it died (those it held in flight among
+// them) is published within 10 s of the restart: the restarted relay
+// leads once it has judged the dead one's heartbeat stale.
 func TestKill9(t *testing.T) {
 	e := newEnv(t)
 	db := e.open()
@@ -440,7 +443,7 @@ func TestKill9(t *testing.T) {
 		if frozen {
 			want = 100
 		}
-		for deadline := time.Now().Add(3 * time.Second); len(heldIDs(t, db)) < want && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(3 * time.Second); e.metric("relay", "outbox_relay_in_flight_rows") < float64(want) && time.Now().Before(deadline); {
 			time.Sleep(2 * time.Millisecond)
 		}
 		e.killRelay("relay")
@@ -448,7 +451,7 @@ func TestKill9(t *testing.T) {
 			e.nats.Process.Signal(syscall.SIGCONT)
 		}
 		kills++
-		held := heldIDs(t, db)
+		held := pendingIDs(t, db) // what the dead relay held, and more
 		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
 		restarted := time.Now()
 		e.startRelay("relay")
@@ -610,7 +613,7 @@ func TestPoisonRows(t *testing.T) {
 	summaries = append(summaries, summary{name: "poison rows (5 too big, 5 bad types)", rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
 }
 
-// TestSignals: SIGTERM drains and exits 0, leaving nothing claimed; with the
+// TestSignals: SIGTERM drains and exits 0, leaving no heartbeat; with the
 // broker frozen (acks never come) a second SIGTERM exits at once, and the
 // next relay recovers the rows the first one held.
 func TestSignals(t *testing.T) {
@@ -624,8 +627,11 @@ func TestSignals(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("graceful stop took %v", d)
 	}
-	if held := heldIDs(t, db); len(held) != 0 {
-		t.Errorf("%d rows still claimed after a graceful stop", len(held))
+	var instances, claimed int
+	db.QueryRow(`SELECT count(*) FROM outbox_relay_instances`).Scan(&instances)
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'processing' OR claimed_at IS NOT NULL`).Scan(&claimed)
+	if instances != 0 || claimed != 0 {
+		t.Errorf("after a graceful stop: %d heartbeat rows (the next relay would wait for them to go stale), %d rows claimed", instances, claimed)
 	}
 	// Freeze the broker: publishes are accepted by the socket, never acked.
 	e.startRelay("relay", "OUTBOX_RELAY_RELAY_SHUTDOWN_TIMEOUT=30s")
@@ -634,11 +640,11 @@ func TestSignals(t *testing.T) {
 	// Acks that left before the freeze settle their rows within moments;
 	// rows claimed after it stay held for as long as the broker is frozen.
 	time.Sleep(500 * time.Millisecond)
-	for deadline := time.Now().Add(5 * time.Second); len(heldIDs(t, db)) < 10 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); e.metric("relay", "outbox_relay_in_flight_rows") < 10 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
-	held := heldIDs(t, db)
-	if len(held) == 0 {
+	held := pendingIDs(t, db) // the rows in flight, and those not taken yet
+	if e.metric("relay", "outbox_relay_in_flight_rows") == 0 {
 		t.Fatal("the relay holds no rows with the broker frozen: nothing to test")
 	}
 	cmd := e.relays["relay"]
@@ -705,4 +711,59 @@ func TestTwoRelaysLongLocks(t *testing.T) {
 	e.stopRelay("b")
 	lost, dups, dead := e.verify(db, 0)
 	summaries = append(summaries, summary{name: fmt.Sprintf("two relays, writer holds lock 8 s (%d times)", s.Holds), rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
+}
+
+// TestStoppedLeaderWritesNothing: the leader is frozen (SIGSTOP) while it
+// holds rows in flight; the standby takes over and settles every row;
+// when the old leader resumes, the acknowledgements waiting in its socket
+// settle nothing (its settle transaction finds it no longer leads), and it
+// stands by.
+func TestStoppedLeaderWritesNothing(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	e.startRelay("a")
+	time.Sleep(time.Second) // a starts first, and leads
+	e.startRelay("b")
+	w := e.writer("-rows", "10000", "-rate", "1000")
+	time.Sleep(2 * time.Second)
+	// Freeze the broker so that a holds many rows, then a, then let the
+	// broker store what a sent and acknowledge it into a's socket.
+	e.nats.Process.Signal(syscall.SIGSTOP)
+	for deadline := time.Now().Add(3 * time.Second); e.metric("a", "outbox_relay_in_flight_rows") < 100 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	held := e.metric("a", "outbox_relay_in_flight_rows")
+	e.relays["a"].Process.Signal(syscall.SIGSTOP)
+	e.nats.Process.Signal(syscall.SIGCONT)
+	stopped := time.Now()
+	s := e.waitWriter(w)
+	e.waitSettled(db, 60*time.Second)
+	tookOver := time.Since(stopped)
+	if e.metric("b", "outbox_relay_leader") != 1 {
+		t.Fatal("b does not lead after a was stopped")
+	}
+	snapshot := func() (n, processed, attempts int64) {
+		db.QueryRow(`SELECT count(*), coalesce(sum(processed_at), 0), coalesce(sum(attempts), 0) FROM event_queue WHERE status = 'done'`).Scan(&n, &processed, &attempts)
+		return
+	}
+	n0, p0, a0 := snapshot()
+	e.relays["a"].Process.Signal(syscall.SIGCONT)
+	deadline := time.Now().Add(20 * time.Second)
+	for e.logCount("a", "standing by: another relay on this database leads") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a did not stand by after it resumed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := e.logCount("a", "rows not settled: this relay lost the lead, or the rows changed meanwhile; the leader publishes what is still pending"); got == 0 {
+		t.Errorf("a resumed holding %v rows and reported none unsettled", held)
+	}
+	if n1, p1, a1 := snapshot(); n1 != n0 || p1 != p0 || a1 != a0 {
+		t.Errorf("the resumed leader wrote: done rows %d -> %d, sum(processed_at) %d -> %d, sum(attempts) %d -> %d", n0, n1, p0, p1, a0, a1)
+	}
+	e.stopRelay("a")
+	e.stopRelay("b")
+	lost, dups, dead := e.verify(db, 0)
+	summaries = append(summaries, summary{name: "leader SIGSTOPped, standby takes over", rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, maxRecovery: tookOver, elapsed: time.Since(e.started),
+		notes: fmt.Sprintf("a held %v rows", held)})
 }
