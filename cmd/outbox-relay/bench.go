@@ -95,9 +95,13 @@ type benchReport struct {
 	Rate           *relayRun          `json:"rate,omitempty"`
 	WriterAlone    *writerRun         `json:"writer_alone,omitempty"`
 	// The writer's lateness p99 with the relay over the same without it.
-	WriterP99Ratio float64  `json:"writer_p99_with_relay_to_alone,omitempty"`
-	IdleCPUPercent *float64 `json:"idle_cpu_percent_of_one_core,omitempty"`
-	IdleSeconds    float64  `json:"idle_seconds,omitempty"`
+	WriterP99Ratio float64 `json:"writer_p99_with_relay_to_alone,omitempty"`
+	// The standard client publishing --rate messages/s alone, awaiting
+	// each PubAck, and the relay's CPU at that rate over the client's.
+	Client         *clientRun `json:"standard_client,omitempty"`
+	CPUToClient    float64    `json:"relay_cpu_to_standard_client,omitempty"`
+	IdleCPUPercent *float64   `json:"idle_cpu_percent_of_one_core,omitempty"`
+	IdleSeconds    float64    `json:"idle_seconds,omitempty"`
 }
 
 func (c *cli) benchCommand() *cobra.Command {
@@ -116,7 +120,10 @@ func (c *cli) benchCommand() *cobra.Command {
   with --rate R: a writer inserting R rows/s for --duration while the relay
     runs: commit-to-PubAck and commit-to-done lag percentiles (the writer
     checkpoints as an application does by default, every 1000 WAL pages;
-    --writer-autocheckpoint changes that);
+    --writer-autocheckpoint changes that), the relay's CPU, and two
+    baselines: the writer with no relay, and the standard client (nats.go)
+    publishing R messages/s alone, awaiting each PubAck, in a process of its
+    own: its CPU is the floor of any relay's at that rate;
   with --idle D: the relay's CPU over D on an empty table, connected.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -269,6 +276,15 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		}
 		rep.WriterP99Ratio = rep.Rate.WriterP99Us / max(1, alone.WriterP99Us)
 		progress("rate: relay CPU %.1f%% of one core; writer lateness p99 %.2f x alone", rep.Rate.CPUPercent, rep.WriterP99Ratio)
+		names, err := stream("client", prefix+".>")
+		if err != nil {
+			return nil, err
+		}
+		if rep.Client, err = benchClient(url, names.prefix+".Client", o.rate, o.size, o.duration); err != nil {
+			return nil, err
+		}
+		rep.CPUToClient = rep.Rate.CPUPercent / max(0.01, rep.Client.CPUPercent)
+		progress("standard client alone: %.1f%% of one core at %d msgs/s; relay / client %.1f", rep.Client.CPUPercent, o.rate, rep.CPUToClient)
 	}
 	if o.idle > 0 {
 		names, err := stream("idle", prefix+".>")
@@ -725,6 +741,10 @@ func printBench(c *cli, r *benchReport) {
 		if a := r.WriterAlone; a != nil {
 			fmt.Fprintf(w, "  %-27s %9s         p50 %.2f ms p99 %.2f ms  max %.2f ms\n", "writer alone (no relay)", "", a.WriterP50Us/1000, a.WriterP99Us/1000, a.WriterMaxUs/1000)
 			fmt.Fprintf(w, "  writer p99, relay / alone   %9.2f\n", r.WriterP99Ratio)
+		}
+		if cl := r.Client; cl != nil {
+			fmt.Fprintf(w, "  %-27s %9.1f %% of one core, one PubAck awaited at a time\n", "standard client alone", cl.CPUPercent)
+			fmt.Fprintf(w, "  relay CPU / client CPU      %9.1f\n", r.CPUToClient)
 		}
 	}
 	if r.IdleCPUPercent != nil {

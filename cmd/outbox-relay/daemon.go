@@ -31,7 +31,7 @@ const (
 	statsInterval      = 5 * time.Second // backlog gauges
 	retentionInterval  = time.Minute
 	checkpointInterval = 2 * time.Millisecond  // WAL checkpoints follow commits, at most one per interval (relay.Options)
-	settleWindow       = 10 * time.Millisecond // batches acknowledged within it share a settle transaction
+	settleWindow       = 50 * time.Millisecond // batches acknowledged within it share a settle transaction
 	// maxInFlightBytes bounds the payload in memory: with large payloads
 	// the row count alone (relay.max_in_flight) would hold hundreds of MB.
 	maxInFlightBytes = 8 << 20
@@ -65,6 +65,7 @@ type openOptions struct {
 
 // openApp wires everything the daemon needs; on error it closes what it opened.
 func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOptions) (_ *app, err error) {
+	keepFreedMemory()
 	a := &app{cfg: cfg, log: log, metrics: metrics.New(version, buildCommit()), natsURL: cfg.NATS.URL}
 	defer func() {
 		if err != nil {

@@ -114,6 +114,7 @@ stream has acknowledged it. "run" is the default command.`,
 		c.healthcheckCommand(),
 		c.demoAppCommand(),
 		c.benchCommand(),
+		c.benchClientCommand(),
 		c.demoCommand(),
 		&cobra.Command{
 			Use:   "version",

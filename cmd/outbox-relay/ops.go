@@ -80,8 +80,8 @@ func (c *cli) statusCommand() *cobra.Command {
 				if r.Leader {
 					role = "leading"
 				}
-				fmt.Fprintf(w, "\t%s on %s (pid %d, %s), %s, started %s, heartbeat %s ago\n", r.ID, r.Hostname, r.PID, r.Version,
-					role, r.StartedAt.UTC().Format(time.RFC3339), roundAge(now.Sub(r.HeartbeatAt).Seconds()))
+				fmt.Fprintf(w, "\t%s on %s (pid %d, %s), %s, %d in flight, started %s, heartbeat %s ago\n", r.ID, r.Hostname, r.PID, r.Version,
+					role, r.InFlight, r.StartedAt.UTC().Format(time.RFC3339), roundAge(now.Sub(r.HeartbeatAt).Seconds()))
 			}
 			fmt.Fprintf(w, "consumer exhausted\t%d message(s) (dead-letters list --consumer)\n", st.ConsumerExhausted)
 			w.Flush()

@@ -30,6 +30,9 @@ type Instance struct {
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	// Leader: this relay claims and publishes; the others stand by.
 	Leader bool `json:"leader"`
+	// InFlight is how many rows the relay held in flight at its latest
+	// heartbeat.
+	InFlight int64 `json:"in_flight"`
 }
 
 // Exhausted is a message a JetStream consumer stopped delivering after
@@ -152,7 +155,15 @@ FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DES
 }
 
 func instances(ctx context.Context, q querier) ([]Instance, error) {
-	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at
+	cols, err := columns(ctx, q, InstancesTable)
+	if err != nil {
+		return nil, fmt.Errorf("list relays: %w", err)
+	}
+	inFlight := "0" // a heartbeat table from before migration 104
+	if cols["in_flight"] {
+		inFlight = "coalesce(in_flight, 0)"
+	}
+	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at, `+inFlight+`
 FROM `+InstancesTable+` ORDER BY started_at, instance_id`)
 	if err != nil {
 		return nil, fmt.Errorf("list relays: %w", err)
@@ -162,7 +173,7 @@ FROM `+InstancesTable+` ORDER BY started_at, instance_id`)
 	for rows.Next() {
 		var in Instance
 		var started, beat int64
-		if err := rows.Scan(&in.ID, &in.Hostname, &in.PID, &in.Version, &started, &beat); err != nil {
+		if err := rows.Scan(&in.ID, &in.Hostname, &in.PID, &in.Version, &started, &beat, &in.InFlight); err != nil {
 			return nil, fmt.Errorf("list relays: %w", err)
 		}
 		in.StartedAt, in.HeartbeatAt = time.UnixMilli(started), time.UnixMilli(beat)

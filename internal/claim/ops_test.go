@@ -110,6 +110,10 @@ func TestOneRelayLeads(t *testing.T) {
 	ctx := context.Background()
 	first := newStore(t)
 	second := openStore(t, first.Path(), false)
+	insertRows(t, appDB(t, first.Path()), 3, "pending")
+	if rows, err := first.Claim(ctx, 3, 0); err != nil || len(rows) != 3 {
+		t.Fatal(rows, err)
+	}
 	for _, s := range []*Store{first, second, first} {
 		if _, err := s.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil {
 			t.Fatal(err)
@@ -125,6 +129,9 @@ func TestOneRelayLeads(t *testing.T) {
 	}
 	if len(st.Relays) != 2 || !st.Relays[0].Leader || st.Relays[0].ID != first.Instance() || st.Relays[1].Leader {
 		t.Fatalf("status relays %+v; want the first marked leader", st.Relays)
+	}
+	if st.Relays[0].InFlight != 3 || st.Relays[1].InFlight != 0 {
+		t.Fatalf("status relays %+v; want 3 rows in flight at the leader", st.Relays)
 	}
 	if err := first.Leave(ctx); err != nil {
 		t.Fatal(err)

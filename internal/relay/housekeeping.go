@@ -79,6 +79,7 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 func (r *Relay) checkpointLoop(ctx context.Context) {
 	look := time.NewTimer(checkpointIdle)
 	defer look.Stop()
+	gap := r.o.CheckpointInterval
 	for {
 		if r.watching.Load() {
 			look.Reset(checkpointIdle)
@@ -92,14 +93,38 @@ func (r *Relay) checkpointLoop(ctx context.Context) {
 		case <-look.C:
 		}
 		start := time.Now()
-		if _, _, err := r.store.Checkpoint(ctx); err != nil && ctx.Err() == nil && !r.stopIfReplaced(err) {
+		walPages, _, err := r.store.Checkpoint(ctx)
+		if err != nil && ctx.Err() == nil && !r.stopIfReplaced(err) {
 			r.log.Debug("checkpoint", zap.Error(err))
 		}
+		gap = checkpointGap(gap, walPages, r.o.CheckpointInterval)
 		// Busy a third of the time at most: large checkpoints (a drain, a
 		// slow disk) come less often.
-		sleep(ctx, max(r.o.CheckpointInterval, 2*time.Since(start)))
+		sleep(ctx, max(gap, 2*time.Since(start)))
 	}
 }
+
+// checkpointGap returns the wait after a checkpoint that found walPages
+// pages in the WAL, given the previous wait: it doubles, up to
+// checkpointMaxGap, while checkpoints find less than checkpointSmall
+// pages (a trickle, where every checkpoint's two fsyncs cost more than
+// the copy), and halves back to least once they find more (a drain, where
+// small, frequent checkpoints keep the application's commits short).
+func checkpointGap(gap time.Duration, walPages int, least time.Duration) time.Duration {
+	if walPages < checkpointSmall {
+		return max(least, min(2*gap, checkpointMaxGap))
+	}
+	return max(least, gap/2)
+}
+
+// A checkpoint of fewer than checkpointSmall pages (400 KiB of 4 KiB
+// pages) makes the next one wait longer, up to checkpointMaxGap: well
+// below the 1000 pages at which the application's own connections
+// checkpoint inside their commits.
+const (
+	checkpointSmall  = 100
+	checkpointMaxGap = 200 * time.Millisecond
+)
 
 // How often checkpointLoop looks without a commit: while the commit watch
 // runs, and while none does (it could not start, or stopped).

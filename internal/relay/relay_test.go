@@ -390,3 +390,25 @@ func TestCheckpointsWithoutWatch(t *testing.T) {
 		t.Errorf("%d checkpoints took %v without a watch; want one every %v", looks, took, checkpointPoll)
 	}
 }
+
+// TestCheckpointGap: small checkpoints space the next ones out, up to
+// checkpointMaxGap; a large one brings them back towards the least gap.
+func TestCheckpointGap(t *testing.T) {
+	least := 2 * time.Millisecond
+	gap := least
+	for range 20 {
+		gap = checkpointGap(gap, 10, least)
+	}
+	if gap != checkpointMaxGap {
+		t.Fatalf("after small checkpoints the gap is %v, want %v", gap, checkpointMaxGap)
+	}
+	for range 20 {
+		gap = checkpointGap(gap, 5000, least)
+	}
+	if gap != least {
+		t.Fatalf("after large checkpoints the gap is %v, want %v", gap, least)
+	}
+	if got := checkpointGap(least, 0, time.Second); got != time.Second {
+		t.Fatalf("the gap %v is below the least %v", got, time.Second)
+	}
+}
