@@ -938,7 +938,12 @@ func TestBenchSmoke(t *testing.T) {
 			Rows      int     `json:"rows"`
 			WriterP99 float64 `json:"writer_tx_p99_us"`
 		} `json:"writer_alone"`
-		WriterRatio float64  `json:"writer_p99_with_relay_to_alone"`
+		WriterRatio float64 `json:"writer_p99_with_relay_to_alone"`
+		Client      struct {
+			Messages   int     `json:"messages"`
+			CPUPercent float64 `json:"cpu_percent_of_one_core"`
+		} `json:"standard_client"`
+		CPUToClient float64  `json:"relay_cpu_to_standard_client"`
 		Idle        *float64 `json:"idle_cpu_percent_of_one_core"`
 	}
 	if err := json.Unmarshal(out, &rep); err != nil {
@@ -967,6 +972,10 @@ func TestBenchSmoke(t *testing.T) {
 	if rep.Rate.CPUPercent <= 0 || rep.WriterAlone.Rows < 300 || rep.WriterAlone.WriterP99 <= 0 || rep.WriterRatio <= 0 {
 		t.Fatalf("rate CPU %v%%, writer alone %+v, ratio %v", rep.Rate.CPUPercent, rep.WriterAlone, rep.WriterRatio)
 	}
+	// The standard client's floor at the same rate, in a process of its own.
+	if rep.Client.Messages < 300 || rep.Client.CPUPercent <= 0 || rep.CPUToClient <= 0 {
+		t.Fatalf("standard client %+v, relay / client %v", rep.Client, rep.CPUToClient)
+	}
 	// The same report for people: every measurement has its line.
 	var full benchReport
 	if err := json.Unmarshal(out, &full); err != nil {
@@ -976,7 +985,7 @@ func TestBenchSmoke(t *testing.T) {
 	printBench(&cli{stdout: &text}, &full)
 	for _, want := range []string{"ceiling,  500 in flight", "ceiling (best)", "relay drain", "lag p50", "CPU", "peak RSS",
 		"drain / ceiling", "drain, 5000 done rows", "with done / empty", "200 rows/s offered", "commit to PubAck", "writer, due to committed", "relay CPU", "% of one core",
-		"writer alone (no relay)", "writer p99, relay / alone", "idle CPU"} {
+		"writer alone (no relay)", "writer p99, relay / alone", "standard client alone", "relay CPU / client CPU", "idle CPU"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("the printed report lacks %q:\n%s", want, text.String())
 		}
