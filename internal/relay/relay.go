@@ -448,7 +448,8 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
 
 // settleLoop waits for each batch's acknowledgements in order (until
 // ackCtx ends) and settles them (retried until writeCtx ends): every batch
-// resolved within SettleWindow after the first in one transaction (with no
+// resolved within SettleWindow after the first in one transaction, or a
+// quarter of MaxInFlight rows as soon as they are resolved (with no
 // window, each batch in its own). At a steady trickle of small batches
 // that halves the relay's write transactions, so it takes the
 // application's write lock half as often.
@@ -483,7 +484,9 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 				window.Reset(r.o.SettleWindow)
 			}
 			outs = append(outs, o...)
-			if time.Since(first) >= r.o.SettleWindow {
+			// A quarter of MaxInFlight goes at once: during a drain, rows
+			// waiting for the window would hold back claims.
+			if time.Since(first) >= r.o.SettleWindow || len(outs) >= r.o.MaxInFlight/4 {
 				flush()
 			}
 		case <-window.C:

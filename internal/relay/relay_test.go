@@ -170,7 +170,7 @@ func TestSettleWindow(t *testing.T) {
 		store := &fakeStore{}
 		store.add(100, "T")
 		pub := &heldPublisher{release: make(chan struct{})}
-		r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 100, PollInterval: time.Millisecond,
+		r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 400, PollInterval: time.Millisecond,
 			MaxAttempts: 3, ShutdownTimeout: time.Second, SettleWindow: tc.window})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
