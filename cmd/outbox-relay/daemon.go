@@ -241,7 +241,7 @@ func (a *app) serveHTTP() (addr string, stop func(), err error) {
 		return "", func() {}, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	bound, wait, err := metrics.Serve(ctx, a.cfg.Metrics.Listen, a.metrics.Handler(a.live, a.ready))
+	bound, wait, err := metrics.Serve(ctx, a.cfg.Metrics.Listen, a.metrics.Handler(a.live, a.ready, a.relay.Role))
 	if err != nil {
 		cancel()
 		return "", nil, fmt.Errorf("metrics.listen %s: %w", a.cfg.Metrics.Listen, err)

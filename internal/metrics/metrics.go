@@ -141,11 +141,13 @@ func HistogramSumCount(h prometheus.Histogram) (sum, count float64) {
 type Check func(ctx context.Context) error
 
 // Handler serves /metrics, /healthz (live) and /readyz (ready); a failing
-// check answers 503 with its reason on one line.
-func (m *Metrics) Handler(live, ready Check) http.Handler {
+// check answers 503 with its reason on one line. A passing /readyz answers
+// "ok", followed by what role says when it is set (which relay leads, and
+// how many rows are in flight).
+func (m *Metrics) Handler(live, ready Check, role func() string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
-	probe := func(c Check) http.HandlerFunc {
+	probe := func(c Check, say func() string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 			defer cancel()
@@ -157,11 +159,15 @@ func (m *Metrics) Handler(live, ready Check) http.Handler {
 					return
 				}
 			}
+			if say != nil {
+				w.Write([]byte("ok: " + say() + "\n"))
+				return
+			}
 			w.Write([]byte("ok\n"))
 		}
 	}
-	mux.HandleFunc("/healthz", probe(live))
-	mux.HandleFunc("/readyz", probe(ready))
+	mux.HandleFunc("/healthz", probe(live, nil))
+	mux.HandleFunc("/readyz", probe(ready, role))
 	return mux
 }
 

@@ -186,7 +186,7 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 
 func TestHealthHandlers(t *testing.T) {
 	m := New("v", "c")
-	srv := httptest.NewServer(m.Handler(nil, func(ctx context.Context) error { return errors.New("broker: nats not connected\nsecond line") }))
+	srv := httptest.NewServer(m.Handler(nil, func(ctx context.Context) error { return errors.New("broker: nats not connected\nsecond line") }, nil))
 	defer srv.Close()
 	get := func(path string) (int, string) {
 		resp, err := srv.Client().Get(srv.URL + path)

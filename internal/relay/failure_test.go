@@ -405,6 +405,10 @@ func TestOneRelayLeadsTheOtherStandsBy(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the second relay to stand by", func() bool {
 		return logCount(b, "standing by: another relay on this database leads") == 1
 	})
+	// What /readyz adds to its "ok".
+	if ra, rb := a.relay.Role(), b.relay.Role(); !strings.HasPrefix(ra, "leading, ") || rb != "standing by: another relay on this database leads" {
+		t.Fatalf("roles %q and %q", ra, rb)
+	}
 	for i := 0; i < 100; i++ {
 		insertN(t, app, 15, "Shared")
 		if i%20 == 0 {

@@ -17,7 +17,7 @@ import (
 // scrape reads one sample from the relay's /metrics.
 func scrape(t *testing.T, h *harness, sample string) float64 {
 	t.Helper()
-	srv := httptest.NewServer(h.metrics.Handler(nil, nil))
+	srv := httptest.NewServer(h.metrics.Handler(nil, nil, nil))
 	defer srv.Close()
 	resp, err := srv.Client().Get(srv.URL + "/metrics")
 	if err != nil {

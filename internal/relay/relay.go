@@ -165,6 +165,15 @@ func New(store Store, pub Publisher, o Options) *Relay {
 // Running reports whether the loops run (for /healthz).
 func (r *Relay) Running() bool { return r.running.Load() }
 
+// Role says whether this relay leads and how many rows it has in flight
+// (for /readyz).
+func (r *Relay) Role() string {
+	if r.o.HeartbeatInterval > 0 && !r.leading.Load() {
+		return "standing by: another relay on this database leads"
+	}
+	return fmt.Sprintf("leading, %d rows in flight", r.inflight.Load())
+}
+
 // Paused reports the current broker outage, if any (for /readyz).
 func (r *Relay) Paused() error { return r.outage.err() }
 
