@@ -283,7 +283,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			cancelWrites()
 		} else {
 			// Nothing more can be published: release what is in flight now.
-			r.log.Error("relay cannot go on; releasing claimed rows and exiting", zap.Error(fatal))
+			r.log.Error("relay cannot go on; settling what was acknowledged and exiting", zap.Error(fatal))
 		}
 	}
 	close(r.pipeline)
@@ -327,7 +327,7 @@ func (r *Relay) firstHeartbeat(ctx context.Context) error {
 // reclaimed counts and logs rows a heartbeat made claimable again.
 func (r *Relay) reclaimed(n int64) {
 	if n > 0 {
-		r.log.Info("reclaimed rows of an expired lease or a stopped relay", zap.Int64("rows", n))
+		r.log.Info("took back processing rows of an expired lease or a stopped claimer", zap.Int64("rows", n))
 		r.m.LeasesReclaimed.Add(float64(n))
 		r.Wake()
 	}
@@ -571,7 +571,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 			break
 		}
 		if writeCtx.Err() != nil || r.stopIfReplaced(err) {
-			r.log.Error("could not settle rows before exiting; they stay processing until another relay reclaims them",
+			r.log.Error("could not settle rows before exiting; they stay pending, and the next leader publishes them again",
 				zap.Int("rows", len(outs)), zap.Error(err))
 			break
 		}
