@@ -98,7 +98,7 @@ func connectOnce(urls string, cfg config.NATS, name string, log *zap.Logger) (*C
 		log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
 		return c, opts, nil
 	case fatalConnectError(err):
-		return nil, opts, fmt.Errorf("connect to nats %s: %w: %s", config.RedactURLs(urls), ErrAuth, err)
+		return nil, opts, fmt.Errorf("connect to nats %s: %w: %w", config.RedactURLs(urls), ErrAuth, err)
 	}
 	return c, opts, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
 }

@@ -3,6 +3,7 @@ package publish
 import (
 	"context"
 	"errors"
+	"github.com/nats-io/nats.go"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +127,10 @@ func TestAuthMethods(t *testing.T) {
 			err := connectErr(t, n.URL(), tc.wrong)
 			if !errors.Is(err, ErrAuth) {
 				t.Fatalf("wrong credentials: %v; want ErrAuth", err)
+			}
+			// The server's own error stays inspectable too.
+			if !errors.Is(err, nats.ErrAuthorization) {
+				t.Fatalf("wrong credentials: %v; want it to wrap nats.ErrAuthorization", err)
 			}
 			for _, secret := range []string{tc.wrong.Password, tc.wrong.Token} {
 				if secret != "" && strings.Contains(err.Error(), secret) {
