@@ -300,9 +300,9 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // firstHeartbeat registers this relay, retrying database errors until it
-// succeeds (nil) or ctx ends; a file this process cannot write is returned
-// at once. Rows it reclaims from dead relays are counted like every later
-// reclaim.
+// succeeds (nil) or ctx ends; a file this process cannot write, or one
+// replaced since it was opened, is returned at once. Rows it reclaims
+// from dead claimers are counted like every later reclaim.
 func (r *Relay) firstHeartbeat(ctx context.Context) error {
 	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	for {
@@ -316,8 +316,8 @@ func (r *Relay) firstHeartbeat(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(err, event.ErrNotWritable) {
-			return err // waiting will not make the file writable
+		if errors.Is(err, event.ErrNotWritable) || errors.Is(err, event.ErrDatabaseReplaced) {
+			return err // waiting will not make the file writable, or bring the old one back
 		}
 		r.beatTrouble.fail(err)
 		sleep(ctx, retry.next())

@@ -412,3 +412,29 @@ func TestCheckpointGap(t *testing.T) {
 		t.Fatalf("the gap %v is below the least %v", got, time.Second)
 	}
 }
+
+// replacedStore is a store whose file was replaced before the relay's
+// first heartbeat: every write says so.
+type replacedStore struct{ fakeStore }
+
+func (*replacedStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
+	return 0, fmt.Errorf("heartbeat: %w", event.ErrDatabaseReplaced)
+}
+
+// TestReplacedBeforeTheFirstHeartbeat: a database file replaced before the
+// first heartbeat stops the relay with that error instead of a retry that
+// can never succeed.
+func TestReplacedBeforeTheFirstHeartbeat(t *testing.T) {
+	r := New(&replacedStore{}, &heldPublisher{release: make(chan struct{})}, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10,
+		PollInterval: time.Millisecond, HeartbeatInterval: time.Second, StaleAfter: 6 * time.Second, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, event.ErrDatabaseReplaced) {
+			t.Fatalf("Run returned %v, want event.ErrDatabaseReplaced", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run still retrying the first heartbeat on a replaced file after 30 s")
+	}
+}
