@@ -280,7 +280,7 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		if err != nil {
 			return nil, err
 		}
-		if rep.Client, err = benchClient(url, names.prefix+".Client", o.rate, o.size, o.duration); err != nil {
+		if rep.Client, err = c.benchClient(url, names.prefix+".Client", o.rate, o.size, o.duration); err != nil {
 			return nil, err
 		}
 		rep.CPUToClient = rep.Rate.CPUPercent / max(0.01, rep.Client.CPUPercent)
@@ -353,15 +353,17 @@ func (ch *child) failed(err error) error {
 }
 
 // startChild runs this binary's "run" on path against url with the default
-// configuration (metrics off, info level, which logs "relay starting").
-func startChild(path, url string, names benchNames) (*child, error) {
+// configuration, or the bench's --config file (credentials and TLS, and any
+// relay settings in it), metrics off, info level (which logs "relay
+// starting").
+func (c *cli) startChild(path, url string, names benchNames) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	// Metrics off, or the child would take :9108 and fail where something
 	// has it; the flag wins over whatever the environment says.
-	cmd := exec.Command(self, "run", "--metrics-listen", "")
+	cmd := exec.Command(self, append(c.configArgs(), "run", "--metrics-listen", "")...)
 	cmd.Env = append(os.Environ(),
 		config.EnvName("database.path")+"="+path,
 		config.EnvName("nats.url")+"="+url,
@@ -369,6 +371,9 @@ func startChild(path, url string, names benchNames) (*child, error) {
 		config.EnvName("stream.subjects")+"="+names.prefix+".>",
 		config.EnvName("stream.subject_prefix")+"="+names.prefix,
 		config.EnvName("log.level")+"=info",
+		// JSON whatever the bench's own environment says: the bench reads
+		// these logs (newChild).
+		config.EnvName("log.format")+"=json",
 	)
 	return newChild(cmd)
 }
@@ -468,7 +473,7 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	} else if err := s.Seed(ctx, pending, o.size, event.StatusPending); err != nil {
 		return nil, err
 	}
-	ch, err := startChild(path, url, names)
+	ch, err := c.startChild(path, url, names)
 	if err != nil {
 		return nil, err
 	}
@@ -655,7 +660,7 @@ func (c *cli) benchIdle(ctx context.Context, path, url string, names benchNames,
 	if err != nil {
 		return 0, err
 	}
-	ch, err := startChild(path, url, names)
+	ch, err := c.startChild(path, url, names)
 	if err != nil {
 		return 0, err
 	}
@@ -750,4 +755,12 @@ func printBench(c *cli, r *benchReport) {
 	if r.IdleCPUPercent != nil {
 		fmt.Fprintf(w, "  idle CPU                    %9.2f %% of one core over %.0f s\n", *r.IdleCPUPercent, r.IdleSeconds)
 	}
+}
+
+// configArgs passes the bench's --config file on to a child.
+func (c *cli) configArgs() []string {
+	if c.configFile == "" {
+		return nil
+	}
+	return []string{"--config", c.configFile}
 }

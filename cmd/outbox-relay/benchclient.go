@@ -13,6 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/publish"
 )
 
 // clientRun is the standard client publishing alone at the --rate: the
@@ -36,7 +39,16 @@ func (c *cli) benchClientCommand() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			run, err := trickleClient(url, subject, rate, size, d)
+			cfg, err := c.loadConfig() // credentials and TLS, as the relay gets them
+			if err != nil {
+				return err
+			}
+			conn, err := publish.ConnectOnce(context.Background(), url, cfg.NATS, "outbox-relay-bench-client", zap.NewNop())
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			run, err := trickleClient(conn.NC, subject, rate, size, d)
 			if err != nil {
 				return err
 			}
@@ -52,12 +64,7 @@ func (c *cli) benchClientCommand() *cobra.Command {
 	return cmd
 }
 
-func trickleClient(url, subject string, rate, size int, d time.Duration) (*clientRun, error) {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
+func trickleClient(nc *nats.Conn, subject string, rate, size int, d time.Duration) (*clientRun, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -91,13 +98,14 @@ func ownCPU() time.Duration {
 }
 
 // benchClient runs bench-client in a child process, as the relay runs.
-func benchClient(url, subject string, rate, size int, d time.Duration) (*clientRun, error) {
+func (c *cli) benchClient(url, subject string, rate, size int, d time.Duration) (*clientRun, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "bench-client", "--url", url, "--subject", subject, "--rate", strconv.Itoa(rate),
-		"--size", strconv.Itoa(size), "--duration", d.String())
+	args := append(c.configArgs(), "bench-client", "--url", url, "--subject", subject,
+		"--rate", strconv.Itoa(rate), "--size", strconv.Itoa(size), "--duration", d.String())
+	cmd := exec.Command(self, args...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {

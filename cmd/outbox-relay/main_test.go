@@ -897,6 +897,27 @@ func TestBenchChild(t *testing.T) {
 	ch.cmd.Wait()
 }
 
+// TestBenchWithConsoleLogs: the bench reads its relay children's logs, so
+// a log format chosen for the bench's own process does not stop it from
+// seeing a child start.
+func TestBenchWithConsoleLogs(t *testing.T) {
+	bin := buildBinary(t)
+	cmd := exec.Command(bin, "bench", "--rows", "500", "--ceiling-in-flight", "500", "--json")
+	cmd.Env = append(os.Environ(), "OUTBOX_RELAY_LOG_FORMAT=console")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bench with OUTBOX_RELAY_LOG_FORMAT=console: %v\n%s", err, out)
+	}
+	var rep struct {
+		Drain struct {
+			Rows int `json:"rows"`
+		} `json:"drain"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil || rep.Drain.Rows != 500 {
+		t.Fatalf("report %s (%v)", out, err)
+	}
+}
+
 // TestBenchSmoke runs a small bench with the real binary and parses its
 // JSON report: every measurement is there and plausible.
 func TestBenchSmoke(t *testing.T) {
@@ -1021,6 +1042,23 @@ func TestBenchAgainstAServer(t *testing.T) {
 	}
 	if len(names) != 1 || names[0] != "APP" {
 		t.Fatalf("streams after the bench: %v; want only the application's APP", names)
+	}
+}
+
+// TestBenchWithCredentials: credentials in the --config file reach every
+// process the bench starts (the relay children and the standard client),
+// not only the bench's own connection.
+func TestBenchWithCredentials(t *testing.T) {
+	bin := buildBinary(t)
+	n := testenv.StartNATS(t, func(o *server.Options) { o.Username, o.Password = "bench", "s3cret-pw" })
+	cfg := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(cfg, []byte("nats:\n  user: bench\n  password: s3cret-pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "bench", "--config", cfg, "--nats-url", n.URL(), "--rows", "300", "--ceiling-in-flight", "500",
+		"--rate", "50", "--duration", "1s", "--json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench with credentials in --config: %v\n%s", err, out)
 	}
 }
 
