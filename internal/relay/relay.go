@@ -282,8 +282,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.Error("relay cannot go on; exiting without writing to the old file", zap.Error(fatal))
 			cancelWrites()
 		} else {
-			// Nothing more can be published: release what is in flight now.
+			// Nothing more can be published: release what is in flight now,
+			// writing for writeGrace at most (a locked database would
+			// otherwise hold the exit up for as long as it is locked).
 			r.log.Error("relay cannot go on; settling what was acknowledged and exiting", zap.Error(fatal))
+			time.AfterFunc(writeGrace, cancelWrites)
 		}
 	}
 	close(r.pipeline)
