@@ -495,15 +495,29 @@ func TestSchemaModes(t *testing.T) {
 // json (the default) one object a line; log.level warn drops info lines.
 func TestLogLevelAndFormat(t *testing.T) {
 	bin := buildBinary(t)
+	// logs runs the demo application until it has committed events (so it
+	// is past the line below, whatever the level), and returns its log.
 	logs := func(env ...string) string {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, "demo-app", "--database-path", filepath.Join(t.TempDir(), "app.db"))
+		path := filepath.Join(t.TempDir(), "app.db")
+		cmd := exec.Command(bin, "demo-app", "--database-path", path)
 		cmd.Env = append(os.Environ(), env...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
-		cmd.Run() // killed at the deadline
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 30*time.Second, "the demo application's first events", func() bool {
+			db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+			if err != nil {
+				return false
+			}
+			defer db.Close()
+			var n int
+			return db.QueryRow(`SELECT count(*) FROM event_queue`).Scan(&n) == nil && n > 0
+		})
+		cmd.Process.Kill()
+		cmd.Wait()
 		return stderr.String()
 	}
 	const started = "demo application writing events"

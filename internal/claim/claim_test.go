@@ -856,29 +856,50 @@ func TestDeferredRowsBelowInFlightAreClaimedWhenDue(t *testing.T) {
 	}
 }
 
+// startWatch runs Watch with an hour-long fallback poll (only the file
+// notification can wake it) and returns once it has seen a commit of db:
+// from then on it is watching, whatever the scheduler did.
+func startWatch(t *testing.T, s *Store, db *sql.DB) (wake chan struct{}, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	wake = make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Watch(ctx, time.Hour, wake) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for woke := false; !woke; {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch never woke for a commit")
+		}
+		insertRows(t, db, 1, "pending")
+		select {
+		case <-wake:
+			woke = true
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return wake, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestWatchSeesForeignCommits(t *testing.T) {
 	s := newStore(t)
 	db := appDB(t, s.Path())
-	ctx, cancel := context.WithCancel(context.Background())
-	wake := make(chan struct{}, 1)
-	done := make(chan error, 1)
-	// An hour-long fallback poll: only the file notification can wake it.
-	go func() { done <- s.Watch(ctx, time.Hour, wake) }()
-	time.Sleep(20 * time.Millisecond) // let it read the first version
+	wake, stop := startWatch(t, s, db)
+	defer stop()
 	select {
 	case <-wake:
 		t.Fatal("woke without a commit")
-	default:
+	case <-time.After(200 * time.Millisecond):
 	}
 	insertRows(t, db, 1, "pending")
 	select {
 	case <-wake:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no wake-up after a commit")
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -1230,11 +1251,8 @@ func TestWatchSeesSynchronousFullCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	wake := make(chan struct{}, 1)
-	done := make(chan error, 1)
-	go func() { done <- s.Watch(ctx, time.Hour, wake) }()
-	time.Sleep(20 * time.Millisecond) // let it read the first version
+	wake, stop := startWatch(t, s, db)
+	defer stop()
 	for i := range 20 {
 		insertRows(t, db, 1, "pending")
 		select {
@@ -1242,10 +1260,6 @@ func TestWatchSeesSynchronousFullCommits(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("commit %d: no wake-up", i)
 		}
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
 
