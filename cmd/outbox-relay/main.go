@@ -24,7 +24,7 @@ var (
 	commit  = ""
 )
 
-// Exit codes (SPEC section 7).
+// Exit codes (docs/contract.md).
 const (
 	exitOK      = 0
 	exitRuntime = 1

@@ -154,7 +154,7 @@ func TestVerifyNamesEveryMissingPiece(t *testing.T) {
 	}
 }
 
-// legacyTable is event_queue as it was before the design record's 0101.
+// legacyTable is an event_queue from before migration 101.
 const legacyTable = `CREATE TABLE event_queue (
 	id INTEGER PRIMARY KEY,
 	event_type TEXT NOT NULL,

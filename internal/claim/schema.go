@@ -97,7 +97,7 @@ var addable = []struct{ name, decl string }{
 	{"last_error", "TEXT"},
 }
 
-// migrateOutbox is the design record's migration 0101: create the outbox
+// migrateOutbox is migration 101: create the outbox
 // on an empty file, or upgrade a legacy one: add event_id/claimed_at,
 // backfill a distinct random UUID into every row and an available_at into
 // every row without one, and create the unique index; and processed_events.
@@ -211,7 +211,7 @@ func createEventIDIndex(ctx context.Context, tx *sql.Tx, t string) error {
 	return nil
 }
 
-// migrateClaims adds what the relay needs beyond the design record: the
+// migrateClaims adds what the relay needs beyond the outbox itself: the
 // claim owner, the indexes that keep a claim proportional to the batch, and
 // the instance heartbeat table. Each statement is a transaction of its own:
 // an index is built by reading the whole table under the lock.

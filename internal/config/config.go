@@ -1,6 +1,7 @@
 // Package config is outbox-relay's configuration: one typed struct with
 // defaults, filled from a YAML file, OUTBOX_RELAY_* environment variables
-// (plus the design record's aliases) and command-line flags, then validated.
+// (plus a few short aliases such as NATS_URL) and command-line flags, then
+// validated.
 package config
 
 import (
@@ -178,7 +179,7 @@ func Default() Config {
 	}
 }
 
-// aliases are the design record's environment names, honoured after the
+// aliases are short environment names (NATS_URL, ...), honoured after the
 // OUTBOX_RELAY_* name of the same key.
 var aliases = map[string]string{
 	"nats.url":           "NATS_URL",

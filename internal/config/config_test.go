@@ -226,8 +226,8 @@ func TestKubernetesServiceLinksIgnored(t *testing.T) {
 	}
 }
 
-// TestAliasPrecedence: the design record's names sit at the environment
-// level: above the file, below flags.
+// TestAliasPrecedence: the alias environment names (NATS_URL, ...) sit at
+// the environment level: above the file, below flags.
 func TestAliasPrecedence(t *testing.T) {
 	file := writeFile(t, "nats:\n  url: nats://file:4222\nrelay:\n  max_attempts: 4\n")
 	c, err := Load(file, nil, []string{"NATS_URL=nats://alias:4222", "EVENT_QUEUE_MAX_ATTEMPTS=5"})

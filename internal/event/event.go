@@ -129,8 +129,8 @@ func Invalid(r Row, reason string) Outcome {
 	return Outcome{Row: r, Settlement: DeadLetter, Attempts: r.Attempts + 1, Error: reason}
 }
 
-// Retry backoff parameters shared by every path that spends an attempt
-// (the design record's domain::events::retry_backoff).
+// Retry backoff parameters shared by every path that spends an attempt:
+// 5 s doubling per attempt, at most 300 s.
 const (
 	RetryBackoffBase = 5 * time.Second
 	RetryBackoffMax  = 300 * time.Second

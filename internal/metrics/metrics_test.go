@@ -17,7 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// specNames are the metric names of SPEC section 8.
+// specNames are the metric names the contract lists (docs/contract.md).
 var specNames = []string{
 	"published_total", "duplicates_total", "deferred_total", "retries_total", "dead_lettered_total",
 	"leases_reclaimed_total", "backlog_rows", "oldest_pending_age_seconds", "broker_connected",

@@ -19,7 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
-// Header names set on every published message (SPEC section 3).
+// Header names set on every published message (docs/contract.md).
 const (
 	HeaderMsgID     = "Nats-Msg-Id"
 	HeaderEventType = "Outbox-Event-Type"
