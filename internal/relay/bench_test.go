@@ -74,6 +74,7 @@ func envInt(name string, def int) int {
 // memStore hands out n in-memory rows and counts settled ones: the relay
 // without SQLite, to measure the publish pipeline alone.
 type memStore struct {
+	testenv.NopStore
 	mu      sync.Mutex
 	next, n int64
 	settled atomic.Int64
@@ -96,22 +97,6 @@ func (m *memStore) Settle(_ context.Context, outs []event.Outcome) ([]int, error
 	m.settled.Add(int64(len(outs)))
 	return nil, nil
 }
-
-func (m *memStore) Leads() bool { return true }
-
-func (m *memStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
-	return 0, nil
-}
-func (m *memStore) Leave(context.Context) error { return nil }
-func (m *memStore) Watch(ctx context.Context, _ time.Duration, _ ...chan<- struct{}) error {
-	<-ctx.Done()
-	return nil
-}
-func (m *memStore) Backlog(context.Context) (event.Backlog, error) { return event.Backlog{}, nil }
-func (m *memStore) Prune(context.Context, string, time.Time, time.Duration) (int64, error) {
-	return 0, nil
-}
-func (m *memStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
 
 // benchJetStream connects to a fresh in-process server whose stream the
 // relay's configuration describes; the connection closes with b.

@@ -20,17 +20,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-func insertN(t *testing.T, db *sql.DB, n int, eventType string) {
-	t.Helper()
-	evs := make([]testenv.Event, n)
-	for i := range evs {
-		evs[i] = testenv.NewEvent(eventType, []byte(fmt.Sprint(eventType, " ", i)))
-	}
-	if err := testenv.Insert(db, evs...); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func logCount(h *harness, msg string) int {
 	return h.logs.FilterMessage(msg).Len()
 }
@@ -132,7 +121,7 @@ func TestStartsPausedWithoutStream(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertN(t, app, 20, "Early")
+	testenv.InsertN(t, app, 20, "Early")
 	h := startRelay(t, path, n.URL(), harnessOptions{mutateOpt: func(o *relay.Options) {
 		ready := o.Ready
 		o.Ready = func(ctx context.Context) error {
@@ -168,12 +157,12 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 	}
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertN(t, app, 5, "Small")
+	testenv.InsertN(t, app, 5, "Small")
 	big := testenv.NewEvent("Big", make([]byte, 5000))
 	if err := testenv.Insert(app, big); err != nil {
 		t.Fatal(err)
 	}
-	insertN(t, app, 5, "Small")
+	testenv.InsertN(t, app, 5, "Small")
 	started := time.Now()
 	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
 	var attempts int
@@ -255,7 +244,7 @@ func TestShutdownReleasesUnackedRows(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertN(t, app, 30, "Shut")
+	testenv.InsertN(t, app, 30, "Shut")
 	gate := make(chan struct{})
 	h := newStalledRelay(t, path, n.URL(), harnessOptions{shutdown: 300 * time.Millisecond}, gate)
 	testenv.Eventually(t, 10*time.Second, "rows in flight", func() bool { return metrics.Value(h.metrics.InFlight) == 30 })
@@ -287,7 +276,7 @@ func TestShutdownWaitsForAcks(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertN(t, app, 30, "Shut")
+	testenv.InsertN(t, app, 30, "Shut")
 	gate := make(chan struct{})
 	h := newStalledRelay(t, path, n.URL(), harnessOptions{shutdown: 10 * time.Second}, gate)
 	testenv.Eventually(t, 10*time.Second, "rows in flight", func() bool { return metrics.Value(h.metrics.InFlight) == 30 })
@@ -327,7 +316,7 @@ func TestStaleRelayCannotOverwrite(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertN(t, app, 50, "Lease")
+	testenv.InsertN(t, app, 50, "Lease")
 	gate := make(chan struct{})
 	stale := newStalledRelay(t, path, n.URL(), harnessOptions{lease: 2 * time.Second, batch: 50, inFlight: 50,
 		wrapStore: func(s relay.Store) relay.Store { return &frozenHeartbeats{Store: s, gate: gate} }}, gate)
@@ -364,7 +353,7 @@ func TestDeadRelayClaimsRecoveredFast(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertN(t, app, 40, "Crash")
+	testenv.InsertN(t, app, 40, "Crash")
 	dead := testenv.OpenStore(t, path)
 	ctx := context.Background()
 	if _, err := dead.Heartbeat(ctx, "dead", 10*time.Minute, 2*time.Second); err != nil {
@@ -410,7 +399,7 @@ func TestOneRelayLeadsTheOtherStandsBy(t *testing.T) {
 		t.Fatalf("roles %q and %q", ra, rb)
 	}
 	for i := 0; i < 100; i++ {
-		insertN(t, app, 15, "Shared")
+		testenv.InsertN(t, app, 15, "Shared")
 		if i%20 == 0 {
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -427,7 +416,7 @@ func TestOneRelayLeadsTheOtherStandsBy(t *testing.T) {
 	died := time.Now()
 	testenv.Eventually(t, 10*time.Second, "the standby to lead", func() bool { return metrics.Value(b.metrics.Leader) == 1 })
 	t.Logf("the standby led %v after the leader died", time.Since(died).Round(100*time.Millisecond))
-	insertN(t, app, 100, "AfterTakeover")
+	testenv.InsertN(t, app, 100, "AfterTakeover")
 	waitAllSettled(t, app, 1600, 30*time.Second)
 	if pb := metrics.Value(b.metrics.Published); pb != 100 {
 		t.Fatalf("the new leader published %v rows, want the 100 written after the takeover", pb)
@@ -442,7 +431,7 @@ func TestApplicationHoldingTheLock(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	h := startRelay(t, path, n.URL(), harnessOptions{busyTimeout: 200 * time.Millisecond})
-	insertN(t, app, 100, "Before")
+	testenv.InsertN(t, app, 100, "Before")
 	waitAllSettled(t, app, 100, 10*time.Second)
 	tx, err := app.Begin() // BEGIN IMMEDIATE: the application's long write
 	if err != nil {
@@ -458,7 +447,7 @@ func TestApplicationHoldingTheLock(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	insertN(t, app, 100, "After")
+	testenv.InsertN(t, app, 100, "After")
 	waitAllSettled(t, app, 250, 20*time.Second)
 	if c := testenv.Counts(t, app); c["done"] != 250 {
 		t.Fatalf("counts %v", c)

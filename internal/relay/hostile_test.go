@@ -174,7 +174,7 @@ func TestStreamThatStopsCapturingPauses(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
-	insertN(t, app, 20, "Before")
+	testenv.InsertN(t, app, 20, "Before")
 	waitAllSettled(t, app, 20, 20*time.Second)
 	js := n.JetStream(t)
 	ctx := context.Background()
@@ -185,7 +185,7 @@ func TestStreamThatStopsCapturingPauses(t *testing.T) {
 	if _, err := js.CreateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	insertN(t, app, 50, "During")
+	testenv.InsertN(t, app, 50, "During")
 	testenv.Eventually(t, 20*time.Second, "the relay to pause", func() bool { return h.relay.Paused() != nil })
 	// Long enough for several probes and, before, for rejections to run
 	// out the two attempts.
@@ -263,13 +263,13 @@ func TestWallClockSteppingBack(t *testing.T) {
 	var offset atomic.Int64
 	clock := event.NewClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
 	h := startRelay(t, path, n.URL(), harnessOptions{clock: clock})
-	insertN(t, app, 10, "BeforeStep")
+	testenv.InsertN(t, app, 10, "BeforeStep")
 	waitAllSettled(t, app, 10, 20*time.Second)
 	offset.Store(int64(-time.Hour))
 	// Rows the application commits now carry a time an hour after the
 	// relay's wall clock.
 	for i := 0; i < 5; i++ {
-		insertN(t, app, 2, "AfterStep")
+		testenv.InsertN(t, app, 2, "AfterStep")
 		waitAllSettled(t, app, 12+2*i, 20*time.Second)
 	}
 	stopped := make(chan error, 1)
@@ -362,7 +362,7 @@ func TestFullStreamStaysPaused(t *testing.T) {
 	}
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertN(t, app, 20, "Full")
+	testenv.InsertN(t, app, 20, "Full")
 	h := startRelay(t, path, n.URL(), harnessOptions{})
 	testenv.Eventually(t, 20*time.Second, "the relay to pause on the full stream", func() bool {
 		return testenv.Counts(t, app)["done"] == 5 && h.relay.Paused() != nil

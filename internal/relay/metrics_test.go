@@ -45,7 +45,7 @@ func TestMetricsTellTheStory(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	h := startRelay(t, path, n.URL(), harnessOptions{})
-	insertN(t, app, 200, "Story")
+	testenv.InsertN(t, app, 200, "Story")
 	waitAllSettled(t, app, 200, 20*time.Second)
 
 	// 50 lost acks: republished, the stream answers duplicate.
@@ -58,7 +58,7 @@ func TestMetricsTellTheStory(t *testing.T) {
 	// One outage: the broker goes away, 30 rows arrive in one transaction,
 	// the relay claims and fails them all, defers them, and waits.
 	n.Stop()
-	insertN(t, app, 30, "DuringOutage")
+	testenv.InsertN(t, app, 30, "DuringOutage")
 	testenv.Eventually(t, 20*time.Second, "the outage", func() bool { return h.relay.Paused() != nil })
 	testenv.Eventually(t, 20*time.Second, "30 deferred rows", func() bool {
 		return scrape(t, h, `outbox_relay_deferred_total{reason="outage"}`) == 30
@@ -70,7 +70,7 @@ func TestMetricsTellTheStory(t *testing.T) {
 	waitAllSettled(t, app, 230, 30*time.Second)
 
 	// One dead letter.
-	insertN(t, app, 1, "bad type")
+	testenv.InsertN(t, app, 1, "bad type")
 	waitAllSettled(t, app, 231, 20*time.Second)
 
 	for sample, want := range map[string]float64{
@@ -131,7 +131,7 @@ func TestRetentionLoop(t *testing.T) {
 	h := startRelay(t, path, n.URL(), harnessOptions{mutateOpt: func(o *relay.Options) {
 		o.RetentionInterval, o.RetainDone, o.RetainProcessedEvents = 50*time.Millisecond, time.Hour, 0
 	}})
-	insertN(t, app, 10, "Fresh")
+	testenv.InsertN(t, app, 10, "Fresh")
 	testenv.Eventually(t, 20*time.Second, "old rows pruned", func() bool {
 		return scrape(t, h, `outbox_relay_pruned_rows_total{table="outbox"}`) == 1500
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // trialPublisher answers probes once up is set, and resolves every publish
@@ -77,9 +78,9 @@ func TestHalfOpenTriesOneRow(t *testing.T) {
 	store.add(1000, "T")
 	pub := &trialPublisher{delay: 300 * time.Millisecond, result: publish.Result{Kind: publish.Transport, Err: errors.New("timeout waiting for ack")}}
 	r := runRelay(t, store, pub)
-	eventually(t, "paused", func() bool { return r.Paused() != nil })
+	testenv.Eventually(t, 10*time.Second, "paused", func() bool { return r.Paused() != nil })
 	pub.up.Store(true) // probes succeed, publishes still time out
-	eventually(t, "a row on trial", func() bool { return pub.count() >= 1 })
+	testenv.Eventually(t, 10*time.Second, "a row on trial", func() bool { return pub.count() >= 1 })
 	time.Sleep(150 * time.Millisecond) // its answer takes 300 ms
 	if n := pub.count(); n != 1 {
 		t.Fatalf("published %d rows while the first trial was unanswered; want 1", n)
@@ -94,9 +95,9 @@ func TestHalfOpenEndsOnARejection(t *testing.T) {
 	store.add(50, "T")
 	pub := &trialPublisher{result: publish.Result{Kind: publish.Rejected, Err: errors.New("nats: API error: code=400 err_code=10054 description=message size exceeds maximum allowed")}}
 	r := runRelay(t, store, pub)
-	eventually(t, "paused", func() bool { return r.Paused() != nil })
+	testenv.Eventually(t, 10*time.Second, "paused", func() bool { return r.Paused() != nil })
 	pub.up.Store(true)
-	eventually(t, "all settled", func() bool { return len(store.outcomes()) >= 50 })
+	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.outcomes()) >= 50 })
 	if err := r.Paused(); err != nil {
 		t.Fatalf("the broker answered every publish, yet the relay reports an outage: %v", err)
 	}

@@ -35,8 +35,8 @@ func TestPermissionDeniedDeadLetters(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	for i := 0; i < 5; i++ {
-		insertN(t, app, 1, "allowed.thing")
-		insertN(t, app, 2, "denied.thing")
+		testenv.InsertN(t, app, 1, "allowed.thing")
+		testenv.InsertN(t, app, 2, "denied.thing")
 	}
 	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2, ackTimeout: 500 * time.Millisecond,
 		natsCfg: config.NATS{User: "relay", Password: "pw"}})

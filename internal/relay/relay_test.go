@@ -10,10 +10,12 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // fakeStore is an in-memory outbox for driving the state machine.
 type fakeStore struct {
+	testenv.NopStore
 	mu      sync.Mutex
 	pending []event.Row
 	settled []event.Outcome
@@ -52,24 +54,10 @@ func (s *fakeStore) outcomes() []event.Outcome {
 	return append([]event.Outcome(nil), s.settled...)
 }
 
-func (s *fakeStore) Leads() bool { return true }
-
-func (s *fakeStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
-	return 0, nil
-}
-func (s *fakeStore) Leave(context.Context) error { return nil }
 func (s *fakeStore) Backlog(context.Context) (event.Backlog, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return event.Backlog{Pending: int64(len(s.pending))}, nil
-}
-func (s *fakeStore) Prune(context.Context, string, time.Time, time.Duration) (int64, error) {
-	return 0, nil
-}
-func (s *fakeStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
-func (s *fakeStore) Watch(ctx context.Context, _ time.Duration, _ ...chan<- struct{}) error {
-	<-ctx.Done()
-	return nil
 }
 
 // heldPublisher keeps every ack pending until release is closed.
@@ -114,17 +102,6 @@ func (p *heldPublisher) state() (outstanding, maxOut int) {
 	return p.outstanding, p.maxOut
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestInFlightBound: the relay keeps at most max_in_flight acks outstanding
 // and claims more as soon as they are settled.
 func TestInFlightBound(t *testing.T) {
@@ -135,13 +112,13 @@ func TestInFlightBound(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	eventually(t, "30 outstanding", func() bool { n, _ := pub.state(); return n == 30 })
+	testenv.Eventually(t, 10*time.Second, "30 outstanding", func() bool { n, _ := pub.state(); return n == 30 })
 	time.Sleep(50 * time.Millisecond) // it must not claim more while full
 	if n, maxOut := pub.state(); n != 30 || maxOut != 30 {
 		t.Fatalf("outstanding %d, max %d; want 30", n, maxOut)
 	}
 	close(pub.release)
-	eventually(t, "all settled", func() bool { return len(store.outcomes()) == 100 })
+	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.outcomes()) == 100 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -175,9 +152,9 @@ func TestSettleWindow(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx) }()
-		eventually(t, "100 outstanding", func() bool { n, _ := pub.state(); return n == 100 })
+		testenv.Eventually(t, 10*time.Second, "100 outstanding", func() bool { n, _ := pub.state(); return n == 100 })
 		close(pub.release)
-		eventually(t, "all settled", func() bool { return len(store.outcomes()) == 100 })
+		testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.outcomes()) == 100 })
 		store.mu.Lock()
 		settles := store.settles
 		store.mu.Unlock()
@@ -186,7 +163,7 @@ func TestSettleWindow(t *testing.T) {
 		}
 		store.add(5, "T") // a lone batch: settled when the window ends
 		r.Wake()
-		eventually(t, "the lone batch settled", func() bool { return len(store.outcomes()) == 105 })
+		testenv.Eventually(t, 10*time.Second, "the lone batch settled", func() bool { return len(store.outcomes()) == 105 })
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
@@ -232,12 +209,12 @@ func TestSettleWindowDoesNotWaitForLaterAcks(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	eventually(t, "the first batch settled while the second is held", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the first batch settled while the second is held", func() bool {
 		n, _ := pub.state()
 		return n == 10 && len(store.outcomes()) == 10
 	})
 	close(pub.release)
-	eventually(t, "all settled", func() bool { return len(store.outcomes()) == 20 })
+	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.outcomes()) == 20 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

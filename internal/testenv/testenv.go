@@ -240,7 +240,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	c := &Cluster{t: t, Servers: make([]*server.Server, n)}
 	clusterPorts := make([]int, n)
 	for i := range clusterPorts {
-		clusterPorts[i] = freePort(t)
+		clusterPorts[i] = FreePort(t)
 	}
 	var routes []string
 	for _, p := range clusterPorts {
@@ -248,7 +248,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	}
 	for i := 0; i < n; i++ {
 		c.opts = append(c.opts, server.Options{
-			ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: freePort(t),
+			ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: FreePort(t),
 			JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
 			Cluster: server.ClusterOpts{Name: "outbox-test", Host: "127.0.0.1", Port: clusterPorts[i]},
 			Routes:  server.RoutesFromStr(strings.Join(routes, ",")),
@@ -320,7 +320,8 @@ func (c *Cluster) Stop(i int) {
 	}
 }
 
-func freePort(t testing.TB) int {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -103,7 +102,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	e := &env{t: t, dir: t.TempDir(), relays: map[string]*exec.Cmd{}, started: time.Now()}
 	e.db = filepath.Join(e.dir, "app.db")
-	e.port = freePort(t)
+	e.port = testenv.FreePort(t)
 	if out, err := exec.Command(bin.relay, "migrate", "--database-path", e.db).CombinedOutput(); err != nil {
 		t.Fatalf("migrate: %v %s", err, out)
 	}
@@ -123,15 +122,6 @@ func newEnv(t *testing.T) *env {
 		}
 	})
 	return e
-}
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func (e *env) natsURL() string { return fmt.Sprintf("nats://127.0.0.1:%d", e.port) }
