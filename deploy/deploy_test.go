@@ -1,7 +1,9 @@
 // Package deploy holds no code: its tests check the deployment artifacts
 // (Dockerfile, compose file, Prometheus and systemd configuration,
 // config.example.yaml) with real parsers and tools, since no Docker engine
-// runs where the tests do.
+// runs where the tests do. It is a module of its own, so that the parsers
+// (compose-go, buildkit) stay out of the relay's go.mod; the relay's
+// TestDeployArtifacts runs these tests from the main module's suite.
 package deploy
 
 import (
@@ -374,7 +376,8 @@ func unitFile(t *testing.T) string {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "outbox-relay")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/outbox-relay")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/outbox-relay")
+	build.Dir = ".." // the relay's own module
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
