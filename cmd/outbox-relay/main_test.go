@@ -201,24 +201,13 @@ func (d *daemon) levels() map[string]int {
 	return out
 }
 
-func insertEvents(t *testing.T, db *sql.DB, n int, eventType string) {
-	t.Helper()
-	var evs []testenv.Event
-	for i := 0; i < n; i++ {
-		evs = append(evs, testenv.NewEvent(eventType, []byte(fmt.Sprint(i))))
-	}
-	if err := testenv.Insert(db, evs...); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestRunDaemonEmbedded runs the real binary with the embedded server:
 // rows flow, /metrics and /readyz answer, SIGTERM exits 0.
 func TestRunDaemonEmbedded(t *testing.T) {
 	dir := t.TempDir()
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertEvents(t, app, 500, "DaemonThing")
+	testenv.InsertN(t, app, 500, "DaemonThing")
 	d := startDaemon(t, []string{"NATS_URL=embedded", "OUTBOX_RELAY_NATS_EMBEDDED_STORE_DIR=" + filepath.Join(dir, "nats")},
 		"run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 	metricsAddr := d.waitFor("serving metrics")["listen"].(string)
@@ -292,7 +281,7 @@ func TestStartupReconciles(t *testing.T) {
 	before := operatorStream(t, js, 0)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertEvents(t, app, 50, "Reconciled")
+	testenv.InsertN(t, app, 50, "Reconciled")
 	env := []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_CONSUMER_DURABLE=worker", "EVENT_QUEUE_MAX_ATTEMPTS=7"}
 	d := startDaemon(t, env, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 	metricsAddr := d.waitFor("serving metrics")["listen"].(string)
@@ -320,7 +309,7 @@ func TestStartupReconciles(t *testing.T) {
 	}
 	again := startDaemon(t, env, "run", "--database-path", path, "--metrics-listen", "")
 	again.waitFor("relay starting")
-	insertEvents(t, app, 10, "Again")
+	testenv.InsertN(t, app, 10, "Again")
 	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 60 })
 	again.stop()
 	if lv := again.levels(); lv["warn"]+lv["error"] != 0 {
@@ -335,7 +324,7 @@ func TestRejectedUpdateStillPublishes(t *testing.T) {
 	operatorStream(t, n.JetStream(t), 30*time.Minute)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertEvents(t, app, 20, "Rejected")
+	testenv.InsertN(t, app, 20, "Rejected")
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "")
 	line := d.waitFor("the server rejected the stream update the relay needs; starting anyway. Fix it by hand with the command")
 	if line["command"] != "nats stream edit EVENTS --dupe-window 1h -f" || line["level"] != "warn" {
@@ -909,12 +898,12 @@ func TestDeletedStreamIsRecreated(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "")
-	insertEvents(t, app, 10, "Before")
+	testenv.InsertN(t, app, 10, "Before")
 	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 10 })
 	if err := js.DeleteStream(context.Background(), "EVENTS"); err != nil {
 		t.Fatal(err)
 	}
-	insertEvents(t, app, 10, "After")
+	testenv.InsertN(t, app, 10, "After")
 	testenv.Eventually(t, 60*time.Second, "rows done after the stream was deleted", func() bool { return testenv.Counts(t, app)["done"] == 20 })
 	var attempts int
 	app.QueryRow(`SELECT coalesce(sum(attempts), 0) FROM event_queue`).Scan(&attempts)
@@ -937,7 +926,7 @@ func TestUncapturedPrefixKeepsRelayNotReady(t *testing.T) {
 	}
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertEvents(t, app, 5, "Waiting")
+	testenv.InsertN(t, app, 5, "Waiting")
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL()}, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
 	line := d.waitFor("stream does not capture the relay's subjects; the relay stays not ready until it does")
@@ -1204,7 +1193,7 @@ func TestSecretsNeverShown(t *testing.T) {
 			n := testenv.StartNATS(t, tc.server)
 			path := testenv.NewDB(t)
 			app := testenv.AppDB(t, path)
-			insertEvents(t, app, 20, "Secret")
+			testenv.InsertN(t, app, 20, "Secret")
 			d := startDaemon(t, tc.env(n.URL()), "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 			addr := "http://" + d.waitFor("serving metrics")["listen"].(string)
 			testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 20 })
@@ -1249,7 +1238,7 @@ func TestReadyzNamesDeniedSubject(t *testing.T) {
 	})
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	insertEvents(t, app, 1, "denied.thing")
+	testenv.InsertN(t, app, 1, "denied.thing")
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_NATS_USER=relay", "OUTBOX_RELAY_NATS_PASSWORD=pw", "OUTBOX_RELAY_RELAY_ACK_TIMEOUT=500ms"},
 		"run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 	addr := "http://" + d.waitFor("serving metrics")["listen"].(string)

@@ -198,7 +198,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 // where SQLite's own busy handler would sleep whole milliseconds. It does
 // not retry faster for longer: SQLite's lock is not fair, and a relay
 // polling every 100 µs took it from an application whose busy handler
-// sleeps whole milliseconds (see README, Performance).
+// sleeps whole milliseconds (see docs/performance.md).
 func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
 	deadline := time.Now().Add(s.busy)
 	wait := 100 * time.Microsecond

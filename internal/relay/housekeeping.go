@@ -72,8 +72,8 @@ func (r *Relay) retentionLoop(ctx context.Context) {
 // as often as the application commits keeps each checkpoint small, and the
 // application's own automatic checkpoints (run inside its commits) then
 // find little to copy, or this one running, and its commits stall less;
-// the relay's lag and the application's lateness both drop (README,
-// Performance). Without commits, nothing runs but a look every
+// the relay's lag and the application's lateness both drop
+// (docs/performance.md). Without commits, nothing runs but a look every
 // checkpointIdle, in case the watch missed one; without a watch, a look
 // every checkpointPoll.
 func (r *Relay) checkpointLoop(ctx context.Context) {
