@@ -23,11 +23,11 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
-	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
 
 // benchOptions are the bench command's flags.
@@ -201,7 +201,7 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 	var current string
 	stream := func(name, subjects string) (benchNames, error) {
 		next := "OUTBOX_RELAY_BENCH_" + tag + "_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		if err := streamsync.Replace(ctx, js.API(), current, next, []string{subjects}, time.Hour); err != nil {
+		if err := benchkit.ReplaceStream(ctx, js.API(), current, next, []string{subjects}, time.Hour); err != nil {
 			return benchNames{}, err
 		}
 		current = next
@@ -223,7 +223,7 @@ func (c *cli) bench(o benchOptions) (*benchReport, error) {
 		if _, err := stream(fmt.Sprintf("ceiling-%d", b), prefix+"_ceiling.>"); err != nil {
 			return nil, err
 		}
-		d, err := publish.Ceiling(ctx, conn, prefix+"_ceiling.BenchEvent", o.rows, o.size, b)
+		d, err := benchkit.Ceiling(ctx, conn.NC, prefix+"_ceiling.BenchEvent", o.rows, o.size, b)
 		if err != nil {
 			return nil, fmt.Errorf("ceiling with %d in flight: %w", b, err)
 		}
@@ -454,23 +454,23 @@ func procHWM(pid int) (float64, error) {
 // done, and measures. With rate > 0 a writer inserts rows at that rate for
 // o.duration while the relay runs, instead of a prepared backlog.
 func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames, o benchOptions, doneRows, rate int) (*relayRun, error) {
-	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	if err := migrateBenchDB(ctx, path); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
 	if err != nil {
 		return nil, err
 	}
-	defer s.Close()
-	if _, err := s.Migrate(ctx); err != nil {
-		return nil, err
-	}
+	defer db.Close()
 	if doneRows > 0 {
-		if err := s.Seed(ctx, doneRows, o.size, event.StatusDone); err != nil {
+		if err := benchkit.Seed(ctx, db, "event_queue", doneRows, o.size, "done"); err != nil {
 			return nil, err
 		}
 	}
 	pending := o.rows
 	if rate > 0 {
 		pending = 0
-	} else if err := s.Seed(ctx, pending, o.size, event.StatusPending); err != nil {
+	} else if err := benchkit.Seed(ctx, db, "event_queue", pending, o.size, "pending"); err != nil {
 		return nil, err
 	}
 	ch, err := c.startChild(path, url, names)
@@ -505,7 +505,7 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 		res.WriterP50Us, res.WriterP99Us, res.WriterMaxUs = spread(txs)
 	}
 	for {
-		drained, err := s.Drained(ctx)
+		drained, err := benchkit.Drained(ctx, db, "event_queue")
 		if err != nil {
 			ch.stop()
 			return nil, err
@@ -519,7 +519,7 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	last, err := s.LastProcessed(ctx)
+	last, err := benchkit.LastProcessed(ctx, db, "event_queue")
 	if err != nil {
 		ch.stop()
 		return nil, err
@@ -529,7 +529,7 @@ func (c *cli) benchRelay(ctx context.Context, path, url string, names benchNames
 	if res.CPUSeconds, res.PeakRSSMiB, err = ch.stop(); err != nil {
 		return nil, err
 	}
-	lags, err := s.Lags(ctx, int64(doneRows)) // the seeded done rows come first
+	lags, err := benchkit.Lags(ctx, db, "event_queue", int64(doneRows)) // the seeded done rows come first
 	if err != nil {
 		return nil, err
 	}
@@ -631,13 +631,7 @@ func writeRate(ctx context.Context, path string, rate int, d time.Duration, size
 
 // writerAlone runs the --rate writer on a fresh outbox with no relay.
 func writerAlone(ctx context.Context, path string, o benchOptions) (*writerRun, error) {
-	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
-	if err != nil {
-		return nil, err
-	}
-	_, err = s.Migrate(ctx)
-	s.Close()
-	if err != nil {
+	if err := migrateBenchDB(ctx, path); err != nil {
 		return nil, err
 	}
 	txs, err := writeRate(ctx, path, o.rate, o.duration, o.size, o.writerCheckpoint)
@@ -651,13 +645,7 @@ func writerAlone(ctx context.Context, path string, o benchOptions) (*writerRun, 
 
 // benchIdle measures the relay's CPU while it is connected with nothing to do.
 func (c *cli) benchIdle(ctx context.Context, path, url string, names benchNames, d time.Duration) (float64, error) {
-	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
-	if err != nil {
-		return 0, err
-	}
-	_, err = s.Migrate(ctx)
-	s.Close()
-	if err != nil {
+	if err := migrateBenchDB(ctx, path); err != nil {
 		return 0, err
 	}
 	ch, err := c.startChild(path, url, names)
@@ -763,4 +751,15 @@ func (c *cli) configArgs() []string {
 		return nil
 	}
 	return []string{"--config", c.configFile}
+}
+
+// migrateBenchDB creates a database at path with the relay's schema.
+func migrateBenchDB(ctx context.Context, path string) error {
+	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	_, err = s.Migrate(ctx)
+	return err
 }

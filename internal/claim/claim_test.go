@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
@@ -469,10 +470,10 @@ func benchStore(b *testing.B, done, pending int) *Store {
 	b.Helper()
 	s := newStore(b)
 	ctx := context.Background()
-	if err := s.Seed(ctx, done, 256, event.StatusDone); err != nil {
+	if err := benchkit.Seed(ctx, s.write, s.table, done, 256, "done"); err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Seed(ctx, pending, 256, event.StatusPending); err != nil {
+	if err := benchkit.Seed(ctx, s.write, s.table, pending, 256, "pending"); err != nil {
 		b.Fatal(err)
 	}
 	return s

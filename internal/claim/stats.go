@@ -89,17 +89,6 @@ func (s *Store) sameFile() error {
 	return nil
 }
 
-// Drained reports whether no row is pending or processing, in two index
-// probes: cheap enough to poll while a large backlog drains.
-func (s *Store) Drained(ctx context.Context) (bool, error) {
-	var busy bool
-	err := s.read.QueryRowContext(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending') OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'processing')`, s.table)).Scan(&busy)
-	if err != nil {
-		return false, fmt.Errorf("read backlog: %w", err)
-	}
-	return !busy, nil
-}
-
 // Checkpoint copies what it can of the WAL into the database without
 // waiting for any lock (PRAGMA wal_checkpoint(PASSIVE)) and returns the
 // WAL's size and how much of it is now in the database, in pages. It runs

@@ -277,8 +277,8 @@ func nowMs() int64 { return time.Now().UnixMilli() }
 // with the wall clock, so a step back hides no due row.
 func (s *Store) dueMs() int64 { return s.clock.Now().UnixMilli() }
 
-// uuidSQL generates a random version 4 UUID per row in SQL, so a claim or a
-// backfill assigns event ids without a round trip per row.
+// uuidSQL generates a random version 4 UUID per row in SQL, so a backfill
+// assigns event ids without a round trip per row.
 const uuidSQL = `lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))`
 
 // nowSQL is the current time in Unix milliseconds, valid on SQLite 3.31

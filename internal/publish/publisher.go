@@ -9,7 +9,6 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -342,39 +341,4 @@ func (p *Core) Ready(context.Context) error {
 		return fmt.Errorf("nats flush: %w", err)
 	}
 	return nil
-}
-
-// Ceiling publishes n messages of size bytes to subject asynchronously,
-// built as the relay builds them (a fresh Nats-Msg-Id and the other
-// headers), keeping at most maxPending acks outstanding, and returns how long it took until every PubAck arrived:
-// the raw JetStream rate a relay is measured against.
-func Ceiling(ctx context.Context, c *Conn, subject string, n, size, maxPending int) (time.Duration, error) {
-	var failed atomic.Int64
-	js, err := jetstream.New(c.NC,
-		jetstream.WithPublishAsyncMaxPending(maxPending),
-		jetstream.WithPublishAsyncTimeout(30*time.Second),
-		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { failed.Add(1) }))
-	if err != nil {
-		return 0, err
-	}
-	payload := make([]byte, size)
-	start := time.Now()
-	for i := 0; i < n; i++ {
-		// The very messages the relay publishes for such rows: the payload
-		// and all four headers, Nats-Msg-Id among them.
-		m := NewMsg(Message{Subject: subject, Row: event.Row{ID: int64(i + 1), EventID: event.NewID(), EventType: "BenchEvent", Payload: payload, CreatedAt: time.Now().UnixMilli()}})
-		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
-			return 0, fmt.Errorf("publish: %w", err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	elapsed := time.Since(start)
-	if k := failed.Load(); k > 0 {
-		return elapsed, fmt.Errorf("%d of %d publishes failed", k, n)
-	}
-	return elapsed, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
@@ -25,8 +26,8 @@ import (
 func BenchmarkDrain(b *testing.B) {
 	n := testenv.StartNATS(b)
 	path := testenv.NewDB(b)
-	s := testenv.OpenStore(b, path)
-	if err := s.Seed(context.Background(), b.N, 256, event.StatusPending); err != nil {
+	db := testenv.AppDB(b, path)
+	if err := benchkit.Seed(context.Background(), db, "event_queue", b.N, 256, "pending"); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
@@ -40,7 +41,7 @@ func BenchmarkDrain(b *testing.B) {
 	}})
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
-		drained, err := s.Drained(context.Background())
+		drained, err := benchkit.Drained(context.Background(), db, "event_queue")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -142,7 +143,7 @@ func BenchmarkPublishPipeline(b *testing.B) {
 func BenchmarkCeiling(b *testing.B) {
 	conn, _ := benchJetStream(b)
 	b.ResetTimer()
-	if _, err := publish.Ceiling(context.Background(), conn, "events.BenchEvent", b.N, 256, envInt("BENCH_IN_FLIGHT", 4000)); err != nil {
+	if _, err := benchkit.Ceiling(context.Background(), conn.NC, "events.BenchEvent", b.N, 256, envInt("BENCH_IN_FLIGHT", 4000)); err != nil {
 		b.Fatal(err)
 	}
 }

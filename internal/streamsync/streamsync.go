@@ -268,22 +268,3 @@ func captureCommand(stream string, subjects []string, prefix string) string {
 	all := append(append([]string(nil), subjects...), prefix+".>")
 	return fmt.Sprintf("nats stream edit %s --subjects %s -f", shellQuote(stream), shellQuote(strings.Join(all, ",")))
 }
-
-// Replace deletes the stream old (none when empty; one already gone is
-// fine) and creates the stream name empty, with file storage and the given
-// dedup window: for benchmarks that need a fresh one per measurement. Use
-// a new name each time: a stream created again under the name just deleted
-// can fail ("error creating store for stream") while the server still
-// removes the old one's files.
-func Replace(ctx context.Context, js jetstream.JetStream, old, name string, subjects []string, window time.Duration) error {
-	if old != "" {
-		if err := js.DeleteStream(ctx, old); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("delete stream %s: %w", old, err)
-		}
-	}
-	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, Duplicates: window})
-	if err != nil {
-		return fmt.Errorf("create stream %s: %w", name, err)
-	}
-	return nil
-}

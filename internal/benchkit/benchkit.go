@@ -1,0 +1,139 @@
+// Package benchkit is what benchmarks and the bench command need of an
+// outbox and a JetStream server beyond what the relay itself does: seeding
+// rows, reading back how they went, measuring the standard client's
+// publish ceiling, and fresh streams per measurement. It works on a plain
+// *sql.DB and the nats.go client, so that no production type carries
+// methods only a benchmark uses, and the ceiling shares no code with the
+// relay's publishing path.
+package benchkit
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Seed inserts n synthetic rows of type BenchEvent into table with
+// payloads of size random bytes and random event ids, in the given status (done rows get processed_at = now), in transactions of
+// 50,000 rows.
+func Seed(ctx context.Context, db *sql.DB, table string, n, size int, status string) error {
+	const chunk = 50_000
+	processed := "NULL"
+	if status == "done" {
+		processed = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
+	}
+	q := fmt.Sprintf(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+INSERT INTO %s (event_id, event_type, payload, status, processed_at) SELECT 'bench-' || lower(hex(randomblob(16))), 'BenchEvent', randomblob(?), ?, %s FROM n`, table, processed)
+	for left := n; left > 0; left -= chunk {
+		if _, err := db.ExecContext(ctx, q, min(left, chunk), size, status); err != nil {
+			return fmt.Errorf("seed rows: %w", err)
+		}
+	}
+	return nil
+}
+
+// Drained reports whether no row of table is pending or processing.
+func Drained(ctx context.Context, db *sql.DB, table string) (bool, error) {
+	var busy bool
+	err := db.QueryRowContext(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE status = 'pending') OR EXISTS (SELECT 1 FROM %[1]s WHERE status = 'processing')`, table)).Scan(&busy)
+	if err != nil {
+		return false, fmt.Errorf("read backlog: %w", err)
+	}
+	return !busy, nil
+}
+
+// LastProcessed returns the latest processed_at of table.
+func LastProcessed(ctx context.Context, db *sql.DB, table string) (time.Time, error) {
+	var v sql.NullInt64
+	if err := db.QueryRowContext(ctx, `SELECT max(processed_at) FROM `+table).Scan(&v); err != nil {
+		return time.Time{}, fmt.Errorf("read last processed: %w", err)
+	}
+	return time.UnixMilli(v.Int64), nil
+}
+
+// Lags returns, for the done rows of table with an id above afterID,
+// processed_at minus created_at in milliseconds, sorted: from the
+// application's insert to the row being marked done after its PubAck.
+func Lags(ctx context.Context, db *sql.DB, table string, afterID int64) ([]int64, error) {
+	rows, err := db.QueryContext(ctx, `SELECT processed_at - created_at FROM `+table+` WHERE id > ? AND status = 'done' ORDER BY 1`, afterID)
+	if err != nil {
+		return nil, fmt.Errorf("read lags: %w", err)
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// Ceiling publishes n messages of size bytes to subject with the standard
+// client's asynchronous JetStream publish, as `nats bench js pub async
+// --dedup` does, each with the headers the relay sets (a fresh
+// Nats-Msg-Id, Outbox-Event-Type, Outbox-Row-Id, Outbox-Created-At),
+// keeping at most maxPending acks outstanding, and returns how long it
+// took until every PubAck arrived: the rate a relay is measured against.
+func Ceiling(ctx context.Context, nc *nats.Conn, subject string, n, size, maxPending int) (time.Duration, error) {
+	var failed atomic.Int64
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(maxPending),
+		jetstream.WithPublishAsyncTimeout(30*time.Second),
+		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { failed.Add(1) }))
+	if err != nil {
+		return 0, err
+	}
+	payload := make([]byte, size)
+	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		m := nats.NewMsg(subject)
+		m.Data = payload
+		m.Header.Set("Nats-Msg-Id", tag+"-"+strconv.Itoa(i))
+		m.Header.Set("Outbox-Event-Type", "BenchEvent")
+		m.Header.Set("Outbox-Row-Id", strconv.Itoa(i+1))
+		m.Header.Set("Outbox-Created-At", time.Now().UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
+			return 0, fmt.Errorf("publish: %w", err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	elapsed := time.Since(start)
+	if k := failed.Load(); k > 0 {
+		return elapsed, fmt.Errorf("%d of %d publishes failed", k, n)
+	}
+	return elapsed, nil
+}
+
+// ReplaceStream deletes the stream old (none when empty; one already gone
+// is fine) and creates the stream name empty, with file storage and the
+// given dedup window: a fresh stream per measurement. Use a new name each
+// time: a stream created again under the name just deleted can fail
+// ("error creating store for stream") while the server still removes the
+// old one's files.
+func ReplaceStream(ctx context.Context, js jetstream.JetStream, old, name string, subjects []string, window time.Duration) error {
+	if old != "" {
+		if err := js.DeleteStream(ctx, old); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("delete stream %s: %w", old, err)
+		}
+	}
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, Duplicates: window})
+	if err != nil {
+		return fmt.Errorf("create stream %s: %w", name, err)
+	}
+	return nil
+}
