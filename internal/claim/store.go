@@ -1,7 +1,9 @@
 // Package claim is everything the relay does with SQLite: opening the shared
-// file, the schema, claiming due rows under a lease, settling them, instance
-// heartbeats, statistics and commit wake-ups. Every SQL statement of the
-// relay lives in this package.
+// file, the schema, taking due rows (held in memory, not written) and
+// settling each once, fenced by the lead; instance heartbeats and which
+// relay leads; statistics, retention, checkpoints and commit wake-ups; the
+// queries of status and dead-letters. Every SQL statement of the relay
+// lives in this package.
 package claim
 
 import (
