@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -55,6 +56,7 @@ type app struct {
 	js       *publish.JetStream // nil in core mode
 	pub      relay.Publisher
 	relay    *relay.Relay
+	keeper   *housekeeping.Keeper
 	synced   atomic.Bool // the stream was reconciled since start
 }
 
@@ -107,26 +109,32 @@ func openApp(ctx context.Context, cfg config.Config, log *zap.Logger, oo openOpt
 		a.pub = a.js
 	}
 	a.relay = relay.New(a.store, a.pub, relay.Options{
-		SubjectPrefix:         cfg.Stream.SubjectPrefix,
-		BatchSize:             cfg.Relay.BatchSize,
-		MaxInFlight:           cfg.Relay.MaxInFlight,
-		MaxInFlightBytes:      maxInFlightBytes,
-		PollInterval:          cfg.Relay.PollInterval,
-		WatchInterval:         watchInterval,
-		HeartbeatInterval:     heartbeatInterval,
-		StaleAfter:            staleAfter,
-		Lease:                 cfg.Relay.Lease,
-		MaxAttempts:           cfg.Relay.MaxAttempts,
-		ShutdownTimeout:       cfg.Relay.ShutdownTimeout,
-		Version:               version,
+		SubjectPrefix:     cfg.Stream.SubjectPrefix,
+		BatchSize:         cfg.Relay.BatchSize,
+		MaxInFlight:       cfg.Relay.MaxInFlight,
+		MaxInFlightBytes:  maxInFlightBytes,
+		PollInterval:      cfg.Relay.PollInterval,
+		WatchInterval:     watchInterval,
+		HeartbeatInterval: heartbeatInterval,
+		StaleAfter:        staleAfter,
+		Lease:             cfg.Relay.Lease,
+		MaxAttempts:       cfg.Relay.MaxAttempts,
+		ShutdownTimeout:   cfg.Relay.ShutdownTimeout,
+		Version:           version,
+		SettleWindow:      settleWindow,
+		Ready:             a.brokerReady,
+		Clock:             clock,
+		Metrics:           a.metrics,
+		Log:               log.Named("relay"),
+	})
+	a.keeper = housekeeping.New(a.store, housekeeping.Options{
 		StatsInterval:         statsInterval,
 		RetentionInterval:     retentionInterval,
-		CheckpointInterval:    checkpointInterval,
-		SettleWindow:          settleWindow,
 		RetainDone:            cfg.Retention.Done,
 		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
-		Ready:                 a.brokerReady,
-		Clock:                 clock,
+		CheckpointInterval:    checkpointInterval,
+		Commits:               a.relay.Commits(),
+		Watching:              a.relay.Watching,
 		Metrics:               a.metrics,
 		Log:                   log.Named("relay"),
 	})
@@ -271,6 +279,11 @@ func (a *app) run(ctx context.Context) error {
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
 		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
 		zap.String("instance", a.store.Instance()), zap.String("version", version))
+	// Housekeeping runs as long as the relay does.
+	keepCtx, stopKeeping := context.WithCancel(ctx)
+	kept := make(chan struct{})
+	go func() { defer close(kept); a.keeper.Run(keepCtx) }()
+	defer func() { stopKeeping(); <-kept }()
 	return a.relay.Run(ctx)
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
@@ -32,13 +33,14 @@ func BenchmarkDrain(b *testing.B) {
 	}
 	b.ResetTimer()
 	batch, inFlight := envInt("BENCH_BATCH", 1000), envInt("BENCH_IN_FLIGHT", 4000)
-	h := startRelay(b, path, n.URL(), harnessOptions{batch: batch, inFlight: inFlight, mutateOpt: func(o *relay.Options) {
-		o.StatsInterval = 5 * time.Second
-		o.SettleWindow = envDuration("BENCH_SETTLE_WINDOW")
-		if d := envDuration("BENCH_CHECKPOINT"); d > 0 {
-			o.CheckpointInterval = d
-		}
-	}})
+	h := startRelay(b, path, n.URL(), harnessOptions{batch: batch, inFlight: inFlight,
+		mutateOpt: func(o *relay.Options) { o.SettleWindow = envDuration("BENCH_SETTLE_WINDOW") },
+		mutateKeeper: func(o *housekeeping.Options) {
+			o.StatsInterval = 5 * time.Second
+			if d := envDuration("BENCH_CHECKPOINT"); d > 0 {
+				o.CheckpointInterval = d
+			}
+		}})
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
 		drained, err := benchkit.Drained(context.Background(), db, "event_queue")

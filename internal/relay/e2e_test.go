@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -54,6 +55,7 @@ type harnessOptions struct {
 	wrapPublisher func(relay.Publisher) relay.Publisher
 	wrapStore     func(relay.Store) relay.Store
 	mutateOpt     func(*relay.Options)
+	mutateKeeper  func(*housekeeping.Options)
 	clock         *event.Clock // shared by the store and the loop, as the command line does
 }
 
@@ -125,23 +127,21 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		}
 	}
 	o := relay.Options{
-		SubjectPrefix:      "events",
-		BatchSize:          ho.batch,
-		MaxInFlight:        ho.inFlight,
-		PollInterval:       200 * time.Millisecond,
-		WatchInterval:      100 * time.Millisecond,
-		HeartbeatInterval:  100 * time.Millisecond,
-		StaleAfter:         2 * time.Second,
-		Lease:              ho.lease,
-		MaxAttempts:        ho.maxTries,
-		ShutdownTimeout:    ho.shutdown,
-		Version:            "test",
-		StatsInterval:      50 * time.Millisecond,
-		CheckpointInterval: 200 * time.Millisecond,
-		Ready:              ready,
-		Clock:              ho.clock,
-		Metrics:            h.metrics,
-		Log:                log,
+		SubjectPrefix:     "events",
+		BatchSize:         ho.batch,
+		MaxInFlight:       ho.inFlight,
+		PollInterval:      200 * time.Millisecond,
+		WatchInterval:     100 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		StaleAfter:        2 * time.Second,
+		Lease:             ho.lease,
+		MaxAttempts:       ho.maxTries,
+		ShutdownTimeout:   ho.shutdown,
+		Version:           "test",
+		Ready:             ready,
+		Clock:             ho.clock,
+		Metrics:           h.metrics,
+		Log:               log,
 	}
 	if ho.noWatch {
 		o.WatchInterval = 0
@@ -157,9 +157,24 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		store = ho.wrapStore(store)
 	}
 	h.relay = relay.New(store, pub, o)
+	ko := housekeeping.Options{StatsInterval: 50 * time.Millisecond, CheckpointInterval: 200 * time.Millisecond,
+		Commits: h.relay.Commits(), Watching: h.relay.Watching, Metrics: h.metrics, Log: log}
+	if ho.mutateKeeper != nil {
+		ho.mutateKeeper(&ko)
+	}
+	keeper := housekeeping.New(h.store, ko)
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	go func() { h.done <- h.relay.Run(ctx) }()
+	// Housekeeping runs as long as the relay does, as in the daemon.
+	go func() {
+		kctx, stop := context.WithCancel(ctx)
+		kept := make(chan struct{})
+		go func() { defer close(kept); keeper.Run(kctx) }()
+		err := h.relay.Run(ctx)
+		stop()
+		<-kept
+		h.done <- err
+	}()
 	t.Cleanup(func() { h.stop() })
 	return h
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -117,7 +117,7 @@ func TestMetricsTellTheStory(t *testing.T) {
 
 func goVersion() string { return runtime.Version() }
 
-// TestRetentionLoop: the relay prunes done rows past retention.done and
+// TestRetentionLoop: housekeeping prunes done rows past retention.done and
 // counts them; younger rows and unfinished ones stay.
 func TestRetentionLoop(t *testing.T) {
 	n := testenv.StartNATS(t)
@@ -128,7 +128,7 @@ func TestRetentionLoop(t *testing.T) {
 	if _, err := app.Exec(`INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at, last_error) VALUES ('dead', 'T', 'x', 'dead_lettered', ?1, ?1, 'kept')`, old); err != nil {
 		t.Fatal(err)
 	}
-	h := startRelay(t, path, n.URL(), harnessOptions{mutateOpt: func(o *relay.Options) {
+	h := startRelay(t, path, n.URL(), harnessOptions{mutateKeeper: func(o *housekeeping.Options) {
 		o.RetentionInterval, o.RetainDone, o.RetainProcessedEvents = 50*time.Millisecond, time.Hour, 0
 	}})
 	testenv.InsertN(t, app, 10, "Fresh")
@@ -155,7 +155,7 @@ func TestRetentionKeepsWhatZeroKeeps(t *testing.T) {
 	if _, err := app.Exec(`INSERT INTO processed_events (event_id, handler, status, started_at, processed_at) VALUES ('new', 'h', 'done', ?1, ?1)`, time.Now().UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
-	h := startRelay(t, path, n.URL(), harnessOptions{mutateOpt: func(o *relay.Options) {
+	h := startRelay(t, path, n.URL(), harnessOptions{mutateKeeper: func(o *housekeeping.Options) {
 		o.RetentionInterval, o.RetainDone, o.RetainProcessedEvents = 50*time.Millisecond, 0, time.Hour
 	}})
 	testenv.Eventually(t, 20*time.Second, "old ledger rows pruned", func() bool {

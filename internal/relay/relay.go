@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/outbox-relay/outbox-relay/internal/episode"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
@@ -33,9 +33,6 @@ type Store interface {
 	Leads() bool
 	Leave(ctx context.Context) error
 	Watch(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error
-	Backlog(ctx context.Context) (event.Backlog, error)
-	Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error)
-	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
 }
 
 // Publisher is the NATS side (implemented by *publish.JetStream and *publish.Core).
@@ -60,22 +57,9 @@ type Options struct {
 	MaxAttempts       int
 	ShutdownTimeout   time.Duration
 	Version           string
-	// StatsInterval refreshes the backlog gauges; RetentionInterval runs
-	// retention, deleting done rows older than RetainDone and ledger rows
-	// older than RetainProcessedEvents (0 keeps them).
-	StatsInterval     time.Duration
-	RetentionInterval time.Duration
-	// CheckpointInterval runs WAL checkpoints from their own connection
-	// (for a store whose writer does not checkpoint by itself) after
-	// commits, at most one every CheckpointInterval, and every
-	// checkpointIdle without commits (checkpointPoll while no commit watch
-	// runs); 0: never.
-	CheckpointInterval time.Duration
 	// SettleWindow: batches acknowledged within it are settled in one
 	// transaction; 0: one transaction a batch.
-	SettleWindow          time.Duration
-	RetainDone            time.Duration
-	RetainProcessedEvents time.Duration
+	SettleWindow time.Duration
 	// Ready, when set, replaces Publisher.Ready as the outage probe (the
 	// command line adds creating the stream once the broker answers).
 	Ready func(ctx context.Context) error
@@ -94,7 +78,7 @@ type Relay struct {
 	m     *metrics.Metrics
 
 	wake     chan struct{} // a commit or a reclaim happened: claim now
-	commits  chan struct{} // a commit happened: checkpoint
+	commits  chan struct{} // a commit happened (for Commits)
 	settled  chan struct{} // in-flight rows were settled: room to claim
 	led      chan struct{} // this relay became the leader
 	leading  atomic.Bool
@@ -108,8 +92,7 @@ type Relay struct {
 	outage        outageState
 	// One trouble log per database operation, so that one that keeps
 	// failing is logged once while the others succeed.
-	claimTrouble, settleTrouble, beatTrouble stateLog
-	readTrouble                              stateLog // the backlog read (statsLoop)
+	claimTrouble, settleTrouble, beatTrouble *episode.Log
 	// halt ends the claim loop with a cause that Run returns (set by Run).
 	halt context.CancelCauseFunc
 }
@@ -151,13 +134,10 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		led:      make(chan struct{}, 1),
 		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
 	}
-	for _, t := range []struct {
-		s  *stateLog
-		op string
-	}{{&r.claimTrouble, "claim"}, {&r.settleTrouble, "settle"}, {&r.beatTrouble, "heartbeat"}} {
-		*t.s = stateLog{log: o.Log.With(zap.String("operation", t.op)), level: zap.WarnLevel, down: "database unavailable; retrying", up: "database available again"}
+	trouble := func(op string) *episode.Log {
+		return episode.New(o.Log.With(zap.String("operation", op)), zap.WarnLevel, "database unavailable; retrying", "database available again")
 	}
-	r.readTrouble = stateLog{log: o.Log, level: zap.ErrorLevel, down: "cannot read the outbox", up: "outbox readable again"}
+	r.claimTrouble, r.settleTrouble, r.beatTrouble = trouble("claim"), trouble("settle"), trouble("heartbeat")
 	r.m.BrokerConnected.Set(0) // until the first probe answers
 	return r
 }
@@ -182,7 +162,7 @@ func (r *Relay) Paused() error { return r.outage.err() }
 // An error that only says the application held the lock (event.ErrBusy)
 // comes last, so that it cannot hide another.
 func (r *Relay) DatabaseError() error {
-	claimErr, settleErr := r.claimTrouble.err(), r.settleTrouble.err()
+	claimErr, settleErr := r.claimTrouble.Err(), r.settleTrouble.Err()
 	for _, err := range []error{claimErr, settleErr} {
 		if err != nil && !errors.Is(err, event.ErrBusy) {
 			return err
@@ -193,6 +173,14 @@ func (r *Relay) DatabaseError() error {
 	}
 	return settleErr
 }
+
+// Commits announces the commits the commit watch sees (coalesced, never
+// blocking the watch), for housekeeping that follows them.
+func (r *Relay) Commits() <-chan struct{} { return r.commits }
+
+// Watching reports whether the commit watch runs, so that Commits
+// announces commits.
+func (r *Relay) Watching() bool { return r.watching.Load() }
 
 // Wake makes the claimer look for due rows now.
 func (r *Relay) Wake() { signal(r.wake) }
@@ -246,15 +234,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.o.HeartbeatInterval > 0 {
 		heartbeat.Add(1)
 		go func() { defer heartbeat.Done(); r.heartbeatLoop(hbCtx) }()
-	}
-	for _, loop := range []struct {
-		every time.Duration
-		run   func(context.Context)
-	}{{r.o.StatsInterval, r.statsLoop}, {r.o.RetentionInterval, r.retentionLoop}, {r.o.CheckpointInterval, r.checkpointLoop}} {
-		if loop.every > 0 {
-			loops.Add(1)
-			go func() { defer loops.Done(); loop.run(claimCtx) }()
-		}
 	}
 	if r.o.WatchInterval > 0 {
 		loops.Add(1)
@@ -311,7 +290,7 @@ func (r *Relay) firstHeartbeat(ctx context.Context) error {
 	for {
 		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
 		if err == nil {
-			r.beatTrouble.ok()
+			r.beatTrouble.OK()
 			r.reclaimed(n)
 			r.lead()
 			return nil
@@ -322,7 +301,7 @@ func (r *Relay) firstHeartbeat(ctx context.Context) error {
 		if errors.Is(err, event.ErrNotWritable) || errors.Is(err, event.ErrDatabaseReplaced) {
 			return err // waiting will not make the file writable, or bring the old one back
 		}
-		r.beatTrouble.fail(err)
+		r.beatTrouble.Fail(err)
 		sleep(ctx, retry.next())
 	}
 }
@@ -387,7 +366,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			r.claimTrouble.fail(err)
+			r.claimTrouble.Fail(err)
 			sleep(ctx, retry.next())
 			continue
 		}
@@ -395,12 +374,12 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		if len(rows) == 0 {
 			// An empty claim may not have written (it looks first): it
 			// proves nothing about the lock, but the database answered.
-			r.claimTrouble.okUnlessBusy()
+			r.claimTrouble.OKUnlessBusy()
 			r.outage.nothingToTry(r.log, r.m)
 			r.idle(ctx)
 			continue
 		}
-		r.claimTrouble.ok()
+		r.claimTrouble.OK()
 		r.m.InFlight.Set(float64(r.inflight.Add(int64(len(rows)))))
 		bytes := payloadBytes(rows)
 		r.inflightBytes.Add(bytes)
@@ -569,7 +548,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 	for {
 		stale, err := r.store.Settle(writeCtx, outs)
 		if err == nil {
-			r.settleTrouble.ok()
+			r.settleTrouble.OK()
 			r.count(outs, stale)
 			break
 		}
@@ -578,7 +557,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 				zap.Int("rows", len(outs)), zap.Error(err))
 			break
 		}
-		r.settleTrouble.fail(err)
+		r.settleTrouble.Fail(err)
 		sleep(writeCtx, retry.next())
 	}
 	r.m.InFlight.Set(float64(r.inflight.Add(-int64(len(outs)))))
@@ -650,21 +629,28 @@ func (r *Relay) probe(ctx context.Context) error {
 // heartbeatLoop keeps this instance visibly alive and reclaims the claims
 // of dead relays and expired leases.
 func (r *Relay) heartbeatLoop(ctx context.Context) {
-	every(ctx, r.o.HeartbeatInterval, false, func() {
+	t := time.NewTicker(r.o.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
 		if r.stopIfReplaced(err) {
-			return
+			continue
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				r.beatTrouble.fail(err)
+				r.beatTrouble.Fail(err)
 			}
-			return
+			continue
 		}
-		r.beatTrouble.ok()
+		r.beatTrouble.OK()
 		r.reclaimed(n)
 		r.lead()
-	})
+	}
 }
 
 // lead follows the store's answer to who leads, logging changes.
@@ -812,53 +798,6 @@ func (o *outageState) answered(published time.Time, log *zap.Logger, m *metrics.
 		return
 	}
 	o.endLocked(log, m)
-}
-
-// stateLog logs a trouble once when it starts and once when it ends.
-type stateLog struct {
-	log      *zap.Logger
-	level    zapcore.Level // of the down line
-	down, up string
-	mu       sync.Mutex
-	since    time.Time
-	last     error
-}
-
-func (s *stateLog) fail(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.last = err
-	if s.since.IsZero() {
-		s.since = time.Now()
-		s.log.Log(s.level, s.down, zap.Error(err))
-	}
-}
-
-func (s *stateLog) ok() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.since.IsZero() {
-		s.log.Info(s.up, zap.Duration("after", time.Since(s.since).Round(time.Millisecond)))
-		s.since, s.last = time.Time{}, nil
-	}
-}
-
-// okUnlessBusy ends a trouble that was not the lock: a read answered, so
-// the database is there, but it says nothing about the write lock.
-func (s *stateLog) okUnlessBusy() {
-	s.mu.Lock()
-	busy := errors.Is(s.last, event.ErrBusy)
-	s.mu.Unlock()
-	if !busy {
-		s.ok()
-	}
-}
-
-// err returns the trouble's latest error while it lasts.
-func (s *stateLog) err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.last
 }
 
 // stopIfReplaced ends the claim loop when err says the database file was

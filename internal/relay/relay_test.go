@@ -249,9 +249,9 @@ func TestClosedConnectionIsFatal(t *testing.T) {
 	store := &fakeStore{}
 	store.add(5, "T")
 	flaky := &flakyReady{closedPublisher: closedPublisher{}}
-	// Every helper loop runs, as in the daemon: none may keep Run from returning.
+	// The commit watch and the heartbeat run, as in the daemon: neither may keep Run from returning.
 	r := New(store, flaky, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, MaxAttempts: 3, ShutdownTimeout: time.Second,
-		WatchInterval: time.Millisecond, HeartbeatInterval: 10 * time.Millisecond, StatsInterval: 10 * time.Millisecond, RetentionInterval: 10 * time.Millisecond})
+		WatchInterval: time.Millisecond, HeartbeatInterval: 10 * time.Millisecond})
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	var err error
@@ -287,107 +287,6 @@ func (f *flakyReady) Ready(ctx context.Context) error {
 		return nil
 	}
 	return f.closedPublisher.Ready(ctx)
-}
-
-// commitStore is a fakeStore whose commit watch reports a commit whenever
-// the test sends on commits, and which counts checkpoints.
-type commitStore struct {
-	fakeStore
-	commits     chan struct{}
-	checkpoints chan struct{}
-}
-
-func (s *commitStore) Watch(ctx context.Context, _ time.Duration, wake ...chan<- struct{}) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-s.commits:
-			for _, w := range wake {
-				select {
-				case w <- struct{}{}:
-				default:
-				}
-			}
-		}
-	}
-}
-
-func (s *commitStore) Checkpoint(context.Context) (int, int, error) {
-	s.checkpoints <- struct{}{}
-	return 0, 0, nil
-}
-
-// runCheckpoints runs a relay on a fresh commitStore, checkpointing at
-// most every millisecond, with a commit watch or without; stop ends it.
-func runCheckpoints(t *testing.T, watch time.Duration) (store *commitStore, stop func()) {
-	t.Helper()
-	store = &commitStore{commits: make(chan struct{}), checkpoints: make(chan struct{}, 100)}
-	r := New(store, &heldPublisher{release: make(chan struct{})}, Options{SubjectPrefix: "events", BatchSize: 10,
-		PollInterval: time.Hour, WatchInterval: watch, CheckpointInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	return store, func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// TestCheckpointsFollowCommits: every commit the watch reports is followed
-// by a checkpoint, without waiting for the idle look.
-func TestCheckpointsFollowCommits(t *testing.T) {
-	store, stop := runCheckpoints(t, time.Hour)
-	defer stop()
-	start := time.Now()
-	const commits = 5
-	for i := 0; i < commits; i++ {
-		store.commits <- struct{}{}
-		<-store.checkpoints
-	}
-	// The idle look alone would have taken at least commits-1 of its periods.
-	if took := time.Since(start); took >= (commits-1)*checkpointIdle {
-		t.Errorf("%d commits took %v to be checkpointed; checkpoints do not follow commits", commits, took)
-	}
-}
-
-// TestCheckpointsWithoutWatch: with no commit watch (none configured, or
-// it stopped), checkpoints are polled for, not left to the idle look.
-func TestCheckpointsWithoutWatch(t *testing.T) {
-	store, stop := runCheckpoints(t, 0)
-	defer stop()
-	start := time.Now()
-	const looks = 3
-	for i := 0; i < looks; i++ {
-		<-store.checkpoints
-	}
-	if took := time.Since(start); took >= looks*checkpointIdle {
-		t.Errorf("%d checkpoints took %v without a watch; want one every %v", looks, took, checkpointPoll)
-	}
-}
-
-// TestCheckpointGap: small checkpoints space the next ones out, up to
-// checkpointMaxGap; a large one brings them back towards the least gap.
-func TestCheckpointGap(t *testing.T) {
-	least := 2 * time.Millisecond
-	gap := least
-	for range 20 {
-		gap = checkpointGap(gap, 10, least)
-	}
-	if gap != checkpointMaxGap {
-		t.Fatalf("after small checkpoints the gap is %v, want %v", gap, checkpointMaxGap)
-	}
-	for range 20 {
-		gap = checkpointGap(gap, 5000, least)
-	}
-	if gap != least {
-		t.Fatalf("after large checkpoints the gap is %v, want %v", gap, least)
-	}
-	if got := checkpointGap(least, 0, time.Second); got != time.Second {
-		t.Fatalf("the gap %v is below the least %v", got, time.Second)
-	}
 }
 
 // replacedStore is a store whose file was replaced before the relay's

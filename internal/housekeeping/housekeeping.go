@@ -1,0 +1,232 @@
+// Package housekeeping keeps the outbox file in shape beside the relay:
+// the backlog gauges, retention of done rows and of the consumers' dedup
+// ledger, and WAL checkpoints. It relays nothing; the relay's commit watch
+// only tells it when commits happen. A Keeper runs one loop per concern
+// until its context ends; each pass is also callable on its own.
+package housekeeping
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/episode"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+)
+
+// Store is the SQLite side (implemented by *claim.Store).
+type Store interface {
+	Backlog(ctx context.Context) (event.Backlog, error)
+	Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error)
+	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
+}
+
+// Options say what to keep and how often. A zero interval turns its loop
+// off.
+type Options struct {
+	// StatsInterval refreshes the backlog gauges.
+	StatsInterval time.Duration
+	// RetentionInterval runs retention: done rows older than RetainDone
+	// and ledger rows older than RetainProcessedEvents are deleted (0
+	// keeps them).
+	RetentionInterval     time.Duration
+	RetainDone            time.Duration
+	RetainProcessedEvents time.Duration
+	// CheckpointInterval is the least time between two WAL checkpoints
+	// (see checkpointLoop).
+	CheckpointInterval time.Duration
+	// Commits announces commits to the file (the relay's commit watch);
+	// Watching reports whether it does at the moment. Without them the
+	// checkpoints look every checkpointPoll.
+	Commits  <-chan struct{}
+	Watching func() bool
+	Metrics  *metrics.Metrics
+	Log      *zap.Logger
+}
+
+// Keeper runs the housekeeping of one outbox.
+type Keeper struct {
+	store       Store
+	o           Options
+	log         *zap.Logger
+	m           *metrics.Metrics
+	readTrouble *episode.Log // the backlog read
+}
+
+// New returns a Keeper; Run starts it.
+func New(store Store, o Options) *Keeper {
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New("", "")
+	}
+	if o.Watching == nil {
+		o.Watching = func() bool { return o.Commits != nil }
+	}
+	return &Keeper{store: store, o: o, log: o.Log, m: o.Metrics,
+		readTrouble: episode.New(o.Log, zap.ErrorLevel, "cannot read the outbox", "outbox readable again")}
+}
+
+// Run runs the loops whose interval is set until ctx ends.
+func (k *Keeper) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, loop := range []struct {
+		every time.Duration
+		run   func(context.Context)
+	}{{k.o.StatsInterval, k.statsLoop}, {k.o.RetentionInterval, k.retentionLoop}, {k.o.CheckpointInterval, k.checkpointLoop}} {
+		if loop.every > 0 {
+			wg.Add(1)
+			go func() { defer wg.Done(); loop.run(ctx) }()
+		}
+	}
+	wg.Wait()
+}
+
+// retentionPause separates pruning deletes so the application's writers
+// get the lock between them.
+const retentionPause = 20 * time.Millisecond
+
+// statsLoop refreshes the backlog gauges from a cheap indexed query, so a
+// scrape never scans the table. A failing read is logged at error level
+// once, and its end once.
+func (k *Keeper) statsLoop(ctx context.Context) {
+	every(ctx, k.o.StatsInterval, func() {
+		if err := k.RefreshBacklog(ctx); err == nil {
+			k.readTrouble.OK()
+		} else if ctx.Err() == nil {
+			k.readTrouble.Fail(err)
+		}
+	})
+}
+
+// RefreshBacklog sets the backlog gauges from the table.
+func (k *Keeper) RefreshBacklog(ctx context.Context) error {
+	b, err := k.store.Backlog(ctx)
+	if err != nil {
+		return err
+	}
+	k.m.Backlog.WithLabelValues(string(event.StatusPending)).Set(float64(b.Pending))
+	k.m.Backlog.WithLabelValues(string(event.StatusProcessing)).Set(float64(b.Processing))
+	k.m.Backlog.WithLabelValues(string(event.StatusDeadLettered)).Set(float64(b.DeadLettered))
+	age := 0.0
+	if !b.OldestPending.IsZero() {
+		age = max(0, time.Since(b.OldestPending).Seconds())
+	}
+	k.m.OldestPendingAge.Set(age)
+	return nil
+}
+
+// retentionLoop runs Retain every RetentionInterval.
+func (k *Keeper) retentionLoop(ctx context.Context) {
+	every(ctx, k.o.RetentionInterval, func() { k.Retain(ctx) })
+}
+
+// Retain deletes done rows and ledger rows past their retention, logging
+// and counting what it deleted.
+func (k *Keeper) Retain(ctx context.Context) {
+	for _, p := range []struct {
+		table string
+		keep  time.Duration
+	}{{event.PruneOutbox, k.o.RetainDone}, {event.PruneProcessedEvents, k.o.RetainProcessedEvents}} {
+		if p.keep <= 0 {
+			continue // 0 keeps rows forever
+		}
+		n, err := k.store.Prune(ctx, p.table, time.Now().Add(-p.keep), retentionPause)
+		if n > 0 {
+			k.m.PrunedRows.WithLabelValues(p.table).Add(float64(n))
+			k.log.Info("pruned rows past retention", zap.String("table", p.table), zap.Int64("rows", n), zap.Duration("retention", p.keep))
+		}
+		if err != nil && ctx.Err() == nil {
+			k.log.Warn("prune rows", zap.String("table", p.table), zap.Error(err))
+		}
+	}
+}
+
+// checkpointLoop copies the WAL into the database beside the relay's
+// reads and settles, so that their commits do not pay for it. Checkpoints
+// are PASSIVE: they never wait for or block the application. They follow
+// commits, at most one every CheckpointInterval while they find many pages
+// (see checkpointGap): small checkpoints then leave the application's own
+// automatic checkpoints (run inside its commits) little to copy, and its
+// commits stall less (docs/performance.md). Without commits, nothing runs
+// but a look every checkpointIdle, in case the watch missed one; without a
+// watch, a look every checkpointPoll.
+func (k *Keeper) checkpointLoop(ctx context.Context) {
+	look := time.NewTimer(checkpointIdle)
+	defer look.Stop()
+	gap := k.o.CheckpointInterval
+	for {
+		if k.o.Watching() {
+			look.Reset(checkpointIdle)
+		} else {
+			look.Reset(checkpointPoll)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.o.Commits:
+		case <-look.C:
+		}
+		start := time.Now()
+		walPages, _, err := k.store.Checkpoint(ctx)
+		if err != nil && ctx.Err() == nil {
+			k.log.Debug("checkpoint", zap.Error(err))
+		}
+		gap = checkpointGap(gap, walPages, k.o.CheckpointInterval)
+		// Busy a third of the time at most: large checkpoints (a drain, a
+		// slow disk) come less often.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(max(gap, 2*time.Since(start))):
+		}
+	}
+}
+
+// checkpointGap returns the wait after a checkpoint that found walPages
+// pages in the WAL, given the previous wait: it doubles, up to
+// checkpointMaxGap, while checkpoints find less than checkpointSmall
+// pages (a trickle, where every checkpoint's two fsyncs cost more than
+// the copy), and halves back to least once they find more (a drain, where
+// small, frequent checkpoints keep the application's commits short).
+func checkpointGap(gap time.Duration, walPages int, least time.Duration) time.Duration {
+	if walPages < checkpointSmall {
+		return max(least, min(2*gap, checkpointMaxGap))
+	}
+	return max(least, gap/2)
+}
+
+// A checkpoint of fewer than checkpointSmall pages (400 KiB of 4 KiB
+// pages) makes the next one wait longer, up to checkpointMaxGap: well
+// below the 1000 pages at which the application's own connections
+// checkpoint inside their commits.
+const (
+	checkpointSmall  = 100
+	checkpointMaxGap = 200 * time.Millisecond
+)
+
+// How often checkpointLoop looks without a commit: while the commit watch
+// runs, and while none does (it could not start, or stopped).
+const (
+	checkpointIdle = time.Second
+	checkpointPoll = 200 * time.Millisecond
+)
+
+// every runs fn at once and then every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	fn()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fn()
+	}
+}

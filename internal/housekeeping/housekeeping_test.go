@@ -1,0 +1,113 @@
+package housekeeping
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+)
+
+// countingStore counts checkpoints and has an empty backlog.
+type countingStore struct{ checkpoints chan struct{} }
+
+func (countingStore) Backlog(context.Context) (event.Backlog, error) { return event.Backlog{}, nil }
+func (countingStore) Prune(context.Context, string, time.Time, time.Duration) (int64, error) {
+	return 0, nil
+}
+func (s countingStore) Checkpoint(context.Context) (int, int, error) {
+	s.checkpoints <- struct{}{}
+	return 0, 0, nil
+}
+
+// runCheckpoints runs a Keeper that checkpoints at most every
+// millisecond, with commits announced on the returned channel (watching)
+// or none (not watching); stop ends it.
+func runCheckpoints(t *testing.T, watching bool) (commits chan struct{}, checkpoints chan struct{}, stop func()) {
+	t.Helper()
+	commits, checkpoints = make(chan struct{}), make(chan struct{}, 100)
+	k := New(countingStore{checkpoints}, Options{CheckpointInterval: time.Millisecond, Commits: commits, Watching: func() bool { return watching }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); k.Run(ctx) }()
+	return commits, checkpoints, func() { cancel(); <-done }
+}
+
+// TestCheckpointsFollowCommits: every commit announced is followed by a
+// checkpoint, without waiting for the idle look.
+func TestCheckpointsFollowCommits(t *testing.T) {
+	commits, checkpoints, stop := runCheckpoints(t, true)
+	defer stop()
+	start := time.Now()
+	const n = 5
+	for i := 0; i < n; i++ {
+		commits <- struct{}{}
+		<-checkpoints
+	}
+	// The idle look alone would have taken at least n-1 of its periods.
+	if took := time.Since(start); took >= (n-1)*checkpointIdle {
+		t.Errorf("%d commits took %v to be checkpointed; checkpoints do not follow commits", n, took)
+	}
+}
+
+// TestCheckpointsWithoutWatch: with no commit watch (none configured, or
+// it stopped), checkpoints are polled for, not left to the idle look.
+func TestCheckpointsWithoutWatch(t *testing.T) {
+	_, checkpoints, stop := runCheckpoints(t, false)
+	defer stop()
+	start := time.Now()
+	const looks = 3
+	for i := 0; i < looks; i++ {
+		<-checkpoints
+	}
+	if took := time.Since(start); took >= looks*checkpointIdle {
+		t.Errorf("%d checkpoints took %v without a watch; want one every %v", looks, took, checkpointPoll)
+	}
+}
+
+// TestCheckpointGap: small checkpoints space the next ones out, up to
+// checkpointMaxGap; a large one brings them back towards the least gap.
+func TestCheckpointGap(t *testing.T) {
+	least := 2 * time.Millisecond
+	gap := least
+	for range 20 {
+		gap = checkpointGap(gap, 10, least)
+	}
+	if gap != checkpointMaxGap {
+		t.Fatalf("after small checkpoints the gap is %v, want %v", gap, checkpointMaxGap)
+	}
+	for range 20 {
+		gap = checkpointGap(gap, 5000, least)
+	}
+	if gap != least {
+		t.Fatalf("after large checkpoints the gap is %v, want %v", gap, least)
+	}
+	if got := checkpointGap(least, 0, time.Second); got != time.Second {
+		t.Fatalf("the gap %v is below the least %v", got, time.Second)
+	}
+}
+
+// TestRefreshBacklog: one pass sets the backlog gauges from the store.
+func TestRefreshBacklog(t *testing.T) {
+	m := metrics.New("", "")
+	k := New(backlogStore{event.Backlog{Pending: 4, Processing: 1, DeadLettered: 2, OldestPending: time.Now().Add(-time.Minute)}}, Options{Metrics: m})
+	if err := k.RefreshBacklog(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if p, d := metrics.Value(m.Backlog.WithLabelValues("pending")), metrics.Value(m.Backlog.WithLabelValues("dead_lettered")); p != 4 || d != 2 {
+		t.Fatalf("backlog gauges pending %v, dead_lettered %v; want 4 and 2", p, d)
+	}
+	if age := metrics.Value(m.OldestPendingAge); age < 59 {
+		t.Fatalf("oldest pending age %v s, want about 60", age)
+	}
+}
+
+// backlogStore reports a fixed backlog.
+type backlogStore struct{ b event.Backlog }
+
+func (s backlogStore) Backlog(context.Context) (event.Backlog, error) { return s.b, nil }
+func (backlogStore) Prune(context.Context, string, time.Time, time.Duration) (int64, error) {
+	return 0, nil
+}
+func (backlogStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
