@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outbox-relay/outbox-relay/internal/bench"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -943,30 +944,6 @@ func TestUncapturedPrefixKeepsRelayNotReady(t *testing.T) {
 	d.stop()
 }
 
-// TestBenchChild: a bench child that exits before "relay starting" is
-// reported at once with its exit status and last log lines; one that logs
-// a line longer than the scanner's first buffer is still followed.
-func TestBenchChild(t *testing.T) {
-	ch, err := newChild(exec.Command("sh", "-c", `echo '{"level":"error","msg":"boom"}' >&2; exit 3`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = ch.waitStarted()
-	if err == nil || !strings.Contains(err.Error(), "exited at startup") || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "boom") {
-		t.Fatalf("waitStarted = %v; want the exit at startup, its status and its last line", err)
-	}
-	ch, err = newChild(exec.Command("sh", "-c", `head -c 200000 /dev/zero | tr '\0' x >&2; echo >&2; echo '{"msg":"relay starting"}' >&2; head -c 200000 /dev/zero >&2; sleep 30`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.waitStarted(); err != nil {
-		t.Fatalf("after a 200 KB line: %v", err)
-	}
-	ch.cmd.Process.Kill()
-	<-ch.logged
-	ch.cmd.Wait()
-}
-
 // TestBenchWithConsoleLogs: the bench reads its relay children's logs, so
 // a log format chosen for the bench's own process does not stop it from
 // seeing a child start.
@@ -1068,12 +1045,12 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("standard client %+v, relay / client %v", rep.Client, rep.CPUToClient)
 	}
 	// The same report for people: every measurement has its line.
-	var full benchReport
+	var full bench.Report
 	if err := json.Unmarshal(out, &full); err != nil {
 		t.Fatal(err)
 	}
 	var text bytes.Buffer
-	printBench(&cli{stdout: &text}, &full)
+	bench.Print(&text, &full)
 	for _, want := range []string{"ceiling,  500 in flight", "ceiling (best)", "relay drain", "lag p50", "CPU", "peak RSS",
 		"drain / ceiling", "drain, 5000 done rows", "with done / empty", "200 rows/s offered", "commit to PubAck", "writer, due to committed", "relay CPU", "% of one core",
 		"writer alone (no relay)", "writer p99, relay / alone", "standard client alone", "relay CPU / client CPU", "idle CPU"} {

@@ -1,0 +1,725 @@
+// Package bench measures the relay the way its users run it: the relay
+// (this binary's run command) as a child process against a JetStream
+// server, beside the standard client's ceiling, a writer that commits as
+// an application does, and the standard client publishing alone at the
+// same rate. It is the bench command's engine; nothing in the relay
+// depends on it.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/benchkit"
+	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+)
+
+// Options are the bench command's flags.
+type Options struct {
+	Rows, Size, DoneRows, Rate int
+	WriterCheckpoint           int // the rate writer's PRAGMA wal_autocheckpoint
+	Duration, Idle             time.Duration
+	NATSURL, Dir               string
+	CeilingBatches             []int
+	// NATS holds the credentials and TLS settings of the bench's own
+	// connection; ConfigFile (when set) is passed to every child process,
+	// which reads the same settings from it.
+	NATS       config.NATS
+	ConfigFile string
+	// Progress receives a line per measurement as it completes.
+	Progress io.Writer
+}
+
+// RelayRun is what one run of the relay (a child process) measured.
+type RelayRun struct {
+	Rows        int     `json:"rows"`
+	DoneRows    int     `json:"done_rows_before"`
+	Seconds     float64 `json:"seconds"`
+	RowsPerSec  float64 `json:"rows_per_second"`
+	LagP50Ms    float64 `json:"lag_p50_ms"`
+	LagP99Ms    float64 `json:"lag_p99_ms"`
+	LagMaxMs    float64 `json:"lag_max_ms"`
+	CPUSeconds  float64 `json:"cpu_seconds"`
+	PeakRSSMiB  float64 `json:"peak_rss_mib"`
+	OfferedRate int     `json:"offered_rate,omitempty"`
+	// The --rate writer's PRAGMA wal_autocheckpoint.
+	WriterAutocheckpoint *int `json:"writer_autocheckpoint,omitempty"`
+	// Commit-to-PubAck lag (--rate runs): each message's store time in the
+	// stream (the server acknowledges right after storing) minus its
+	// Outbox-Created-At; the lag above runs to processed_at, after the
+	// settlement's transaction.
+	AckLagRows  int     `json:"ack_lag_rows,omitempty"` // messages read from the stream
+	AckLagP50Ms float64 `json:"ack_lag_p50_ms,omitempty"`
+	AckLagP99Ms float64 `json:"ack_lag_p99_ms,omitempty"`
+	AckLagMaxMs float64 `json:"ack_lag_max_ms,omitempty"`
+	// The --rate writer's rows, from when each was due to the end of its
+	// COMMIT (lock waits, its own checkpoints and catching up after them
+	// included), in µs: what the application feels of the relay.
+	WriterP50Us float64 `json:"writer_tx_p50_us,omitempty"`
+	WriterP99Us float64 `json:"writer_tx_p99_us,omitempty"`
+	WriterMaxUs float64 `json:"writer_tx_max_us,omitempty"`
+	// The relay's CPU while the --rate writer wrote, in % of one core.
+	CPUPercent float64 `json:"cpu_percent_of_one_core,omitempty"`
+}
+
+// WriterRun is the --rate writer alone, with no relay running: the
+// baseline of what the application feels.
+type WriterRun struct {
+	Rows        int     `json:"rows"`
+	WriterP50Us float64 `json:"writer_tx_p50_us"`
+	WriterP99Us float64 `json:"writer_tx_p99_us"`
+	WriterMaxUs float64 `json:"writer_tx_max_us"`
+}
+
+// Report is the bench command's result.
+type Report struct {
+	Machine        string             `json:"machine"`
+	Rows           int                `json:"rows"`
+	PayloadBytes   int                `json:"payload_bytes"`
+	CeilingByBatch map[string]float64 `json:"ceiling_by_batch,omitempty"`
+	Ceiling        float64            `json:"ceiling_rows_per_second,omitempty"`
+	Drain          *RelayRun          `json:"drain,omitempty"`
+	DrainRatio     float64            `json:"drain_to_ceiling,omitempty"`
+	DrainWithDone  *RelayRun          `json:"drain_with_done,omitempty"`
+	DoneRatio      float64            `json:"with_done_to_empty,omitempty"`
+	Rate           *RelayRun          `json:"rate,omitempty"`
+	WriterAlone    *WriterRun         `json:"writer_alone,omitempty"`
+	// The writer's lateness p99 with the relay over the same without it.
+	WriterP99Ratio float64 `json:"writer_p99_with_relay_to_alone,omitempty"`
+	// The standard client publishing --rate messages/s alone, awaiting
+	// each PubAck, and the relay's CPU at that rate over the client's.
+	Client         *ClientRun `json:"standard_client,omitempty"`
+	CPUToClient    float64    `json:"relay_cpu_to_standard_client,omitempty"`
+	IdleCPUPercent *float64   `json:"idle_cpu_percent_of_one_core,omitempty"`
+	IdleSeconds    float64    `json:"idle_seconds,omitempty"`
+}
+
+// Run measures what o asks for and returns the report.
+func Run(o Options) (*Report, error) {
+	b := &bench{o: o}
+	ctx := context.Background()
+	log := zap.NewNop()
+	dir := o.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "outbox-relay-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	url := o.NATSURL
+	if url == "" {
+		srv, err := publish.StartEmbedded("127.0.0.1:0", filepath.Join(dir, "nats"))
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Shutdown()
+		url = srv.URL()
+	}
+	// Credentials and TLS come from the configuration (file, environment,
+	// flags), as the relay children get them.
+	conn, err := publish.ConnectOnce(ctx, url, o.NATS, "outbox-relay-bench", log)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	js, err := publish.NewJetStream(conn, "EVENTS", 1, time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	// Streams and subjects of the bench's own, so that a bench against a
+	// real server (--nats-url) never touches its streams; removed after.
+	tag := strings.ToUpper(strings.ReplaceAll(event.NewID()[:8], "-", ""))
+	prefix := "outbox_relay_bench_" + strings.ToLower(tag)
+	// Every measurement gets a stream of its own, and the one before it is
+	// deleted first (their subjects may overlap).
+	var current string
+	stream := func(name, subjects string) (benchNames, error) {
+		next := "OUTBOX_RELAY_BENCH_" + tag + "_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if err := benchkit.ReplaceStream(ctx, js.API(), current, next, []string{subjects}, time.Hour); err != nil {
+			return benchNames{}, err
+		}
+		current = next
+		return benchNames{stream: next, prefix: prefix}, nil
+	}
+	defer func() {
+		if current != "" {
+			js.API().DeleteStream(context.Background(), current)
+		}
+	}()
+	rep := &Report{Machine: machine(), Rows: o.Rows, PayloadBytes: o.Size, CeilingByBatch: map[string]float64{}}
+	progress := func(format string, args ...any) {
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, format+"\n", args...)
+		}
+	}
+
+	for _, b := range o.CeilingBatches {
+		if _, err := stream(fmt.Sprintf("ceiling-%d", b), prefix+"_ceiling.>"); err != nil {
+			return nil, err
+		}
+		d, err := benchkit.Ceiling(ctx, conn.NC, prefix+"_ceiling.BenchEvent", o.Rows, o.Size, b)
+		if err != nil {
+			return nil, fmt.Errorf("ceiling with %d in flight: %w", b, err)
+		}
+		r := float64(o.Rows) / d.Seconds()
+		rep.CeilingByBatch[strconv.Itoa(b)] = r
+		rep.Ceiling = max(rep.Ceiling, r)
+		progress("ceiling, %d in flight: %.0f msgs/s", b, r)
+	}
+
+	run := func(name string, done, rate int) (*RelayRun, error) {
+		names, err := stream(name, prefix+".>")
+		if err != nil {
+			return nil, err
+		}
+		r, err := b.benchRelay(ctx, filepath.Join(dir, name+".db"), url, names, o, done, rate)
+		if err == nil && rate > 0 {
+			var lags []int64
+			if lags, err = storedLags(ctx, js.API(), names.stream); err == nil {
+				r.AckLagRows = len(lags)
+				r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs = spread(lags)
+				progress("%s: commit to PubAck p50 %.1f ms p99 %.1f ms max %.1f ms", name, r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs)
+			}
+		}
+		if err == nil {
+			progress("%s: %.0f rows/s, lag p50 %.1f ms p99 %.1f ms, CPU %.2f s, peak RSS %.1f MiB", name, r.RowsPerSec, r.LagP50Ms, r.LagP99Ms, r.CPUSeconds, r.PeakRSSMiB)
+		}
+		return r, err
+	}
+	if rep.Drain, err = run("drain", 0, 0); err != nil {
+		return nil, err
+	}
+	rep.DrainRatio = rep.Drain.RowsPerSec / rep.Ceiling
+	if o.DoneRows > 0 {
+		if rep.DrainWithDone, err = run("drain-with-done", o.DoneRows, 0); err != nil {
+			return nil, err
+		}
+		rep.DoneRatio = rep.DrainWithDone.RowsPerSec / rep.Drain.RowsPerSec
+	}
+	if o.Rate > 0 {
+		// The same writer with no relay first: the yardstick for what the
+		// relay costs the application.
+		alone, err := writerAlone(ctx, filepath.Join(dir, "writer-alone.db"), o)
+		if err != nil {
+			return nil, err
+		}
+		rep.WriterAlone = alone
+		progress("writer alone: %d rows, lateness p50 %.2f ms p99 %.2f ms", alone.Rows, alone.WriterP50Us/1000, alone.WriterP99Us/1000)
+		if rep.Rate, err = run("rate", 0, o.Rate); err != nil {
+			return nil, err
+		}
+		rep.WriterP99Ratio = rep.Rate.WriterP99Us / max(1, alone.WriterP99Us)
+		progress("rate: relay CPU %.1f%% of one core; writer lateness p99 %.2f x alone", rep.Rate.CPUPercent, rep.WriterP99Ratio)
+		names, err := stream("client", prefix+".>")
+		if err != nil {
+			return nil, err
+		}
+		if rep.Client, err = b.benchClient(url, names.prefix+".Client", o.Rate, o.Size, o.Duration); err != nil {
+			return nil, err
+		}
+		rep.CPUToClient = rep.Rate.CPUPercent / max(0.01, rep.Client.CPUPercent)
+		progress("standard client alone: %.1f%% of one core at %d msgs/s; relay / client %.1f", rep.Client.CPUPercent, o.Rate, rep.CPUToClient)
+	}
+	if o.Idle > 0 {
+		names, err := stream("idle", prefix+".>")
+		if err != nil {
+			return nil, err
+		}
+		pct, err := b.benchIdle(ctx, filepath.Join(dir, "idle.db"), url, names, o.Idle)
+		if err != nil {
+			return nil, err
+		}
+		rep.IdleCPUPercent, rep.IdleSeconds = &pct, o.Idle.Seconds()
+		progress("idle: %.2f%% of one core over %v", pct, o.Idle)
+	}
+	return rep, nil
+}
+
+// benchNames are the stream and subject prefix of a relay child.
+type benchNames struct{ stream, prefix string }
+
+// child is a relay process started by the bench.
+type child struct {
+	cmd     *exec.Cmd
+	started chan time.Time // when it logged "relay starting"
+	logged  chan struct{}  // closed when its stderr ends
+
+	mu   sync.Mutex
+	tail []string // its last log lines, for an error
+}
+
+// childTail is how many of a child's last log lines an error carries.
+const childTail = 5
+
+// waitStarted waits for the child's "relay starting" line and returns
+// when it came; a child that exits first, or takes 30 s, is an error.
+func (ch *child) waitStarted() (time.Time, error) {
+	select {
+	case t := <-ch.started:
+		return t, nil
+	case <-ch.logged:
+		return time.Time{}, ch.exited("at startup")
+	case <-time.After(30 * time.Second):
+		ch.cmd.Process.Kill()
+		<-ch.logged
+		ch.cmd.Wait()
+		return time.Time{}, ch.failed(errors.New("the relay did not start within 30 s"))
+	}
+}
+
+// exited reaps a child whose output ended and says so, when.
+func (ch *child) exited(when string) error {
+	err := fmt.Errorf("the relay exited %s", when)
+	if werr := ch.cmd.Wait(); werr != nil {
+		err = fmt.Errorf("the relay exited %s: %w", when, werr)
+	}
+	return ch.failed(err)
+}
+
+// failed wraps err with the child's last log lines.
+func (ch *child) failed(err error) error {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if len(ch.tail) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; the relay's last log lines:\n%s", err, strings.Join(ch.tail, "\n"))
+}
+
+// startChild runs this binary's "run" on path against url with the default
+// configuration, or the bench's --config file (credentials and TLS, and any
+// relay settings in it), metrics off, info level (which logs "relay
+// starting").
+func (b *bench) startChild(path, url string, names benchNames) (*child, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	// Metrics off, or the child would take :9108 and fail where something
+	// has it; the flag wins over whatever the environment says.
+	cmd := exec.Command(self, append(b.configArgs(), "run", "--metrics-listen", "")...)
+	cmd.Env = append(os.Environ(),
+		config.EnvName("database.path")+"="+path,
+		config.EnvName("nats.url")+"="+url,
+		config.EnvName("stream.name")+"="+names.stream,
+		config.EnvName("stream.subjects")+"="+names.prefix+".>",
+		config.EnvName("stream.subject_prefix")+"="+names.prefix,
+		config.EnvName("log.level")+"=info",
+		// JSON whatever the bench's own environment says: the bench reads
+		// these logs (newChild).
+		config.EnvName("log.format")+"=json",
+	)
+	return newChild(cmd)
+}
+
+// newChild starts cmd and follows its log on stderr.
+func newChild(cmd *exec.Cmd) (*child, error) {
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	ch := &child{cmd: cmd, started: make(chan time.Time, 1), logged: make(chan struct{})}
+	go func() {
+		defer close(ch.logged)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		// A line too long ends the scanner, not the child's output: read the
+		// rest, or the child would block writing it.
+		defer io.Copy(io.Discard, stderr)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), `"msg":"relay starting"`) {
+				ch.started <- time.Now()
+			}
+			ch.mu.Lock()
+			ch.tail = append(ch.tail, sc.Text())
+			if len(ch.tail) > childTail {
+				ch.tail = ch.tail[1:]
+			}
+			ch.mu.Unlock()
+		}
+	}()
+	return ch, nil
+}
+
+// stop ends the child with SIGTERM and returns its CPU seconds and peak RSS.
+// The peak is the kernel's high-water mark of the relay's own image
+// (VmHWM, read just before it exits): rusage's maxrss would also count the
+// bench process's memory that the child shared between fork and exec.
+func (ch *child) stop() (cpu, rssMiB float64, err error) {
+	hwm, hwmErr := procHWM(ch.cmd.Process.Pid)
+	ch.cmd.Process.Signal(syscall.SIGTERM)
+	<-ch.logged // every line read before Wait closes the pipe
+	if err := ch.cmd.Wait(); err != nil {
+		return 0, 0, ch.failed(fmt.Errorf("relay: %w", err))
+	}
+	if hwmErr != nil {
+		return 0, 0, ch.failed(hwmErr)
+	}
+	ru, ok := ch.cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return 0, 0, errors.New("no resource usage for the relay")
+	}
+	cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	return cpu, hwm, nil
+}
+
+// procHWM reads a process's peak resident set size in MiB from /proc.
+func procHWM(pid int) (float64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse VmHWM %q: %w", rest, err)
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+}
+
+// benchRelay prepares a database, runs the relay on it until every row is
+// done, and measures. With rate > 0 a writer inserts rows at that rate for
+// o.Duration while the relay runs, instead of a prepared backlog.
+func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNames, o Options, doneRows, rate int) (*RelayRun, error) {
+	if err := migrateBenchDB(ctx, path); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	if doneRows > 0 {
+		if err := benchkit.Seed(ctx, db, "event_queue", doneRows, o.Size, "done"); err != nil {
+			return nil, err
+		}
+	}
+	pending := o.Rows
+	if rate > 0 {
+		pending = 0
+	} else if err := benchkit.Seed(ctx, db, "event_queue", pending, o.Size, "pending"); err != nil {
+		return nil, err
+	}
+	ch, err := b.startChild(path, url, names)
+	if err != nil {
+		return nil, err
+	}
+	start, err := ch.waitStarted()
+	if err != nil {
+		return nil, err
+	}
+	res := &RelayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
+	if rate > 0 {
+		res.WriterAutocheckpoint = &o.WriterCheckpoint
+		cpuBefore, err := procCPU(ch.cmd.Process.Pid)
+		if err != nil {
+			ch.stop()
+			return nil, err
+		}
+		began := time.Now()
+		txs, err := writeRate(ctx, path, rate, o.Duration, o.Size, o.WriterCheckpoint)
+		if err != nil {
+			ch.stop()
+			return nil, err
+		}
+		cpuAfter, err := procCPU(ch.cmd.Process.Pid)
+		if err != nil {
+			ch.stop()
+			return nil, err
+		}
+		res.CPUPercent = 100 * (cpuAfter - cpuBefore).Seconds() / time.Since(began).Seconds()
+		res.Rows = len(txs)
+		res.WriterP50Us, res.WriterP99Us, res.WriterMaxUs = spread(txs)
+	}
+	for {
+		drained, err := benchkit.Drained(ctx, db, "event_queue")
+		if err != nil {
+			ch.stop()
+			return nil, err
+		}
+		if drained {
+			break
+		}
+		select {
+		case <-ch.logged:
+			return nil, ch.exited("before the table drained")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	last, err := benchkit.LastProcessed(ctx, db, "event_queue")
+	if err != nil {
+		ch.stop()
+		return nil, err
+	}
+	res.Seconds = last.Sub(start).Seconds()
+	res.RowsPerSec = float64(res.Rows) / res.Seconds
+	if res.CPUSeconds, res.PeakRSSMiB, err = ch.stop(); err != nil {
+		return nil, err
+	}
+	lags, err := benchkit.Lags(ctx, db, "event_queue", int64(doneRows)) // the seeded done rows come first
+	if err != nil {
+		return nil, err
+	}
+	res.LagP50Ms, res.LagP99Ms, res.LagMaxMs = spread(lags)
+	return res, nil
+}
+
+// storedLags reads every message of stream and returns the milliseconds
+// from its Outbox-Created-At to its store time in the stream.
+func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("read stored times: %w", err)
+	}
+	total := st.CachedInfo().State.Msgs
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("read stored times: %w", err)
+	}
+	lags := make([]int64, 0, total)
+	for empty := 0; uint64(len(lags)) < total; {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("read stored times: %w", err)
+		}
+		got := len(lags)
+		for msg := range batch.Messages() {
+			meta, err := msg.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("read stored times: %w", err)
+			}
+			created, err := time.Parse(time.RFC3339Nano, msg.Headers().Get(publish.HeaderCreatedAt))
+			if err != nil {
+				return nil, fmt.Errorf("message %d: %s: %w", meta.Sequence.Stream, publish.HeaderCreatedAt, err)
+			}
+			lags = append(lags, meta.Timestamp.UnixMilli()-created.UnixMilli())
+		}
+		if err := batch.Error(); err != nil { // a fetch that ends early is not an error
+			return nil, fmt.Errorf("read stored times: %w", err)
+		}
+		if len(lags) == got {
+			empty++
+		} else {
+			empty = 0
+		}
+		if empty == 3 || ctx.Err() != nil {
+			return nil, fmt.Errorf("read stored times: got %d of the stream's %d messages", len(lags), total)
+		}
+	}
+	return lags, nil
+}
+
+// writeRate is the --rate writer: one row per BEGIN IMMEDIATE transaction,
+// as an application writes, paced to rate rows/s for d, checkpointing every
+// autocheckpoint WAL pages (0: never). It returns, for each row, the µs
+// from when it was due (start + n/rate) to the end of its COMMIT: after a
+// stall the rows written back to back each count the time they were late.
+func writeRate(ctx context.Context, path string, rate int, d time.Duration, size, autocheckpoint int) (txs []int64, err error) {
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`PRAGMA wal_autocheckpoint = %d`, autocheckpoint)); err != nil {
+		return nil, fmt.Errorf("writer: %w", err)
+	}
+	payload := make([]byte, size)
+	start := time.Now()
+	for time.Since(start) < d {
+		for {
+			dueAt := start.Add(time.Duration(len(txs)) * time.Second / time.Duration(rate))
+			if time.Now().Before(dueAt) {
+				break
+			}
+			// created_at is taken once the transaction holds the write lock,
+			// just before the commit: the lag is commit to done, not the
+			// writer's own wait for the lock.
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return txs, fmt.Errorf("writer: %w", err)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO event_queue (event_id, event_type, payload, created_at) VALUES (?, 'BenchEvent', ?, ?)`,
+				event.NewID(), payload, time.Now().UnixMilli()); err != nil {
+				tx.Rollback()
+				return txs, fmt.Errorf("writer: %w", err)
+			}
+			if err := tx.Commit(); err != nil {
+				return txs, fmt.Errorf("writer: %w", err)
+			}
+			txs = append(txs, time.Since(dueAt).Microseconds())
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return txs, nil
+}
+
+// writerAlone runs the --rate writer on a fresh outbox with no relay.
+func writerAlone(ctx context.Context, path string, o Options) (*WriterRun, error) {
+	if err := migrateBenchDB(ctx, path); err != nil {
+		return nil, err
+	}
+	txs, err := writeRate(ctx, path, o.Rate, o.Duration, o.Size, o.WriterCheckpoint)
+	if err != nil {
+		return nil, err
+	}
+	r := &WriterRun{Rows: len(txs)}
+	r.WriterP50Us, r.WriterP99Us, r.WriterMaxUs = spread(txs)
+	return r, nil
+}
+
+// benchIdle measures the relay's CPU while it is connected with nothing to do.
+func (b *bench) benchIdle(ctx context.Context, path, url string, names benchNames, d time.Duration) (float64, error) {
+	if err := migrateBenchDB(ctx, path); err != nil {
+		return 0, err
+	}
+	ch, err := b.startChild(path, url, names)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := ch.waitStarted(); err != nil {
+		return 0, err
+	}
+	time.Sleep(3 * time.Second) // let startup settle
+	before, err := procCPU(ch.cmd.Process.Pid)
+	if err != nil {
+		ch.stop()
+		return 0, err
+	}
+	time.Sleep(d)
+	after, err := procCPU(ch.cmd.Process.Pid)
+	ch.stop()
+	if err != nil {
+		return 0, err
+	}
+	return 100 * (after - before).Seconds() / d.Seconds(), nil
+}
+
+// procCPU reads a process's user+system CPU time from /proc.
+func procCPU(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name (which may hold spaces) start after ')'.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticks, nil
+}
+
+// spread sorts xs and returns its median, 99th percentile and maximum.
+func spread(xs []int64) (p50, p99, maxV float64) {
+	if len(xs) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(xs)
+	at := func(p float64) float64 { return float64(xs[int(p*float64(len(xs)-1))]) }
+	return at(0.5), at(0.99), at(1)
+}
+
+func machine() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s, %d CPUs", host, runtime.NumCPU())
+}
+
+// Print writes the report for people.
+func Print(w io.Writer, r *Report) {
+	fmt.Fprintf(w, "outbox-relay bench: %d rows of %d bytes (%s)\n", r.Rows, r.PayloadBytes, r.Machine)
+	keys := make([]int, 0, len(r.CeilingByBatch))
+	for k := range r.CeilingByBatch {
+		n, _ := strconv.Atoi(k)
+		keys = append(keys, n)
+	}
+	sort.Ints(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "  ceiling, %4d in flight     %9.0f msgs/s\n", k, r.CeilingByBatch[strconv.Itoa(k)])
+	}
+	fmt.Fprintf(w, "  ceiling (best)              %9.0f msgs/s\n", r.Ceiling)
+	line := func(name string, x *RelayRun) {
+		fmt.Fprintf(w, "  %-27s %9.0f rows/s  lag p50 %.1f ms p99 %.1f ms  CPU %.2f s  peak RSS %.1f MiB\n",
+			name, x.RowsPerSec, x.LagP50Ms, x.LagP99Ms, x.CPUSeconds, x.PeakRSSMiB)
+	}
+	line("relay drain", r.Drain)
+	fmt.Fprintf(w, "  drain / ceiling             %9.2f\n", r.DrainRatio)
+	if r.DrainWithDone != nil {
+		line(fmt.Sprintf("drain, %d done rows", r.DrainWithDone.DoneRows), r.DrainWithDone)
+		fmt.Fprintf(w, "  with done / empty           %9.2f\n", r.DoneRatio)
+	}
+	if r.Rate != nil {
+		line(fmt.Sprintf("%d rows/s offered", r.Rate.OfferedRate), r.Rate)
+		fmt.Fprintf(w, "  %-27s %9d pages\n", "  writer wal_autocheckpoint", *r.Rate.WriterAutocheckpoint)
+		fmt.Fprintf(w, "  %-27s %9s         p50 %.1f ms p99 %.1f ms  max %.1f ms\n", "  commit to PubAck", "", r.Rate.AckLagP50Ms, r.Rate.AckLagP99Ms, r.Rate.AckLagMaxMs)
+		fmt.Fprintf(w, "  %-27s %9s         p50 %.2f ms p99 %.2f ms  max %.2f ms\n", "  writer, due to committed", "", r.Rate.WriterP50Us/1000, r.Rate.WriterP99Us/1000, r.Rate.WriterMaxUs/1000)
+		fmt.Fprintf(w, "  %-27s %9.1f %% of one core while the writer wrote\n", "  relay CPU", r.Rate.CPUPercent)
+		if a := r.WriterAlone; a != nil {
+			fmt.Fprintf(w, "  %-27s %9s         p50 %.2f ms p99 %.2f ms  max %.2f ms\n", "writer alone (no relay)", "", a.WriterP50Us/1000, a.WriterP99Us/1000, a.WriterMaxUs/1000)
+			fmt.Fprintf(w, "  writer p99, relay / alone   %9.2f\n", r.WriterP99Ratio)
+		}
+		if cl := r.Client; cl != nil {
+			fmt.Fprintf(w, "  %-27s %9.1f %% of one core, one PubAck awaited at a time\n", "standard client alone", cl.CPUPercent)
+			fmt.Fprintf(w, "  relay CPU / client CPU      %9.1f\n", r.CPUToClient)
+		}
+	}
+	if r.IdleCPUPercent != nil {
+		fmt.Fprintf(w, "  idle CPU                    %9.2f %% of one core over %.0f s\n", *r.IdleCPUPercent, r.IdleSeconds)
+	}
+}
+
+// configArgs passes the bench's --config file on to a child.
+func (b *bench) configArgs() []string {
+	if b.o.ConfigFile == "" {
+		return nil
+	}
+	return []string{"--config", b.o.ConfigFile}
+}
+
+// migrateBenchDB creates a database at path with the relay's schema.
+func migrateBenchDB(ctx context.Context, path string) error {
+	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	_, err = s.Migrate(ctx)
+	return err
+}
+
+// bench is one run's state: what it measures, for the child processes.
+type bench struct{ o Options }
