@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 )
@@ -90,19 +91,19 @@ func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, 
 		ctx, cancel = context.WithTimeout(ctx, duration)
 		defer cancel()
 	}
-	a, err := openApp(ctx, cfg, log, openOptions{createDB: true})
+	a, err := daemon.Open(ctx, cfg, log, daemon.Options{CreateDB: true, Version: version, Commit: buildCommit()})
 	if err != nil {
 		return err
 	}
-	defer a.close()
-	httpAddr, stopHTTP, err := a.serveHTTP()
+	defer a.Close()
+	httpAddr, stopHTTP, err := a.ServeHTTP()
 	if err != nil {
 		return err
 	}
 	defer stopHTTP()
 
 	out := c.stdout
-	shownURL := config.RedactURLs(a.natsURL) // credentials are never printed
+	shownURL := config.RedactURLs(a.NATSURL()) // credentials are never printed
 	fmt.Fprintf(out, "outbox-relay demo\n")
 	fmt.Fprintf(out, "  database  %s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
 	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.<event_type>)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix)
@@ -119,7 +120,7 @@ func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, 
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
 	relayErr := make(chan error, 1)
-	go func() { relayErr <- a.relay.Run(relayCtx) }()
+	go func() { relayErr <- a.RunRelay(relayCtx) }()
 	var written int64
 	writerDone := make(chan struct{})
 	go func() {
@@ -136,7 +137,7 @@ func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, 
 	<-writerDone
 	drainDeadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(drainDeadline) {
-		if b, err := a.store.Backlog(context.Background()); err == nil && b.Pending+b.Processing == 0 {
+		if b, err := a.Store().Backlog(context.Background()); err == nil && b.Pending+b.Processing == 0 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -144,14 +145,14 @@ func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, 
 	stopRelay()
 	err = <-relayErr
 	fmt.Fprintln(out)
-	b, _ := a.store.Backlog(context.Background())
+	b, _ := a.Store().Backlog(context.Background())
 	fmt.Fprintf(out, "demo stopped: the application wrote %d events, the relay published %.0f, %d not yet published, %d dead-lettered; data kept in %s\n",
-		written, metrics.Value(a.metrics.Published), b.Pending+b.Processing, b.DeadLettered, dir)
+		written, metrics.Value(a.Metrics().Published), b.Pending+b.Processing, b.DeadLettered, dir)
 	return err
 }
 
 // progress prints one live line per second until ctx ends.
-func progress(ctx context.Context, out io.Writer, a *app) {
+func progress(ctx context.Context, out io.Writer, a *daemon.App) {
 	tty := isTerminal(out)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -162,18 +163,18 @@ func progress(ctx context.Context, out io.Writer, a *app) {
 			return
 		case <-t.C:
 		}
-		pub := metrics.Value(a.metrics.Published)
-		lagSum, lagCount := histogram(a.metrics)
+		pub := metrics.Value(a.Metrics().Published)
+		lagSum, lagCount := histogram(a.Metrics())
 		lag := "-"
 		if n := lagCount - lastLagCount; n > 0 {
 			lag = (time.Duration((lagSum - lastLagSum) / n * float64(time.Second))).Round(100 * time.Microsecond).String()
 		}
-		b, err := a.store.Backlog(ctx)
+		b, err := a.Store().Backlog(ctx)
 		if err != nil {
 			continue
 		}
 		state := "flowing"
-		if err := a.relay.Paused(); err != nil {
+		if err := a.Relay().Paused(); err != nil {
 			state = "paused: " + err.Error()
 		}
 		line := fmt.Sprintf("published %8.0f  (%5.0f/s)  backlog %6d  avg lag %8s  dead-lettered %d  %s",

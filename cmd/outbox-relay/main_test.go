@@ -117,8 +117,8 @@ func TestMissingDatabaseIsReported(t *testing.T) {
 	}
 }
 
-// daemon is a running outbox-relay binary whose JSON log lines are collected.
-type daemon struct {
+// process is a running outbox-relay binary whose JSON log lines are collected.
+type process struct {
 	t     *testing.T
 	cmd   *exec.Cmd
 	mu    sync.Mutex
@@ -127,9 +127,9 @@ type daemon struct {
 }
 
 // startDaemon runs the binary with args and extra environment.
-func startDaemon(t *testing.T, env []string, args ...string) *daemon {
+func startDaemon(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
-	d := &daemon{t: t, cmd: exec.Command(buildBinary(t), args...), done: make(chan struct{})}
+	d := &process{t: t, cmd: exec.Command(buildBinary(t), args...), done: make(chan struct{})}
 	d.cmd.Env = append(append(os.Environ(), "OUTBOX_RELAY_LOG_LEVEL=debug"), env...)
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {
@@ -156,7 +156,7 @@ func startDaemon(t *testing.T, env []string, args ...string) *daemon {
 }
 
 // find returns the log lines with message msg.
-func (d *daemon) find(msg string) []map[string]any {
+func (d *process) find(msg string) []map[string]any {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []map[string]any
@@ -169,7 +169,7 @@ func (d *daemon) find(msg string) []map[string]any {
 }
 
 // waitFor waits for a log line with message msg and returns it.
-func (d *daemon) waitFor(msg string) map[string]any {
+func (d *process) waitFor(msg string) map[string]any {
 	d.t.Helper()
 	var got []map[string]any
 	testenv.Eventually(d.t, 30*time.Second, "log line "+strconv.Quote(msg), func() bool {
@@ -180,7 +180,7 @@ func (d *daemon) waitFor(msg string) map[string]any {
 }
 
 // stop sends SIGTERM and expects exit code 0.
-func (d *daemon) stop() {
+func (d *process) stop() {
 	d.t.Helper()
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		d.t.Fatal(err)
@@ -192,7 +192,7 @@ func (d *daemon) stop() {
 }
 
 // levels counts log lines per level.
-func (d *daemon) levels() map[string]int {
+func (d *process) levels() map[string]int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := map[string]int{}

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
@@ -56,8 +57,7 @@ rejected an update or the stream does not capture the relay's subjects.`,
 			if err != nil {
 				return err
 			}
-			a := &app{cfg: cfg}
-			res, err := streamsync.Sync(ctx, js.API(), a.want(), streamsync.Options{DryRun: dryRun, Log: log.Named("streamsync")})
+			res, err := streamsync.Sync(ctx, js.API(), daemon.Want(cfg), streamsync.Options{DryRun: dryRun, Log: log.Named("streamsync")})
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,346 @@
+// Package daemon is the relay's composition root: it opens the database,
+// the broker connection (or an embedded server), the publisher, the relay
+// loop and its housekeeping, and serves /metrics, /healthz and /readyz, with
+// the policies that tie them together: reconciling the stream when the
+// broker first answers and whenever the stream disappears, what readiness
+// means, and recording messages a consumer gave up on.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
+)
+
+// Internal timings that are not worth a config key.
+const (
+	watchInterval      = 100 * time.Millisecond // commit detection: file notifications do the work; this is the fallback poll
+	heartbeatInterval  = time.Second
+	statsInterval      = 5 * time.Second // backlog gauges
+	retentionInterval  = time.Minute
+	checkpointInterval = 2 * time.Millisecond  // WAL checkpoints follow commits, at most one per interval (relay.Options)
+	settleWindow       = 50 * time.Millisecond // batches acknowledged within it share a settle transaction
+	// maxInFlightBytes bounds the payload in memory: with large payloads
+	// the row count alone (relay.max_in_flight) would hold hundreds of MB.
+	maxInFlightBytes = 8 << 20
+)
+
+// staleAfter is how long a relay may go without a heartbeat before its
+// claims are taken for a dead relay's: a crash is recovered in about this
+// long. A heartbeat held up by the application's lock does not count (see
+// claim.Store.Heartbeat), so it need not cover database.busy_timeout.
+const staleAfter = 6 * time.Second
+
+// App is a wired relay: database, broker, publisher, loop and HTTP.
+type App struct {
+	cfg      config.Config
+	log      *zap.Logger
+	metrics  *metrics.Metrics
+	embedded *publish.Embedded
+	natsURL  string
+	store    *claim.Store
+	conn     *publish.Conn
+	js       *publish.JetStream // nil in core mode
+	pub      relay.Publisher
+	relay    *relay.Relay
+	keeper   *housekeeping.Keeper
+	synced   atomic.Bool // the stream was reconciled since start
+	version  string
+}
+
+// Options vary what Open does for the commands that share it.
+type Options struct {
+	CreateDB        bool   // create a missing database file (demo)
+	Version, Commit string // of the build, for metrics and heartbeats
+}
+
+// Open wires everything the daemon needs; on error it closes what it opened.
+func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (_ *App, err error) {
+	keepFreedMemory()
+	a := &App{cfg: cfg, log: log, metrics: metrics.New(oo.Version, oo.Commit), natsURL: cfg.NATS.URL, version: oo.Version}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if cfg.NATS.URL == config.EmbeddedURL {
+		dir := cfg.NATS.Embedded.StoreDir
+		if dir == "" {
+			dir = cfg.Database.Path + ".nats"
+		}
+		if a.embedded, err = publish.StartEmbedded(cfg.NATS.Embedded.Listen, dir); err != nil {
+			return nil, err
+		}
+		a.natsURL = a.embedded.URL()
+		log.Info("started embedded jetstream server", zap.String("url", a.natsURL), zap.String("store_dir", dir))
+	}
+	// The store and the loop share one clock that never steps back.
+	clock := event.NewClock(nil)
+	if a.store, err = claim.Open(ctx, claim.Options{
+		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.CreateDB,
+		OwnCheckpoints: true, Clock: clock, Rescan: cfg.Relay.PollInterval,
+	}); err != nil {
+		return nil, err
+	}
+	if err = applySchema(ctx, a.store, cfg.Schema.Mode, log); err != nil {
+		return nil, claim.NotWritable(cfg.Database.Path, err)
+	}
+	if a.conn, err = publish.Connect(ctx, a.natsURL, cfg.NATS, "outbox-relay", log.Named("nats")); err != nil {
+		return nil, err
+	}
+	if cfg.NATS.Mode == config.ModeCore {
+		log.Warn("nats.mode is core: fire-and-forget publishing with no broker dedup and no redelivery")
+		a.pub = publish.NewCore(a.conn, cfg.Relay.AckTimeout)
+	} else {
+		if a.js, err = publish.NewJetStream(a.conn, cfg.Stream.Name, cfg.Relay.MaxInFlight, cfg.Relay.AckTimeout); err != nil {
+			return nil, err
+		}
+		a.pub = a.js
+	}
+	a.relay = relay.New(a.store, a.pub, relay.Options{
+		SubjectPrefix:     cfg.Stream.SubjectPrefix,
+		BatchSize:         cfg.Relay.BatchSize,
+		MaxInFlight:       cfg.Relay.MaxInFlight,
+		MaxInFlightBytes:  maxInFlightBytes,
+		PollInterval:      cfg.Relay.PollInterval,
+		WatchInterval:     watchInterval,
+		HeartbeatInterval: heartbeatInterval,
+		StaleAfter:        staleAfter,
+		Lease:             cfg.Relay.Lease,
+		MaxAttempts:       cfg.Relay.MaxAttempts,
+		ShutdownTimeout:   cfg.Relay.ShutdownTimeout,
+		Version:           oo.Version,
+		SettleWindow:      settleWindow,
+		Ready:             a.brokerReady,
+		Clock:             clock,
+		Metrics:           a.metrics,
+		Log:               log.Named("relay"),
+	})
+	a.keeper = housekeeping.New(a.store, housekeeping.Options{
+		StatsInterval:         statsInterval,
+		RetentionInterval:     retentionInterval,
+		RetainDone:            cfg.Retention.Done,
+		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
+		CheckpointInterval:    checkpointInterval,
+		Commits:               a.relay.Commits(),
+		Watching:              a.relay.Watching,
+		Metrics:               a.metrics,
+		Log:                   log.Named("relay"),
+	})
+	return a, nil
+}
+
+// applySchema does what schema.mode says.
+func applySchema(ctx context.Context, s *claim.Store, mode string, log *zap.Logger) error {
+	switch mode {
+	case config.SchemaAuto:
+		applied, err := s.Migrate(ctx)
+		if err != nil {
+			return err
+		}
+		if len(applied) > 0 {
+			log.Info("applied schema migrations", zap.Ints("versions", applied), zap.String("table", s.Table()))
+		}
+	case config.SchemaVerify:
+		return s.Verify(ctx)
+	case config.SchemaOff:
+		// Nothing is checked, but a missing table would never heal by
+		// waiting: the relay would only retry.
+		if err := s.TableExists(ctx); err != nil {
+			return fmt.Errorf("%w (schema.mode is off, so the relay does not create it: create it, or use schema.mode auto)", err)
+		}
+	}
+	return nil
+}
+
+// Want is what the configuration asks of the stream and the consumer.
+func Want(cfg config.Config) streamsync.Want {
+	s, c := cfg.Stream, cfg.Consumer
+	return streamsync.Want{
+		Stream: s.Name, Subjects: s.Subjects, DuplicateWindow: s.DuplicateWindow,
+		Replicas: s.Replicas, Create: s.Create, SubjectPrefix: s.SubjectPrefix,
+		Durable: c.Durable, MaxDeliver: cfg.Relay.MaxAttempts, AckWait: c.AckWait, CreateConsumer: c.Create,
+	}
+}
+
+func (a *App) want() streamsync.Want { return Want(a.cfg) }
+
+// brokerReady is the relay's outage probe: the broker is connected and, in
+// JetStream mode, the stream exists and captures the relay's subjects. The
+// first time the broker answers, the stream and consumer are reconciled.
+func (a *App) brokerReady(ctx context.Context) error {
+	if err := a.pub.Ready(ctx); err != nil {
+		return err
+	}
+	if a.js == nil {
+		return nil
+	}
+	err := streamsync.ErrNoStream
+	if a.synced.Load() {
+		err = streamsync.Check(ctx, a.js.API(), a.want())
+	}
+	if errors.Is(err, streamsync.ErrNoStream) {
+		// First answer since start, or the stream was deleted meanwhile:
+		// reconcile (and create it, if allowed).
+		if _, err := streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions()); err != nil {
+			return err
+		}
+		a.synced.Store(true)
+		err = streamsync.Check(ctx, a.js.API(), a.want())
+	}
+	return err
+}
+
+func (a *App) syncOptions() streamsync.Options {
+	return streamsync.Options{
+		Log:     a.log.Named("streamsync"),
+		Patched: func(field string) { a.metrics.StreamConfigPatched.WithLabelValues(field).Inc() },
+	}
+}
+
+// Ready is /readyz: the database answers, the broker is connected and the
+// stream takes the relay's subjects. The reason names the part that is not.
+func (a *App) Ready(ctx context.Context) error {
+	if err := a.store.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if err := a.relay.DatabaseError(); err != nil && !errors.Is(err, event.ErrBusy) {
+		// A lock held by the application passes; anything else (a dropped
+		// table, a file that turned read-only) does not heal by waiting.
+		return fmt.Errorf("database: %w", err)
+	}
+	if err := a.relay.Paused(); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	if err := a.pub.Ready(ctx); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	if denied := a.conn.DeniedSubjects(); len(denied) > 0 {
+		return fmt.Errorf("broker: permission denied on subject %s: rows on it are rejected (grant this user publish on %s.>)",
+			strings.Join(denied, ", "), a.cfg.Stream.SubjectPrefix)
+	}
+	if a.js != nil {
+		if err := streamsync.Check(ctx, a.js.API(), a.want()); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+	}
+	return nil
+}
+
+// Live is /healthz: the relay's loops run.
+func (a *App) Live(context.Context) error {
+	if !a.relay.Running() {
+		return errors.New("relay loops are not running")
+	}
+	return nil
+}
+
+// ServeHTTP starts /metrics, /healthz and /readyz on metrics.listen (if
+// set) until stop is called; stop waits for the server to end.
+func (a *App) ServeHTTP() (addr string, stop func(), err error) {
+	if a.cfg.Metrics.Listen == "" {
+		return "", func() {}, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	bound, wait, err := metrics.Serve(ctx, a.cfg.Metrics.Listen, a.metrics.Handler(a.Live, a.Ready, a.relay.Role))
+	if err != nil {
+		cancel()
+		return "", nil, fmt.Errorf("metrics.listen %s: %w", a.cfg.Metrics.Listen, err)
+	}
+	a.log.Info("serving metrics", zap.Stringer("listen", bound))
+	return bound.String(), func() { cancel(); wait() }, nil
+}
+
+// Run serves HTTP, follows the consumer's advisories and runs the relay
+// until ctx ends.
+func (a *App) Run(ctx context.Context) error {
+	_, stop, err := a.ServeHTTP()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if a.js != nil && a.cfg.Consumer.Durable != "" {
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			if err := streamsync.WatchExhausted(watchCtx, a.conn.NC, a.js.API(), a.cfg.Stream.Name, a.cfg.Consumer.Durable, a.onExhausted); err != nil {
+				a.log.Warn("cannot watch max-deliveries advisories", zap.Error(err))
+			}
+		}()
+		defer func() { stopWatch(); <-watchDone }()
+	}
+	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
+		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
+		zap.String("instance", a.store.Instance()), zap.String("version", a.version))
+	return a.RunRelay(ctx)
+}
+
+// RunRelay runs the relay and its housekeeping until ctx ends (see
+// relay.Relay.Run).
+func (a *App) RunRelay(ctx context.Context) error {
+	// Housekeeping runs as long as the relay does.
+	keepCtx, stopKeeping := context.WithCancel(ctx)
+	kept := make(chan struct{})
+	go func() { defer close(kept); a.keeper.Run(keepCtx) }()
+	defer func() { stopKeeping(); <-kept }()
+	return a.relay.Run(ctx)
+}
+
+// Store, Metrics, Relay and NATSURL give the demo what it shows.
+func (a *App) Store() *claim.Store       { return a.store }
+func (a *App) Metrics() *metrics.Metrics { return a.metrics }
+func (a *App) Relay() *relay.Relay       { return a.relay }
+func (a *App) NATSURL() string           { return a.natsURL }
+
+// onExhausted records a message the consumer gave up on: JetStream has no
+// dead-letter queue, so the relay makes it as visible as its own dead
+// letters (log, metric, and a row that dead-letters list --consumer shows).
+func (a *App) onExhausted(e streamsync.Exhausted) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	isNew, err := a.store.RecordExhausted(ctx, claim.Exhausted{
+		EventID: e.EventID, Stream: e.Stream, Consumer: e.Consumer, StreamSeq: e.StreamSeq,
+		Subject: e.Subject, Deliveries: e.Deliveries, ObservedAt: time.Now(),
+	})
+	if err != nil {
+		a.log.Warn("record exhausted message", zap.Uint64("stream_seq", e.StreamSeq), zap.Error(err))
+	}
+	if !isNew && err == nil {
+		return // another relay recorded it
+	}
+	a.metrics.ConsumerExhausted.Inc()
+	fields := []zap.Field{zap.String("event_id", e.EventID), zap.String("stream", e.Stream), zap.String("consumer", e.Consumer),
+		zap.Uint64("stream_seq", e.StreamSeq), zap.String("subject", e.Subject), zap.Int64("deliveries", e.Deliveries)}
+	if e.Err != nil {
+		fields = append(fields, zap.NamedError("read_error", e.Err))
+	}
+	a.log.Error("event exhausted max deliveries", fields...)
+}
+
+// Close releases everything Open opened, in reverse order.
+func (a *App) Close() {
+	if a.conn != nil {
+		a.conn.Close()
+	}
+	if a.store != nil {
+		a.store.Close()
+	}
+	if a.embedded != nil {
+		a.embedded.Shutdown()
+	}
+}

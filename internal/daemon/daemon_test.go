@@ -1,0 +1,89 @@
+package daemon
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// openTest opens an App on a fresh database against n, runs it until the
+// test ends, and returns it.
+func openTest(t *testing.T, n *testenv.NATS, mutate func(*config.Config)) (*App, config.Config) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Database.Path = testenv.NewDB(t)
+	cfg.NATS.URL = n.URL()
+	cfg.Metrics.Listen = ""
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := Open(ctx, cfg, zap.NewNop(), Options{Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		a.Close()
+	})
+	return a, cfg
+}
+
+// TestStreamReconciledWhenItDisappears: the stream is created when the
+// broker first answers; deleted while the relay runs, /readyz says so, and
+// the next row's failed publish makes the relay's probe create it again
+// and publish the row.
+func TestStreamReconciledWhenItDisappears(t *testing.T) {
+	n := testenv.StartNATS(t)
+	a, cfg := openTest(t, n, nil)
+	ctx := context.Background()
+	testenv.Eventually(t, 20*time.Second, "ready once the stream is created", func() bool { return a.Ready(ctx) == nil })
+	js := n.JetStream(t)
+	if err := js.DeleteStream(ctx, cfg.Stream.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Ready(ctx); err == nil {
+		t.Fatal("/readyz passes with the stream deleted")
+	}
+	app := testenv.AppDB(t, cfg.Database.Path)
+	testenv.InsertN(t, app, 1, "AfterDelete")
+	testenv.Eventually(t, 30*time.Second, "the row published into a recreated stream", func() bool {
+		return testenv.Counts(t, app)["done"] == 1
+	})
+	if err := a.Ready(ctx); err != nil {
+		t.Fatalf("/readyz after the stream came back: %v", err)
+	}
+	if err := streamsync.Check(ctx, js, Want(cfg)); err != nil {
+		t.Fatalf("the recreated stream: %v", err)
+	}
+}
+
+// TestExhaustedRecordedOnce: a message a consumer gave up on is recorded,
+// counted and logged once, however many times its advisory arrives.
+func TestExhaustedRecordedOnce(t *testing.T) {
+	n := testenv.StartNATS(t)
+	a, cfg := openTest(t, n, nil)
+	e := streamsync.Exhausted{EventID: "e-1", Stream: cfg.Stream.Name, Consumer: "workers", StreamSeq: 42, Subject: "events.T", Deliveries: 5}
+	a.onExhausted(e)
+	a.onExhausted(e)
+	if got := metrics.Value(a.metrics.ConsumerExhausted); got != 1 {
+		t.Fatalf("consumer_exhausted_total %v after the same advisory twice, want 1", got)
+	}
+	var rows int
+	app := testenv.AppDB(t, cfg.Database.Path)
+	if err := app.QueryRow(`SELECT count(*) FROM outbox_relay_exhausted WHERE stream_seq = 42`).Scan(&rows); err != nil || rows != 1 {
+		t.Fatalf("%d exhausted rows (%v), want 1", rows, err)
+	}
+}
