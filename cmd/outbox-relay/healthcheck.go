@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/demo"
 )
 
 // healthcheckCommand probes a running relay's /healthz, for container
@@ -96,7 +97,7 @@ func (c *cli) demoAppCommand() *cobra.Command {
 				return err
 			}
 			log.Info("demo application writing events", zap.String("database", cfg.Database.Path), zap.Int("rate", rate))
-			n, err := writeDemoEvents(ctx, cfg.Database.Path, cfg.Database.Table, rate, func(err error) {
+			n, err := demo.WriteEvents(ctx, cfg.Database.Path, cfg.Database.Table, rate, func(err error) {
 				log.Warn("demo application write failed", zap.Error(err))
 			})
 			log.Info("demo application stopped", zap.Int64("written", n))
