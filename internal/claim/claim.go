@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -120,7 +122,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	query, after := s.q.takeAfter, any(nil)
 	s.mu.Lock()
 	if rescan := s.rescanDue(now); rescan {
-		query, after = s.q.takeRescan, heldJSON(s.held.ids)
+		query, after = s.q.takeRescan, jsonIDs(maps.Keys(s.held.ids))
 		s.held.nextRescan = time.Now().Add(s.rescan)
 	} else {
 		after = s.held.max
@@ -180,19 +182,6 @@ func (s *Store) InFlight() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.held.ids)
-}
-
-// heldJSON returns ids as a JSON array.
-func heldJSON(ids map[int64]struct{}) string {
-	b := make([]byte, 0, 2+12*len(ids))
-	b = append(b, '[')
-	for id := range ids {
-		if len(b) > 1 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, id, 10)
-	}
-	return string(append(b, ']'))
 }
 
 // readRows reads claimed rows, in id order, and the indexes of those whose
@@ -381,7 +370,13 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) 
 		}
 	}
 	if len(done) > 0 {
-		ids := idsJSON(outs, done)
+		ids := jsonIDs(func(yield func(int64) bool) {
+			for _, i := range done {
+				if !yield(outs[i].Row.ID) {
+					return
+				}
+			}
+		})
 		res, err := tx.ExecContext(ctx, s.q.done, ids, now)
 		if err != nil {
 			return nil, fmt.Errorf("settle rows: %w", err)
@@ -432,19 +427,6 @@ func (s *Store) letGo(outs []event.Outcome, stale []int) {
 	for id := range h.ids {
 		h.max = max(h.max, id)
 	}
-}
-
-// idsJSON returns the row ids of outs at idx as a JSON array.
-func idsJSON(outs []event.Outcome, idx []int) string {
-	ids := make([]byte, 0, 2+12*len(idx))
-	ids = append(ids, '[')
-	for k, i := range idx {
-		if k > 0 {
-			ids = append(ids, ',')
-		}
-		ids = strconv.AppendInt(ids, outs[i].Row.ID, 10)
-	}
-	return string(append(ids, ']'))
 }
 
 // notSettled returns the indexes among idx (whose ids are the JSON array
@@ -577,4 +559,16 @@ func (s *Store) TableExists(ctx context.Context) error {
 		return fmt.Errorf("database %s has no table %s", s.path, s.table)
 	}
 	return nil
+}
+
+// jsonIDs returns ids as a JSON array, for json_each.
+func jsonIDs(ids iter.Seq[int64]) string {
+	b := []byte{'['}
+	for id := range ids {
+		if len(b) > 1 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return string(append(b, ']'))
 }
