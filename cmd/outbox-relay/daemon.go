@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
 )
@@ -99,12 +98,7 @@ func (c *cli) migrateCommand() *cobra.Command {
 				return err
 			}
 			ctx := context.Background()
-			s, err := claim.Open(ctx, claim.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: true})
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			applied, err := s.Migrate(ctx)
+			applied, err := migrate(ctx, cfg)
 			if err != nil {
 				return err
 			}

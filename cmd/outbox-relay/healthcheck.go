@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/demo"
 )
 
@@ -87,13 +86,7 @@ func (c *cli) demoAppCommand() *cobra.Command {
 				return err
 			}
 			defer stop()
-			s, err := claim.Open(ctx, claim.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: true})
-			if err != nil {
-				return err
-			}
-			_, err = s.Migrate(ctx)
-			s.Close()
-			if err != nil {
+			if _, err := migrate(ctx, cfg); err != nil {
 				return err
 			}
 			log.Info("demo application writing events", zap.String("database", cfg.Database.Path), zap.Int("rate", rate))

@@ -13,19 +13,32 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
-// openStore opens database.path for an operator command.
-func (c *cli) openStore(ctx context.Context, readOnly bool) (*claim.Store, config.Config, error) {
+// openDB opens database.path for an operator command.
+func (c *cli) openDB(ctx context.Context, readOnly bool) (*sqlitedb.DB, config.Config, error) {
 	cfg, err := c.loadConfig()
 	if err != nil {
 		return nil, cfg, err
 	}
-	s, err := claim.Open(ctx, claim.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, ReadOnly: readOnly})
+	s, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, ReadOnly: readOnly})
 	return s, cfg, err
+}
+
+// migrate opens database.path, creating the file if it is missing, and
+// applies the relay's migrations; it returns the versions it applied.
+func migrate(ctx context.Context, cfg config.Config) ([]int, error) {
+	s, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: true})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return schema.Migrate(ctx, s)
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -43,12 +56,12 @@ func (c *cli) statusCommand() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			ctx := context.Background()
-			s, cfg, err := c.openStore(ctx, true)
+			s, cfg, err := c.openDB(ctx, true)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			st, err := s.Status(ctx, last)
+			st, err := admin.ReadStatus(ctx, s, last)
 			if err != nil {
 				return err
 			}
@@ -62,7 +75,7 @@ func (c *cli) statusCommand() *cobra.Command {
 					Database      string  `json:"database"`
 					Table         string  `json:"table"`
 					OldestPending float64 `json:"oldest_pending_age_seconds"`
-					claim.Status
+					admin.Status
 				}{cfg.Database.Path, cfg.Database.Table, age, st})
 			}
 			w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
@@ -110,7 +123,7 @@ func rowCounts(rows map[event.Status]int64) string {
 		if !slices.Contains(event.Statuses, status) {
 			other += n
 			name := strconv.Quote(string(status))
-			if status == claim.NullStatus {
+			if status == admin.NullStatus {
 				name = "NULL"
 			}
 			others = append(others, fmt.Sprintf("%s %d", name, n))
@@ -134,7 +147,7 @@ func roundAge(seconds float64) string {
 	return d.Round(time.Second).String()
 }
 
-func printDeadLetters(w io.Writer, dls []claim.DeadLetter) {
+func printDeadLetters(w io.Writer, dls []admin.DeadLetter) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tEVENT_ID\tEVENT_TYPE\tATTEMPTS\tPROCESSED_AT\tLAST_ERROR")
 	for _, d := range dls {
@@ -171,13 +184,13 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 				return usagef("--limit must be at least 1")
 			}
 			ctx := context.Background()
-			s, _, err := c.openStore(ctx, true)
+			s, _, err := c.openDB(ctx, true)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
 			if consumer {
-				ex, err := s.ExhaustedMessages(ctx, limit)
+				ex, err := admin.ExhaustedMessages(ctx, s, limit)
 				if err != nil {
 					return err
 				}
@@ -191,7 +204,7 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 				}
 				return tw.Flush()
 			}
-			dls, err := s.DeadLetters(ctx, limit)
+			dls, err := admin.DeadLetters(ctx, s, limit)
 			if err != nil {
 				return err
 			}
@@ -228,12 +241,12 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 				}
 			}
 			ctx := context.Background()
-			s, _, err := c.openStore(ctx, false)
+			s, _, err := c.openDB(ctx, false)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			n, err := s.Requeue(ctx, all, ids)
+			n, err := admin.Requeue(ctx, s, all, ids)
 			if err != nil {
 				return err
 			}

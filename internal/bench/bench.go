@@ -29,10 +29,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
-	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
 // Options are the bench command's flags.
@@ -712,12 +713,12 @@ func (b *bench) configArgs() []string {
 
 // migrateBenchDB creates a database at path with the relay's schema.
 func migrateBenchDB(ctx context.Context, path string) error {
-	s, err := claim.Open(ctx, claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	s, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	_, err = s.Migrate(ctx)
+	_, err = schema.Migrate(ctx, s)
 	return err
 }
 

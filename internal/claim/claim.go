@@ -1,3 +1,8 @@
+// Package claim owns the relay's rows in flight and the lead: taking due
+// rows (read, held in memory, not written), settling each once when its
+// outcome is known, fenced by the lead in the same transaction, and the
+// heartbeats that say which relay leads and take back rows a dead claimer
+// marked processing.
 package claim
 
 import (
@@ -8,33 +13,59 @@ import (
 	"iter"
 	"maps"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	sqlite3 "github.com/mattn/go-sqlite3"
-
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
+
+// Options tune a Store.
+type Options struct {
+	// Rescan is how often, at least, a claim reads the whole pending index
+	// while rows are in flight (see Store.Claim); DefaultRescan when 0.
+	Rescan time.Duration
+}
+
+// DefaultRescan is Options.Rescan's default.
+const DefaultRescan = time.Second
+
+// Store takes and settles the outbox table's rows on db, and heartbeats
+// for this relay. Its rows in flight are its own: one Store per relay.
+type Store struct {
+	db           *sqlitedb.DB
+	instance     string
+	leads        atomic.Bool // this relay led at its latest heartbeat
+	q            queries
+	lastBeat     time.Time // the last committed heartbeat; one heartbeat loop per store
+	beatingSince time.Time // since when heartbeats have been on time
+
+	registered atomic.Bool   // a heartbeat committed: settles are fenced by the lead
+	rescan     time.Duration // a claim reads the whole pending index at least this often
+
+	mu   sync.Mutex
+	held held // the rows in flight (see Claim)
+}
+
+// New returns a Store on db, with a new instance id. It does not touch the
+// schema; closing db is the caller's.
+func New(db *sqlitedb.DB, opts Options) *Store {
+	s := &Store{db: db, instance: event.NewID(), q: newQueries(db.Table()), rescan: opts.Rescan}
+	s.held.ids = map[int64]struct{}{}
+	if s.rescan <= 0 {
+		s.rescan = DefaultRescan
+	}
+	return s
+}
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
 	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release, reclaim string
-}
-
-// dueSQL is true for a pending row whose time has come (param is now in
-// Unix milliseconds). A NULL available_at (a legacy row, or an explicit
-// NULL) means now, and so does a value that is no time: such a row is taken
-// so that it is dealt with (published, or dead-lettered with the reason)
-// instead of waiting unseen forever. SQLite's own date-time text counts as
-// the time it names. An integer available_at, the relay's own, is decided
-// by the first comparison.
-func dueSQL(param string) string {
-	return fmt.Sprintf(`(available_at <= %[1]s OR (typeof(available_at) NOT IN ('integer', 'real') AND coalesce(%[2]s, 0) <= %[1]s))`,
-		param, msSQL("available_at"))
 }
 
 // pendingRow is the condition of every settle write: the row is still
@@ -53,12 +84,12 @@ WHERE id IN (SELECT id FROM (
 	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
 		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s WHERE status = 'pending' AND %[5]s AND %[2]s ORDER BY id LIMIT ?3))
 	WHERE before < ?4)
-ORDER BY id`, t, dueSQL("?2"), msSQL("created_at"), msSQL("available_at"), cond)
+ORDER BY id`, t, schema.DueSQL("?2"), schema.MsSQL("created_at"), schema.MsSQL("available_at"), cond)
 }
 
 func newQueries(t string) queries {
 	return queries{
-		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND %s)`, t, dueSQL("?1")),
+		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND %s)`, t, schema.DueSQL("?1")),
 		// Past the highest row in flight (the pending index's range).
 		takeAfter: takeSQL(t, `id > ?1`),
 		// Anywhere, except the rows in flight (a JSON array of ids).
@@ -78,7 +109,7 @@ func newQueries(t string) queries {
 WHERE status = 'processing' AND (
 	claimed_at IS NULL OR claimed_at < ?1
 	OR (claimed_by IS NOT NULL AND claimed_by <> ?2
-		AND claimed_by NOT IN (SELECT instance_id FROM `+InstancesTable+` WHERE heartbeat_at >= ?3)))`, t),
+		AND claimed_by NOT IN (SELECT instance_id FROM `+schema.InstancesTable+` WHERE heartbeat_at >= ?3)))`, t),
 	}
 }
 
@@ -115,10 +146,10 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		maxBytes = math.MaxInt64
 	}
 	// Publish nothing from a file the application no longer writes.
-	if err := s.sameFile(); err != nil {
+	if err := s.db.SameFile(); err != nil {
 		return nil, err
 	}
-	now := s.dueMs()
+	now := s.db.DueMs()
 	query, after := s.q.takeAfter, any(nil)
 	s.mu.Lock()
 	if rescan := s.rescanDue(now); rescan {
@@ -130,11 +161,11 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	s.mu.Unlock()
 	// A context that cannot be cancelled lets go-sqlite3 read each row in
 	// one cgo call; the read is short and holds no lock.
-	rows, err := s.read.QueryContext(context.WithoutCancel(ctx), query, after, now, limit, maxBytes)
+	rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, limit, maxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
-	out, noID, err := readRows(rows, nowMs())
+	out, noID, err := readRows(rows, sqlitedb.NowMs())
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
@@ -232,7 +263,7 @@ func readRows(rows *sql.Rows, now int64) (out []event.Row, noID []int, err error
 // publish again after a crash carries the same Nats-Msg-Id. The id is
 // written only where the row still has none; what the row holds is used.
 func (s *Store) assignIDs(ctx context.Context, rows []event.Row, noID []int) error {
-	tx, err := s.begin(ctx)
+	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("assign event ids: %w", err)
 	}
@@ -297,7 +328,7 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 	if len(outs) == 0 {
 		return nil, nil
 	}
-	tx, err := s.begin(ctx)
+	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("settle rows: %w", err)
 	}
@@ -322,7 +353,7 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) 
 		}
 		return stale, nil
 	}
-	now, due := nowMs(), s.dueMs()
+	now, due := sqlitedb.NowMs(), s.db.DueMs()
 	stmts := map[event.Settlement]*sql.Stmt{}
 	defer func() {
 		for _, st := range stmts {
@@ -393,20 +424,6 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) 
 	return stale, nil
 }
 
-// leadsIn reports whether this store may write settlements: it has never
-// heartbeated (a store used on its own), or it is the leader now.
-func (s *Store) leadsIn(ctx context.Context, tx *sql.Tx) (bool, error) {
-	if !s.registered.Load() {
-		return true, nil
-	}
-	var leader string
-	err := tx.QueryRowContext(ctx, leaderSQL).Scan(&leader)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
-	}
-	return leader == s.instance, err
-}
-
 // letGo forgets settled rows as in flight and remembers when the rows it
 // deferred become due.
 func (s *Store) letGo(outs []event.Outcome, stale []int) {
@@ -452,113 +469,6 @@ func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome
 		}
 	}
 	return lost, rows.Err()
-}
-
-// Heartbeat records that this instance is alive, with how many rows it
-// has in flight, and makes rows marked processing by a writing claimer
-// reclaimable whose lease expired or whose owner stopped heartbeating for
-// staleAfter; it removes such owners' heartbeat rows, and with them their
-// lead. It returns how many rows went back to pending. From the first
-// heartbeat on, Settle writes only while this store leads.
-//
-// Another relay is judged dead only when this one has itself been
-// heartbeating on time for a whole staleAfter: a heartbeat held up for a
-// third of staleAfter (waiting for the lock, or following a late one) means
-// the application likely held the write lock, every relay's heartbeat
-// waited too, and their silence proves nothing until they have had as long
-// again to catch up.
-func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error) {
-	defer func() { err = NotWritable(s.path, err) }()
-	host, _ := os.Hostname()
-	asked := time.Now()
-	tx, err := s.begin(ctx) // BEGIN IMMEDIATE: waits for the lock
-	if err != nil {
-		return 0, fmt.Errorf("heartbeat: %w", err)
-	}
-	defer tx.Rollback()
-	now := nowMs() // taken with the lock held, so it is not already late
-	heldUp := time.Since(asked) > staleAfter/3 || (!s.lastBeat.IsZero() && time.Since(s.lastBeat) > staleAfter/3)
-	if heldUp || s.beatingSince.IsZero() {
-		s.beatingSince = time.UnixMilli(now)
-	}
-	// Judge others only after beating on time for a whole staleness window
-	// ourselves: then a silent relay was silent while the lock was to be had.
-	judge := !heldUp && time.UnixMilli(now).Sub(s.beatingSince) >= staleAfter
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight)
-VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6)
-ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in_flight = excluded.in_flight`,
-		s.instance, now, host, os.Getpid(), version, s.InFlight()); err != nil {
-		return 0, fmt.Errorf("heartbeat: %w", err)
-	}
-	staleBefore := now - staleAfter.Milliseconds()
-	if !judge {
-		staleBefore = 0 // judge nobody dead this round; expired leases still count
-	}
-	res, err := tx.ExecContext(ctx, s.q.reclaim, now-lease.Milliseconds(), s.instance, staleBefore)
-	if err != nil {
-		return 0, fmt.Errorf("reclaim rows: %w", err)
-	}
-	reclaimed, _ = res.RowsAffected()
-	if _, err := tx.ExecContext(ctx, `DELETE FROM `+InstancesTable+` WHERE heartbeat_at < ?`, staleBefore); err != nil {
-		return 0, fmt.Errorf("heartbeat: %w", err)
-	}
-	var leader string
-	if err := tx.QueryRowContext(ctx, leaderSQL).Scan(&leader); err != nil {
-		return 0, fmt.Errorf("heartbeat: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("heartbeat: %w", err)
-	}
-	s.lastBeat = time.UnixMilli(now)
-	s.registered.Store(true)
-	s.leads.Store(leader == s.instance)
-	if reclaimed > 0 {
-		s.Rescan()
-	}
-	return reclaimed, nil
-}
-
-// leaderSQL names the relay that leads: the longest-running one among the
-// heartbeat rows. A relay that stops heartbeating loses its row (and the
-// lead) once another has judged it dead (see Heartbeat), so a standby
-// takes over in about the time crash recovery takes.
-const leaderSQL = `SELECT instance_id FROM ` + InstancesTable + ` ORDER BY started_at, instance_id LIMIT 1`
-
-// Leads reports whether this relay led at its latest heartbeat. Only the
-// leader claims rows; the others stand by.
-func (s *Store) Leads() bool { return s.leads.Load() }
-
-// NotWritable marks err with event.ErrNotWritable when SQLite says this
-// process may not write the file at path, naming what the relay needs.
-func NotWritable(path string, err error) error {
-	var se sqlite3.Error
-	if !errors.As(err, &se) || (se.Code != sqlite3.ErrReadonly && se.Code != sqlite3.ErrPerm && se.Code != sqlite3.ErrCantOpen) {
-		return err
-	}
-	return fmt.Errorf("%w: %s: %w (the relay runs as uid %d and needs to write the file, its -wal and -shm files and their directory %s)",
-		event.ErrNotWritable, path, err, os.Geteuid(), filepath.Dir(path))
-}
-
-// Leave removes this instance's heartbeat row, and with it the lead; call
-// it after the rows in flight have been settled.
-func (s *Store) Leave(ctx context.Context) error {
-	if _, err := s.exec(ctx, `DELETE FROM `+InstancesTable+` WHERE instance_id = ?`, s.instance); err != nil {
-		return fmt.Errorf("remove instance: %w", err)
-	}
-	return nil
-}
-
-// TableExists returns an error naming the outbox table when the file has
-// no such table.
-func (s *Store) TableExists(ctx context.Context) error {
-	ok, err := objectExists(ctx, s.read, "table", s.table)
-	if err != nil {
-		return fmt.Errorf("look for table %s: %w", s.table, err)
-	}
-	if !ok {
-		return fmt.Errorf("database %s has no table %s", s.path, s.table)
-	}
-	return nil
 }
 
 // jsonIDs returns ids as a JSON array, for json_each.

@@ -11,53 +11,30 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 var uuidRe = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
-// newStore opens a migrated store on a new file.
+// newStore returns a Store on a new migrated database.
 func newStore(t testing.TB) *Store {
 	t.Helper()
-	s := openStore(t, filepath.Join(t.TempDir(), "app.db"), true)
-	if _, err := s.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return New(testenv.MigratedDB(t), Options{})
 }
 
-func openStore(t testing.TB, path string, create bool) *Store {
+// openStore returns a Store on the database at path: another relay's.
+func openStore(t testing.TB, path string) *Store {
 	t.Helper()
-	s, err := Open(context.Background(), Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: create})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-// appDB is the application's own connection to the file.
-func appDB(t testing.TB, path string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000&_txlock=immediate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-func exec1(t testing.TB, db *sql.DB, q string, args ...any) {
-	t.Helper()
-	if _, err := db.Exec(q, args...); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
+	return New(testenv.OpenDB(t, path), Options{})
 }
 
 // claimed opens a fresh store whose application inserts n pending rows,
@@ -65,239 +42,13 @@ func exec1(t testing.TB, db *sql.DB, q string, args ...any) {
 func claimed(t *testing.T, n int) (*Store, *sql.DB, []event.Row) {
 	t.Helper()
 	s := newStore(t)
-	db := appDB(t, s.Path())
-	insertRows(t, db, n, "pending")
+	db := testenv.AppDB(t, s.db.Path())
+	testenv.InsertRows(t, db, n, "pending")
 	rows, err := s.Claim(context.Background(), n, 0)
 	if err != nil || len(rows) != n {
 		t.Fatal(rows, err)
 	}
 	return s, db, rows
-}
-
-func insertRows(t testing.TB, db *sql.DB, n int, status string) {
-	t.Helper()
-	tx, err := db.Begin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := tx.Prepare(`INSERT INTO event_queue (event_id, event_type, payload, status) VALUES (?, 'Thing', x'00ff', ?)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < n; i++ {
-		if _, err := st.Exec(event.NewID(), status); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st.Close()
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestOpenMissingDatabase(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "nope.db")
-	_, err := Open(context.Background(), Options{Path: path, Table: "event_queue"})
-	if !errors.Is(err, ErrNoDatabase) || !strings.Contains(err.Error(), path) {
-		t.Fatalf("Open of a missing file = %v; want ErrNoDatabase naming the path", err)
-	}
-	if _, err := os.Stat(path); !os.IsNotExist(err) {
-		t.Fatal("Open without Create created the file")
-	}
-}
-
-func TestOpenNotADatabase(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "junk.db")
-	if err := os.WriteFile(path, []byte(strings.Repeat("not sqlite ", 1000)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	_, err := Open(context.Background(), Options{Path: path, Table: "event_queue"})
-	if err == nil || !strings.Contains(err.Error(), "not a database") {
-		t.Fatalf("Open of a junk file = %v; want 'not a database'", err)
-	}
-}
-
-func TestMigrateFreshAndIdempotent(t *testing.T) {
-	ctx := context.Background()
-	s := openStore(t, filepath.Join(t.TempDir(), "app.db"), true)
-	if err := s.Verify(ctx); !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), "table event_queue") {
-		t.Fatalf("Verify before migrate = %v", err)
-	}
-	applied, err := s.Migrate(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fmt.Sprint(applied) != "[101 102 103 104]" {
-		t.Fatalf("applied %v", applied)
-	}
-	if err := s.Verify(ctx); err != nil {
-		t.Fatalf("Verify after migrate: %v", err)
-	}
-	applied, err = s.Migrate(ctx)
-	if err != nil || len(applied) != 0 {
-		t.Fatalf("second Migrate applied %v, %v", applied, err)
-	}
-}
-
-func TestVerifyNamesEveryMissingPiece(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "app.db")
-	db := appDB(t, path)
-	exec1(t, db, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB NOT NULL,
-		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, available_at INTEGER NOT NULL DEFAULT 0,
-		created_at INTEGER NOT NULL DEFAULT 0, processed_at INTEGER, last_error TEXT)`)
-	s := openStore(t, path, false)
-	err := s.Verify(context.Background())
-	for _, want := range []string{"column event_queue.event_id", "column event_queue.claimed_at", "column event_queue.claimed_by",
-		"index event_queue_event_id", "index event_queue_pending", "table processed_events", "table " + InstancesTable, "table " + ExhaustedTable} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Verify error %v does not name %s", err, want)
-		}
-	}
-}
-
-// legacyTable is an event_queue from before migration 101.
-const legacyTable = `CREATE TABLE event_queue (
-	id INTEGER PRIMARY KEY,
-	event_type TEXT NOT NULL,
-	payload BLOB NOT NULL,
-	status TEXT NOT NULL DEFAULT 'pending',
-	attempts INTEGER NOT NULL DEFAULT 0,
-	available_at INTEGER NOT NULL DEFAULT 0,
-	created_at INTEGER NOT NULL DEFAULT 0,
-	processed_at INTEGER,
-	last_error TEXT)`
-
-func TestMigrateLegacyBackfillsDistinctIDs(t *testing.T) {
-	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "app.db")
-	db := appDB(t, path)
-	exec1(t, db, legacyTable)
-	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000)
-		INSERT INTO event_queue (event_type, payload, status) SELECT 'Legacy', 'p' || i, CASE WHEN i % 2 = 0 THEN 'done' ELSE 'pending' END FROM n`)
-	s := openStore(t, path, false)
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := db.Query(`SELECT event_id FROM event_queue`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for rows.Next() {
-		var id sql.NullString
-		rows.Scan(&id)
-		if !id.Valid || !uuidRe.MatchString(id.String) {
-			t.Fatalf("row without a UUID: %v", id)
-		}
-		if seen[id.String] {
-			t.Fatalf("event id %s given twice", id.String)
-		}
-		seen[id.String] = true
-	}
-	rows.Close()
-	if len(seen) != 5000 {
-		t.Fatalf("%d ids, want 5000", len(seen))
-	}
-	if _, err := db.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'X', 'x')`, firstKey(seen)); err == nil {
-		t.Fatal("duplicate event_id accepted: no unique index")
-	}
-	if err := s.Verify(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func firstKey(m map[string]bool) string {
-	for k := range m {
-		return k
-	}
-	return ""
-}
-
-func TestMigrateRefusesForeignTable(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "app.db")
-	exec1(t, appDB(t, path), `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, body TEXT)`)
-	s := openStore(t, path, false)
-	_, err := s.Migrate(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "lacks column(s) event_type, payload, status") {
-		t.Fatalf("Migrate on a foreign table = %v", err)
-	}
-}
-
-// TestMigrationRace migrates the same new file from several independent
-// connections at once, then from two processes at once.
-func TestMigrationRace(t *testing.T) {
-	for round := 0; round < 5; round++ {
-		path := filepath.Join(t.TempDir(), "app.db")
-		var wg sync.WaitGroup
-		errs := make([]error, 4)
-		for i := range errs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s, err := Open(context.Background(), Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				defer s.Close()
-				_, errs[i] = s.Migrate(context.Background())
-			}()
-		}
-		wg.Wait()
-		for i, err := range errs {
-			if err != nil {
-				t.Fatalf("round %d migrator %d: %v", round, i, err)
-			}
-		}
-		assertMigratedOnce(t, path)
-	}
-	path := filepath.Join(t.TempDir(), "app.db")
-	var procs []*exec.Cmd
-	outs := make([]strings.Builder, 2)
-	for i := 0; i < 2; i++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperMigrate$")
-		cmd.Env = append(os.Environ(), "CLAIM_HELPER_MIGRATE="+path)
-		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, cmd)
-	}
-	for i, p := range procs {
-		if err := p.Wait(); err != nil {
-			t.Logf("output: %s", outs[i].String())
-			t.Fatalf("migrating process %d: %v", i, err)
-		}
-	}
-	assertMigratedOnce(t, path)
-}
-
-// TestHelperMigrate is the child process of TestMigrationRace.
-func TestHelperMigrate(t *testing.T) {
-	path := os.Getenv("CLAIM_HELPER_MIGRATE")
-	if path == "" {
-		t.Skip("helper process only")
-	}
-	s, err := Open(context.Background(), Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func assertMigratedOnce(t *testing.T, path string) {
-	t.Helper()
-	s := openStore(t, path, false)
-	got, err := s.AppliedMigrations(context.Background())
-	if err != nil || fmt.Sprint(got) != "[101 102 103 104]" {
-		t.Fatalf("migrations recorded %v, %v", got, err)
-	}
-	if err := s.Verify(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestMinimalInsertFromSQLiteShell runs the application's minimal insert
@@ -313,7 +64,7 @@ func TestMinimalInsertFromSQLiteShell(t *testing.T) {
 	}
 	s := newStore(t)
 	before := time.Now().UnixMilli()
-	out, err := exec.Command(shell, s.Path(), `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('6f1c8f0e-5d7a-4b8e-9c1d-2a3b4c5d6e7f', 'ReviewLogged', '{"a":1}'); SELECT sqlite_version();`).CombinedOutput()
+	out, err := exec.Command(shell, s.db.Path(), `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('6f1c8f0e-5d7a-4b8e-9c1d-2a3b4c5d6e7f', 'ReviewLogged', '{"a":1}'); SELECT sqlite_version();`).CombinedOutput()
 	if err != nil {
 		t.Fatalf("sqlite3 shell: %v: %s", err, out)
 	}
@@ -347,7 +98,7 @@ func TestMinimalInsertOnOldSQLite(t *testing.T) {
 	}
 	s := newStore(t)
 	before := time.Now().UnixMilli()
-	out, err := exec.Command(bin, "-db", s.Path()).Output()
+	out, err := exec.Command(bin, "-db", s.db.Path()).Output()
 	if err != nil {
 		t.Fatalf("minimal insert on old SQLite: %v", err)
 	}
@@ -377,14 +128,14 @@ func TestMinimalInsertOnOldSQLite(t *testing.T) {
 func TestClaimDueRowsInOrder(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
-	db := appDB(t, s.Path())
+	db := testenv.AppDB(t, s.db.Path())
 	future := time.Now().Add(time.Hour).UnixMilli()
-	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (1, 'a', 'T', 'p1')`)
-	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, available_at) VALUES (2, 'b', 'T', 'p2', ?)`, future)
-	exec1(t, db, `INSERT INTO event_queue (id, event_type, payload) VALUES (3, 'T', 'p3')`)
-	exec1(t, db, `INSERT INTO event_queue (id, event_type, payload) VALUES (4, 'T', 'p4')`)
-	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status) VALUES (5, 'e', 'T', 'p5', 'done')`)
-	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (6, 'f', 'T', 'p6')`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (1, 'a', 'T', 'p1')`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, available_at) VALUES (2, 'b', 'T', 'p2', ?)`, future)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_type, payload) VALUES (3, 'T', 'p3')`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_type, payload) VALUES (4, 'T', 'p4')`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status) VALUES (5, 'e', 'T', 'p5', 'done')`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (6, 'f', 'T', 'p6')`)
 
 	rows, err := s.Claim(ctx, 3, 0)
 	if err != nil {
@@ -417,7 +168,7 @@ func TestClaimDueRowsInOrder(t *testing.T) {
 // queryPlan returns EXPLAIN QUERY PLAN's details for q.
 func queryPlan(t testing.TB, s *Store, q string, args ...any) string {
 	t.Helper()
-	rows, err := s.read.Query(`EXPLAIN QUERY PLAN `+q, args...)
+	rows, err := s.db.Reader().Query(`EXPLAIN QUERY PLAN `+q, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,11 +190,11 @@ func queryPlan(t testing.TB, s *Store, q string, args ...any) string {
 // and the reclaim walks the processing index: neither touches done rows.
 func TestClaimCostFollowsTheBatch(t *testing.T) {
 	s := newStore(t)
-	db := appDB(t, s.Path())
-	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000)
+	db := testenv.AppDB(t, s.db.Path())
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000)
 		INSERT INTO event_queue (event_id, event_type, payload, status, processed_at) SELECT 'done-' || i, 'T', 'x', 'done', 1 FROM n`)
-	insertRows(t, db, 1000, "pending")
-	exec1(t, db, `ANALYZE`)
+	testenv.InsertRows(t, db, 1000, "pending")
+	testenv.MustExec(t, db, `ANALYZE`)
 	now := time.Now().UnixMilli()
 	claimSub := regexp.MustCompile(`(?s)SELECT id, coalesce\(octet_length\(payload\), 0\) AS len FROM .*? LIMIT \?3`).FindString(s.q.takeAfter)
 	plan := queryPlan(t, s, claimSub, 0, now, 100)
@@ -454,7 +205,7 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	if !strings.Contains(plan, "USING INDEX event_queue_processing") || strings.Contains(plan, "SCAN event_queue\x00") {
 		t.Errorf("reclaim plan %q: want the processing index", plan)
 	}
-	b, err := s.Backlog(context.Background())
+	b, err := housekeeping.Backlog(context.Background(), s.db)
 	if err != nil || b.Pending != 1000 {
 		t.Fatalf("backlog %+v %v", b, err)
 	}
@@ -470,10 +221,11 @@ func benchStore(b *testing.B, done, pending int) *Store {
 	b.Helper()
 	s := newStore(b)
 	ctx := context.Background()
-	if err := benchkit.Seed(ctx, s.write, s.table, done, 256, "done"); err != nil {
+	app := testenv.AppDB(b, s.db.Path())
+	if err := benchkit.Seed(ctx, app, "event_queue", done, 256, "done"); err != nil {
 		b.Fatal(err)
 	}
-	if err := benchkit.Seed(ctx, s.write, s.table, pending, 256, "pending"); err != nil {
+	if err := benchkit.Seed(ctx, app, "event_queue", pending, 256, "pending"); err != nil {
 		b.Fatal(err)
 	}
 	return s
@@ -507,12 +259,12 @@ func BenchmarkClaim(b *testing.B) {
 // at a trickle, where every claim finds the page caches stale.
 func BenchmarkClaimTrickle(b *testing.B) {
 	s := benchStore(b, 100_000, 0)
-	app := appDB(b, s.Path())
+	app := testenv.AppDB(b, s.db.Path())
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		exec1(b, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Thing', randomblob(256))`, event.NewID())
+		testenv.MustExec(b, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Thing', randomblob(256))`, event.NewID())
 		b.StartTimer()
 		rows, err := s.Claim(ctx, 1000, 0)
 		if err != nil || len(rows) != 1 {
@@ -540,7 +292,7 @@ func BenchmarkSettle(b *testing.B) {
 			b.Fatal(err)
 		}
 		if len(rows) < batch {
-			if _, err := s.write.Exec(`UPDATE event_queue SET status = 'pending', processed_at = NULL`); err != nil {
+			if _, err := s.db.Exec(ctx, `UPDATE event_queue SET status = 'pending', processed_at = NULL`); err != nil {
 				b.Fatal(err)
 			}
 			s.forget()
@@ -620,9 +372,9 @@ func TestSettleOutcomes(t *testing.T) {
 func TestSettleIsFencedByTheLead(t *testing.T) {
 	ctx := context.Background()
 	a := newStore(t)
-	b := openStore(t, a.Path(), false)
-	db := appDB(t, a.Path())
-	insertRows(t, db, 2, "pending")
+	b := openStore(t, a.db.Path())
+	db := testenv.AppDB(t, a.db.Path())
+	testenv.InsertRows(t, db, 2, "pending")
 	for _, s := range []*Store{a, b} {
 		if _, err := s.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil {
 			t.Fatal(err)
@@ -638,7 +390,7 @@ func TestSettleIsFencedByTheLead(t *testing.T) {
 	}
 	// a is paused past the staleness window; b, beating on time, judges it
 	// dead and leads.
-	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 120000 WHERE instance_id = ?`, a.Instance())
+	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 120000 WHERE instance_id = ?`, a.Instance())
 	b.beatingSince = time.Now().Add(-2 * time.Minute)
 	if _, err := b.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil || !b.Leads() {
 		t.Fatalf("b leads %v (%v) after a went silent", b.Leads(), err)
@@ -665,32 +417,18 @@ func TestSettleIsFencedByTheLead(t *testing.T) {
 	}
 }
 
-// legacyClaim marks up to n pending rows processing for owner, as a
-// claimer that writes its claims does (an older relay, or another
-// implementation of the same design), and returns how many it took.
-func legacyClaim(t *testing.T, db *sql.DB, owner string, n int) int64 {
-	t.Helper()
-	res, err := db.Exec(`UPDATE event_queue SET status = 'processing', claimed_at = ?, claimed_by = ?
-WHERE id IN (SELECT id FROM event_queue WHERE status = 'pending' ORDER BY id LIMIT ?)`, time.Now().UnixMilli(), owner, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, _ := res.RowsAffected()
-	return k
-}
-
 func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 	ctx := context.Background()
 	live := newStore(t)
-	dead := openStore(t, live.Path(), false)
-	other := openStore(t, live.Path(), false)
-	db := appDB(t, live.Path())
-	insertRows(t, db, 6, "pending")
+	dead := openStore(t, live.db.Path())
+	other := openStore(t, live.db.Path())
+	db := testenv.AppDB(t, live.db.Path())
+	testenv.InsertRows(t, db, 6, "pending")
 	for _, s := range []*Store{live, dead} {
 		if _, err := s.Heartbeat(ctx, "test", time.Hour, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if n := legacyClaim(t, db, s.Instance(), 3); n != 3 {
+		if n := testenv.LegacyClaim(t, db, s.Instance(), 3); n != 3 {
 			t.Fatal(n)
 		}
 	}
@@ -700,7 +438,7 @@ func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 	}
 	// dead stops heartbeating (kill -9): its claims come back at once, to a
 	// relay that has been heartbeating on time for a staleness window.
-	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 60000 WHERE instance_id = ?`, dead.Instance())
+	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 60000 WHERE instance_id = ?`, dead.Instance())
 	other.beatingSince = time.Now().Add(-time.Minute)
 	n, err := other.Heartbeat(ctx, "test", time.Hour, 5*time.Second)
 	if err != nil || n != 3 {
@@ -709,14 +447,14 @@ func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 	var pending, liveHeld, instances int
 	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'pending'`).Scan(&pending)
 	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'processing' AND claimed_by = ?`, live.Instance()).Scan(&liveHeld)
-	db.QueryRow(`SELECT count(*) FROM ` + InstancesTable).Scan(&instances)
+	db.QueryRow(`SELECT count(*) FROM ` + schema.InstancesTable).Scan(&instances)
 	if pending != 3 || liveHeld != 3 || instances != 2 {
 		t.Fatalf("pending %d, live holds %d, instances %d; want 3, 3, 2", pending, liveHeld, instances)
 	}
 	if err := live.Leave(ctx); err != nil {
 		t.Fatal(err)
 	}
-	db.QueryRow(`SELECT count(*) FROM ` + InstancesTable).Scan(&instances)
+	db.QueryRow(`SELECT count(*) FROM ` + schema.InstancesTable).Scan(&instances)
 	if instances != 1 {
 		t.Fatalf("%d instances after Leave", instances)
 	}
@@ -728,7 +466,7 @@ func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 func TestClaimsNeverRepeatRowsInFlight(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
-	insertRows(t, appDB(t, s.Path()), 2000, "pending")
+	testenv.InsertRows(t, testenv.AppDB(t, s.db.Path()), 2000, "pending")
 	seen := map[int64]int{}
 	var all []event.Row
 	for {
@@ -769,9 +507,9 @@ func TestClaimsNeverRepeatRowsInFlight(t *testing.T) {
 // or not rows are in flight.
 func TestRowIDReuseIsSeen(t *testing.T) {
 	ctx := context.Background()
-	path, db := legacyDB(t, 10) // INTEGER PRIMARY KEY without AUTOINCREMENT
-	s := openStore(t, path, false)
-	if _, err := s.Migrate(ctx); err != nil {
+	path, db := testenv.LegacyDB(t, 10) // INTEGER PRIMARY KEY without AUTOINCREMENT
+	s := openStore(t, path)
+	if _, err := schema.Migrate(ctx, s.db); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := s.Claim(ctx, 10, 0)
@@ -786,8 +524,8 @@ func TestRowIDReuseIsSeen(t *testing.T) {
 	if stale, err := s.Settle(ctx, outs); err != nil || len(stale) != 0 {
 		t.Fatal(stale, err)
 	}
-	exec1(t, db, `DELETE FROM event_queue WHERE status = 'done'`)
-	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('reused-1', 'T', 'x', 0)`)
+	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE status = 'done'`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('reused-1', 'T', 'x', 0)`)
 	got, err := s.Claim(ctx, 10, 0)
 	if err != nil || len(got) != 1 || got[0].EventID != "reused-1" || got[0].ID != 6 {
 		t.Fatalf("claimed %+v (%v), want the new row with the reused id 6", got, err)
@@ -800,8 +538,8 @@ func TestRowIDReuseIsSeen(t *testing.T) {
 	if stale, err := s.Settle(ctx, outs); err != nil || len(stale) != 0 {
 		t.Fatal(stale, err)
 	}
-	exec1(t, db, `DELETE FROM event_queue`)
-	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('reused-2', 'T', 'x', 0)`)
+	testenv.MustExec(t, db, `DELETE FROM event_queue`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('reused-2', 'T', 'x', 0)`)
 	got, err = s.Claim(ctx, 10, 0)
 	if err != nil || len(got) != 1 || got[0].EventID != "reused-2" || got[0].ID != 1 {
 		t.Fatalf("claimed %+v (%v), want the new row with the reused id 1", got, err)
@@ -816,20 +554,18 @@ func TestDeferredRowsBelowInFlightAreClaimedWhenDue(t *testing.T) {
 	now := time.Now()
 	var offset atomic.Int64 // the due clock's lead over the wall clock
 	clock := event.NewClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
-	path := filepath.Join(t.TempDir(), "app.db")
-	s, err := Open(ctx, Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true, Clock: clock, Rescan: time.Hour})
+	path := testenv.NewDB(t)
+	d, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	db := appDB(t, path)
+	defer d.Close()
+	s := New(d, Options{Rescan: time.Hour})
+	db := testenv.AppDB(t, path)
 	later := now.Add(time.Minute).UnixMilli()
-	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (1, 'retried', 'T', 'x'), (2, 'held', 'T', 'x')`)
-	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, available_at) VALUES (3, 'scheduled', 'T', 'x', ?)`, later)
-	exec1(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (4, 'held-too', 'T', 'x')`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (1, 'retried', 'T', 'x'), (2, 'held', 'T', 'x')`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, available_at) VALUES (3, 'scheduled', 'T', 'x', ?)`, later)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (4, 'held-too', 'T', 'x')`)
 	rows, err := s.Claim(ctx, 10, 0)
 	if err != nil || len(rows) != 3 {
 		t.Fatal(rows, err)
@@ -857,170 +593,22 @@ func TestDeferredRowsBelowInFlightAreClaimedWhenDue(t *testing.T) {
 	}
 }
 
-// startWatch runs Watch with an hour-long fallback poll (only the file
-// notification can wake it) and returns once it has seen a commit of db:
-// from then on it is watching, whatever the scheduler did.
-func startWatch(t *testing.T, s *Store, db *sql.DB) (wake chan struct{}, stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	wake = make(chan struct{}, 1)
-	done := make(chan error, 1)
-	go func() { done <- s.Watch(ctx, time.Hour, wake) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for woke := false; !woke; {
-		if time.Now().After(deadline) {
-			t.Fatal("the watch never woke for a commit")
-		}
-		insertRows(t, db, 1, "pending")
-		select {
-		case <-wake:
-			woke = true
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return wake, func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func TestWatchSeesForeignCommits(t *testing.T) {
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	wake, stop := startWatch(t, s, db)
-	defer stop()
-	select {
-	case <-wake:
-		t.Fatal("woke without a commit")
-	case <-time.After(200 * time.Millisecond):
-	}
-	insertRows(t, db, 1, "pending")
-	select {
-	case <-wake:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no wake-up after a commit")
-	}
-}
-
-func TestBacklog(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	insertRows(t, db, 3, "done")
-	exec1(t, db, `INSERT INTO event_queue (event_type, payload, created_at) VALUES ('T', 'x', 1000)`)
-	insertRows(t, db, 4, "pending")
-	insertRows(t, db, 2, "dead_lettered")
-	if n := legacyClaim(t, db, "an-older-relay", 2); n != 2 {
-		t.Fatal(n)
-	}
-	b, err := s.Backlog(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b.Pending != 3 || b.Processing != 2 || b.DeadLettered != 2 {
-		t.Fatalf("backlog %+v", b)
-	}
-	// The oldest pending row is the 4th inserted (the first two pending were claimed).
-	var want int64
-	db.QueryRow(`SELECT created_at FROM event_queue WHERE status = 'pending' ORDER BY id LIMIT 1`).Scan(&want)
-	if b.OldestPending.UnixMilli() != want {
-		t.Fatalf("oldest pending %v, want %d", b.OldestPending, want)
-	}
-}
-
-// TestPruneLeavesTheApplicationAlone deletes 100,000 old done rows while an
-// application writes; pruning completes, keeps everything else, and the
-// writer's commits go on between the prune's short transactions (its
-// longest wait is logged; a test does not judge timing).
-func TestPruneLeavesTheApplicationAlone(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	old := time.Now().Add(-8 * 24 * time.Hour).UnixMilli()
-	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
-		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
-	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at, last_error) VALUES ('old-dead', 'T', 'x', 'dead_lettered', ?1, ?1, 'kept')`, old)
-	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, created_at) VALUES ('old-pending', 'T', 'x', ?1)`, old)
-	insertRows(t, db, 100, "done") // recent
-	ledgerOld := time.Now().Add(-31 * 24 * time.Hour).UnixMilli()
-	exec1(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at, processed_at) VALUES ('a', 'h', 'done', ?1, ?1), ('b', 'h', 'in_progress', ?1, NULL), ('c', 'h', 'done', ?2, ?2), ('d', 'h', 'done', ?3, ?3)`,
-		ledgerOld, time.Now().UnixMilli(), old)
-
-	stop := make(chan struct{})
-	waits := make(chan time.Duration, 1)
-	var commits atomic.Int64
-	writer := appDB(t, s.Path())
-	go func() {
-		var worst time.Duration
-		for {
-			select {
-			case <-stop:
-				waits <- worst
-				return
-			default:
-			}
-			start := time.Now()
-			tx, err := writer.Begin() // BEGIN IMMEDIATE: waits for the lock
-			if err != nil {
-				t.Error(err)
-				waits <- worst
-				return
-			}
-			worst = max(worst, time.Since(start))
-			tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'App', 'x')`, event.NewID())
-			if tx.Commit() == nil {
-				commits.Add(1)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
-	before := time.Now().Add(-7 * 24 * time.Hour)
-	n, err := s.Prune(ctx, event.PruneOutbox, before, 20*time.Millisecond)
-	during := commits.Load()
-	close(stop)
-	worst := <-waits
-	if err != nil || n != 100000 {
-		t.Fatalf("pruned %d, %v; want 100000", n, err)
-	}
-	var left, kept int
-	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'old-%'`).Scan(&left)
-	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id IN ('old-dead', 'old-pending')`).Scan(&kept)
-	if left != 2 || kept != 2 {
-		t.Fatalf("%d old rows left (want the dead letter and the pending row)", left)
-	}
-	t.Logf("writer's longest wait for the lock while pruning: %v; %d commits meanwhile", worst, during)
-	// One long transaction would have let the writer in once, at its end.
-	if during < 5 {
-		t.Errorf("the application committed %d times while pruning; the prune held the lock throughout", during)
-	}
-	n, err = s.Prune(ctx, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond)
-	if err != nil || n != 2 {
-		t.Fatalf("pruned %d ledger rows, %v; want the old done one and the abandoned claim", n, err)
-	}
-	// Nothing is old any more: a second pass deletes nothing and stops early.
-	if n, err := s.Prune(ctx, event.PruneOutbox, before, time.Millisecond); err != nil || n != 0 {
-		t.Fatalf("second prune %d, %v", n, err)
-	}
-}
-
 // TestHeldUpHeartbeatJudgesNobody: when the application held the write lock
 // longer than the staleness limit, every relay's heartbeat waited; the first
 // one through must not take the others for dead.
 func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
 	ctx := context.Background()
 	a := newStore(t)
-	b := openStore(t, a.Path(), false)
-	db := appDB(t, a.Path())
-	insertRows(t, db, 5, "pending")
+	b := openStore(t, a.db.Path())
+	db := testenv.AppDB(t, a.db.Path())
+	testenv.InsertRows(t, db, 5, "pending")
 	const stale = 1500 * time.Millisecond
 	for _, s := range []*Store{a, b} {
 		if _, err := s.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := legacyClaim(t, db, b.Instance(), 5); n != 5 {
+	if n := testenv.LegacyClaim(t, db, b.Instance(), 5); n != 5 {
 		t.Fatal(n)
 	}
 	tx, err := db.Begin() // the application's long transaction
@@ -1066,8 +654,8 @@ func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
 func TestSettleInPartsAndLostRows(t *testing.T) {
 	ctx := context.Background()
 	s, db, rows := claimed(t, 5)
-	exec1(t, db, `UPDATE event_queue SET status = 'processing', claimed_by = 'other' WHERE id = ?`, rows[0].ID)
-	exec1(t, db, `UPDATE event_queue SET status = 'done' WHERE id = ?`, rows[3].ID)
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'processing', claimed_by = 'other' WHERE id = ?`, rows[0].ID)
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'done' WHERE id = ?`, rows[3].ID)
 	stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done}, {Row: rows[1], Settlement: event.Done}})
 	if err != nil || fmt.Sprint(stale) != "[0]" {
 		t.Fatalf("stale %v, %v; want [0]", stale, err)
@@ -1094,37 +682,6 @@ func TestSettleInPartsAndLostRows(t *testing.T) {
 	}
 }
 
-// TestPruneFindsRowsOutOfOrder: rows finished out of insertion order (a
-// requeued dead letter done yesterday before rows done nine days ago) and
-// legacy done rows without processed_at are pruned all the same.
-func TestPruneFindsRowsOutOfOrder(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	day := 24 * time.Hour
-	yesterday, nineDays := time.Now().Add(-day).UnixMilli(), time.Now().Add(-9*day).UnixMilli()
-	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
-		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'recent-' || i, 'T', 'x', 'done', ?1, ?2 FROM n`, nineDays, yesterday)
-	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
-		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, nineDays)
-	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50)
-		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'legacy-' || i, 'T', 'x', 'done', ?1, NULL FROM n`, nineDays)
-	var total int64
-	for i := 0; i < 3; i++ { // a few sweeps, as the relay makes one a minute
-		n, err := s.Prune(ctx, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += n
-	}
-	var left, recent int
-	db.QueryRow(`SELECT count(*) FROM event_queue`).Scan(&left)
-	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'recent-%'`).Scan(&recent)
-	if total != 1050 || left != 600 || recent != 600 {
-		t.Fatalf("pruned %d, left %d (%d recent); want 1050 pruned and the 600 recent rows kept", total, left, recent)
-	}
-}
-
 // TestJudgeOnlyAfterBeatingOnTime: a relay that has just started (or just
 // got the lock back) does not take another for dead until it has itself
 // been heartbeating on time for a staleness window.
@@ -1132,16 +689,16 @@ func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
 	ctx := context.Background()
 	const stale = 600 * time.Millisecond
 	dead := newStore(t)
-	db := appDB(t, dead.Path())
-	insertRows(t, db, 2, "pending")
+	db := testenv.AppDB(t, dead.db.Path())
+	testenv.InsertRows(t, db, 2, "pending")
 	if _, err := dead.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
 		t.Fatal(err)
 	}
-	if n := legacyClaim(t, db, dead.Instance(), 2); n != 2 {
+	if n := testenv.LegacyClaim(t, db, dead.Instance(), 2); n != 2 {
 		t.Fatal(n)
 	}
-	exec1(t, db, `UPDATE `+InstancesTable+` SET heartbeat_at = heartbeat_at - 60000`)
-	judge := openStore(t, dead.Path(), false)
+	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 60000`)
+	judge := openStore(t, dead.db.Path())
 	start := time.Now() // before the first heartbeat, which starts the judge's clock
 	if n, err := judge.Heartbeat(ctx, "t", time.Hour, stale); err != nil || n != 0 {
 		t.Fatalf("a relay's first heartbeat reclaimed %d (%v)", n, err)
@@ -1160,56 +717,6 @@ func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
 	}
 }
 
-// TestWatchPace: the fallback poll slows once notifications announce
-// commits, and speeds up again when the poll finds one they missed.
-func TestWatchPace(t *testing.T) {
-	p := pace{fast: 100 * time.Millisecond}
-	steps := []struct {
-		notified, polled bool
-		next             time.Duration
-		change           bool
-	}{
-		{polled: true}, // untrusted: the poll finding commits changes nothing
-		{notified: true, next: time.Second, change: true}, // a notification announced one: trust, slow down
-		{notified: true}, // still trusted
-		{polled: true, next: 100 * time.Millisecond, change: true}, // one was missed: fast again
-		{polled: true},
-		{}, // an overflow: no source, no change
-		{notified: true, next: time.Second, change: true},
-	}
-	for i, st := range steps {
-		next, change := p.found(st.notified, st.polled)
-		if next != st.next || change != st.change {
-			t.Fatalf("step %d: got (%v, %v), want (%v, %v)", i, next, change, st.next, st.change)
-		}
-	}
-}
-
-// TestCheckpointSkipsAnUnchangedWAL: a checkpoint copies the WAL into the
-// database; the next one, with nothing committed since, does no work; a
-// commit makes the one after it run again.
-func TestCheckpointSkipsAnUnchangedWAL(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	db.SetMaxOpenConns(1)
-	exec1(t, db, `PRAGMA wal_autocheckpoint = 0`) // only the store checkpoints
-	insertRows(t, db, 50, "pending")
-	pages, done, err := s.Checkpoint(ctx)
-	if err != nil || pages == 0 || done != pages {
-		t.Fatalf("checkpoint: %d of %d pages (%v)", done, pages, err)
-	}
-	ran := s.ckptWal.at
-	if p, d, err := s.Checkpoint(ctx); err != nil || p != pages || d != done || !s.ckptWal.at.Equal(ran) {
-		t.Fatalf("an unchanged WAL was checkpointed again (%d of %d, %v)", d, p, err)
-	}
-	time.Sleep(20 * time.Millisecond) // past the file system's coarse clock tick
-	insertRows(t, db, 50, "pending")
-	if _, d, err := s.Checkpoint(ctx); err != nil || s.ckptWal.at.Equal(ran) || d == 0 {
-		t.Fatalf("a commit after the checkpoint was not checkpointed (%d pages, %v)", d, err)
-	}
-}
-
 // TestNoWritesToAReplacedFile: once another file is renamed over the
 // database, every write and checkpoint is refused with
 // event.ErrDatabaseReplaced, and Ping says so.
@@ -1219,12 +726,12 @@ func TestNoWritesToAReplacedFile(t *testing.T) {
 	if _, err := s.Heartbeat(ctx, "test", time.Minute, 6*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	insertRows(t, appDB(t, s.Path()), 3, "pending") // due: a claim gets to its write
-	other := s.Path() + ".other"
+	testenv.InsertRows(t, testenv.AppDB(t, s.db.Path()), 3, "pending") // due: a claim gets to its write
+	other := s.db.Path() + ".other"
 	if err := os.WriteFile(other, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(other, s.Path()); err != nil {
+	if err := os.Rename(other, s.db.Path()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Heartbeat(ctx, "test", time.Minute, 6*time.Second); !errors.Is(err, event.ErrDatabaseReplaced) {
@@ -1233,34 +740,11 @@ func TestNoWritesToAReplacedFile(t *testing.T) {
 	if _, err := s.Claim(ctx, 10, 0); !errors.Is(err, event.ErrDatabaseReplaced) {
 		t.Errorf("claim on a replaced file: %v", err)
 	}
-	if _, _, err := s.Checkpoint(ctx); !errors.Is(err, event.ErrDatabaseReplaced) {
+	if _, _, err := s.db.Checkpoint(ctx); !errors.Is(err, event.ErrDatabaseReplaced) {
 		t.Errorf("checkpoint on a replaced file: %v", err)
 	}
-	if err := s.Ping(ctx); !errors.Is(err, event.ErrDatabaseReplaced) || !strings.Contains(err.Error(), s.Path()) {
+	if err := s.db.Ping(ctx); !errors.Is(err, event.ErrDatabaseReplaced) || !strings.Contains(err.Error(), s.db.Path()) {
 		t.Errorf("ping on a replaced file: %v", err)
-	}
-}
-
-// TestWatchSeesSynchronousFullCommits: an application with
-// synchronous=FULL syncs the WAL before its commit becomes visible, so the
-// file notification comes before the commit can be seen; the watch must
-// look again rather than wait for its (here hour-long) poll.
-func TestWatchSeesSynchronousFullCommits(t *testing.T) {
-	s := newStore(t)
-	db, err := sql.Open("sqlite3", "file:"+s.Path()+"?_busy_timeout=5000&_txlock=immediate&_synchronous=FULL")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	wake, stop := startWatch(t, s, db)
-	defer stop()
-	for i := range 20 {
-		insertRows(t, db, 1, "pending")
-		select {
-		case <-wake:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("commit %d: no wake-up", i)
-		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -23,6 +24,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
 
@@ -52,7 +55,8 @@ type App struct {
 	metrics  *metrics.Metrics
 	embedded *publish.Embedded
 	natsURL  string
-	store    *claim.Store
+	db       *sqlitedb.DB
+	claims   *claim.Store
 	conn     *publish.Conn
 	js       *publish.JetStream // nil in core mode
 	pub      relay.Publisher
@@ -90,15 +94,16 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	}
 	// The store and the loop share one clock that never steps back.
 	clock := event.NewClock(nil)
-	if a.store, err = claim.Open(ctx, claim.Options{
+	if a.db, err = sqlitedb.Open(ctx, sqlitedb.Options{
 		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.CreateDB,
-		OwnCheckpoints: true, Clock: clock, Rescan: cfg.Relay.PollInterval,
+		OwnCheckpoints: true, Clock: clock,
 	}); err != nil {
 		return nil, err
 	}
-	if err = applySchema(ctx, a.store, cfg.Schema.Mode, log); err != nil {
-		return nil, claim.NotWritable(cfg.Database.Path, err)
+	if err = applySchema(ctx, a.db, cfg.Schema.Mode, log); err != nil {
+		return nil, sqlitedb.NotWritable(cfg.Database.Path, err)
 	}
+	a.claims = claim.New(a.db, claim.Options{Rescan: cfg.Relay.PollInterval})
 	if a.conn, err = publish.Connect(ctx, a.natsURL, cfg.NATS, "outbox-relay", log.Named("nats")); err != nil {
 		return nil, err
 	}
@@ -111,13 +116,14 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		}
 		a.pub = a.js
 	}
-	a.relay = relay.New(a.store, a.pub, relay.Options{
+	a.relay = relay.New(a.claims, a.pub, relay.Options{
 		SubjectPrefix:     cfg.Stream.SubjectPrefix,
 		BatchSize:         cfg.Relay.BatchSize,
 		MaxInFlight:       cfg.Relay.MaxInFlight,
 		MaxInFlightBytes:  maxInFlightBytes,
 		PollInterval:      cfg.Relay.PollInterval,
 		WatchInterval:     watchInterval,
+		Watch:             a.db.Watch,
 		HeartbeatInterval: heartbeatInterval,
 		StaleAfter:        staleAfter,
 		Lease:             cfg.Relay.Lease,
@@ -130,7 +136,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		Metrics:           a.metrics,
 		Log:               log.Named("relay"),
 	})
-	a.keeper = housekeeping.New(a.store, housekeeping.Options{
+	a.keeper = housekeeping.New(housekeeping.OnFile(a.db), housekeeping.Options{
 		StatsInterval:         statsInterval,
 		RetentionInterval:     retentionInterval,
 		RetainDone:            cfg.Retention.Done,
@@ -145,10 +151,10 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 }
 
 // applySchema does what schema.mode says.
-func applySchema(ctx context.Context, s *claim.Store, mode string, log *zap.Logger) error {
+func applySchema(ctx context.Context, s *sqlitedb.DB, mode string, log *zap.Logger) error {
 	switch mode {
 	case config.SchemaAuto:
-		applied, err := s.Migrate(ctx)
+		applied, err := schema.Migrate(ctx, s)
 		if err != nil {
 			return err
 		}
@@ -156,11 +162,11 @@ func applySchema(ctx context.Context, s *claim.Store, mode string, log *zap.Logg
 			log.Info("applied schema migrations", zap.Ints("versions", applied), zap.String("table", s.Table()))
 		}
 	case config.SchemaVerify:
-		return s.Verify(ctx)
+		return schema.Verify(ctx, s)
 	case config.SchemaOff:
 		// Nothing is checked, but a missing table would never heal by
 		// waiting: the relay would only retry.
-		if err := s.TableExists(ctx); err != nil {
+		if err := schema.TableExists(ctx, s); err != nil {
 			return fmt.Errorf("%w (schema.mode is off, so the relay does not create it: create it, or use schema.mode auto)", err)
 		}
 	}
@@ -215,7 +221,7 @@ func (a *App) syncOptions() streamsync.Options {
 // Ready is /readyz: the database answers, the broker is connected and the
 // stream takes the relay's subjects. The reason names the part that is not.
 func (a *App) Ready(ctx context.Context) error {
-	if err := a.store.Ping(ctx); err != nil {
+	if err := a.db.Ping(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
 	if err := a.relay.DatabaseError(); err != nil && !errors.Is(err, event.ErrBusy) {
@@ -286,7 +292,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
 		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
-		zap.String("instance", a.store.Instance()), zap.String("version", a.version))
+		zap.String("instance", a.claims.Instance()), zap.String("version", a.version))
 	return a.RunRelay(ctx)
 }
 
@@ -301,8 +307,8 @@ func (a *App) RunRelay(ctx context.Context) error {
 	return a.relay.Run(ctx)
 }
 
-// Store, Metrics, Relay and NATSURL give the demo what it shows.
-func (a *App) Store() *claim.Store       { return a.store }
+// DB, Metrics, Relay and NATSURL give the demo what it shows.
+func (a *App) DB() *sqlitedb.DB          { return a.db }
 func (a *App) Metrics() *metrics.Metrics { return a.metrics }
 func (a *App) Relay() *relay.Relay       { return a.relay }
 func (a *App) NATSURL() string           { return a.natsURL }
@@ -313,7 +319,7 @@ func (a *App) NATSURL() string           { return a.natsURL }
 func (a *App) onExhausted(e streamsync.Exhausted) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	isNew, err := a.store.RecordExhausted(ctx, claim.Exhausted{
+	isNew, err := admin.RecordExhausted(ctx, a.db, admin.Exhausted{
 		EventID: e.EventID, Stream: e.Stream, Consumer: e.Consumer, StreamSeq: e.StreamSeq,
 		Subject: e.Subject, Deliveries: e.Deliveries, ObservedAt: time.Now(),
 	})
@@ -337,8 +343,8 @@ func (a *App) Close() {
 	if a.conn != nil {
 		a.conn.Close()
 	}
-	if a.store != nil {
-		a.store.Close()
+	if a.db != nil {
+		a.db.Close()
 	}
 	if a.embedded != nil {
 		a.embedded.Shutdown()

@@ -15,14 +15,26 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/episode"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
-// Store is the SQLite side (implemented by *claim.Store).
+// Store is the SQLite side (OnFile's).
 type Store interface {
 	Backlog(ctx context.Context) (event.Backlog, error)
 	Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error)
 	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
 }
+
+// OnFile returns the Store of the database file db.
+func OnFile(db *sqlitedb.DB) Store { return file{db, NewPruner(db)} }
+
+// file is a database file's Store: its checkpoints are sqlitedb's.
+type file struct {
+	*sqlitedb.DB
+	*Pruner
+}
+
+func (f file) Backlog(ctx context.Context) (event.Backlog, error) { return Backlog(ctx, f.DB) }
 
 // Options say what to keep and how often. A zero interval turns its loop
 // off.

@@ -23,6 +23,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -30,6 +32,7 @@ import (
 // harness is a relay wired to real parts, as the command line wires it.
 type harness struct {
 	t       testing.TB
+	db      *sqlitedb.DB
 	store   *claim.Store
 	conn    *publish.Conn
 	js      *publish.JetStream
@@ -88,11 +91,12 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 	if ho.clock == nil {
 		ho.clock = event.NewClock(nil)
 	}
-	h.store, err = claim.Open(context.Background(), claim.Options{Path: dbPath, Table: "event_queue", BusyTimeout: ho.busyTimeout, OwnCheckpoints: true, Clock: ho.clock})
+	h.db, err = sqlitedb.Open(context.Background(), sqlitedb.Options{Path: dbPath, Table: "event_queue", BusyTimeout: ho.busyTimeout, OwnCheckpoints: true, Clock: ho.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { h.store.Close() })
+	t.Cleanup(func() { h.db.Close() })
+	h.store = claim.New(h.db, claim.Options{})
 	if ho.ackTimeout == 0 {
 		ho.ackTimeout = 5 * time.Second
 	}
@@ -132,6 +136,7 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		MaxInFlight:       ho.inFlight,
 		PollInterval:      200 * time.Millisecond,
 		WatchInterval:     100 * time.Millisecond,
+		Watch:             h.db.Watch,
 		HeartbeatInterval: 100 * time.Millisecond,
 		StaleAfter:        2 * time.Second,
 		Lease:             ho.lease,
@@ -162,7 +167,7 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 	if ho.mutateKeeper != nil {
 		ho.mutateKeeper(&ko)
 	}
-	keeper := housekeeping.New(h.store, ko)
+	keeper := housekeeping.New(housekeeping.OnFile(h.db), ko)
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	// Housekeeping runs as long as the relay does, as in the daemon.
@@ -390,14 +395,9 @@ func TestLegacyTableUpgradedAndPublished(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s, err := claim.Open(context.Background(), claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second})
-	if err != nil {
+	if _, err := schema.Migrate(context.Background(), testenv.OpenDB(t, path)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
 	ids := map[string]bool{}
 	rows, err := legacy.Query(`SELECT event_id FROM event_queue`)
 	if err != nil {

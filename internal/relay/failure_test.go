@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -264,7 +265,7 @@ func TestShutdownReleasesUnackedRows(t *testing.T) {
 		t.Fatalf("deferred_total{reason=shutdown} %v", got)
 	}
 	var instances int
-	app.QueryRow(`SELECT count(*) FROM ` + claim.InstancesTable).Scan(&instances)
+	app.QueryRow(`SELECT count(*) FROM ` + schema.InstancesTable).Scan(&instances)
 	if instances != 0 {
 		t.Fatalf("%d instance rows left after a graceful stop", instances)
 	}
@@ -354,7 +355,7 @@ func TestDeadRelayClaimsRecoveredFast(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	testenv.InsertN(t, app, 40, "Crash")
-	dead := testenv.OpenStore(t, path)
+	dead := claim.New(testenv.OpenDB(t, path), claim.Options{})
 	ctx := context.Background()
 	if _, err := dead.Heartbeat(ctx, "dead", 10*time.Minute, 2*time.Second); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -134,8 +135,7 @@ func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
 		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
 		available_at INTEGER, created_at INTEGER NOT NULL DEFAULT 0,
 		processed_at INTEGER, last_error TEXT)`)
-	s := testenv.OpenStore(t, path)
-	if _, err := s.Migrate(context.Background()); err != nil {
+	if _, err := schema.Migrate(context.Background(), testenv.OpenDB(t, path)); err != nil {
 		t.Fatal(err)
 	}
 	ins := `INSERT INTO event_queue (event_id, event_type, payload, created_at, available_at) VALUES (?, 'Thing', 'x', ?, ?)`

@@ -20,7 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 )
 
-// Store is the SQLite side (implemented by *claim.Store).
+// Store is the SQLite side: rows in flight and the lead (*claim.Store).
 type Store interface {
 	// Claim claims due rows: up to limit, and past the first row up to
 	// maxBytes of payload (0: no byte limit).
@@ -32,7 +32,6 @@ type Store interface {
 	// relay per database file claims, the others stand by.
 	Leads() bool
 	Leave(ctx context.Context) error
-	Watch(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error
 }
 
 // Publisher is the NATS side (implemented by *publish.JetStream and *publish.Core).
@@ -45,12 +44,15 @@ type Publisher interface {
 // Options tune the loop. Zero intervals disable the corresponding timer so
 // tests can drive the loop by hand.
 type Options struct {
-	SubjectPrefix     string
-	BatchSize         int
-	MaxInFlight       int
-	MaxInFlightBytes  int           // payload bytes in flight at most (large payloads); 0: no limit
-	PollInterval      time.Duration // fallback claim timer when no wake-up comes
-	WatchInterval     time.Duration // commit detection: the fallback poll of PRAGMA data_version
+	SubjectPrefix    string
+	BatchSize        int
+	MaxInFlight      int
+	MaxInFlightBytes int           // payload bytes in flight at most (large payloads); 0: no limit
+	PollInterval     time.Duration // fallback claim timer when no wake-up comes
+	WatchInterval    time.Duration // commit detection: the fallback poll of PRAGMA data_version
+	// Watch announces commits to the database (sqlitedb.DB.Watch) until
+	// ctx ends; without it, or with a zero WatchInterval, the relay polls.
+	Watch             func(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error
 	HeartbeatInterval time.Duration // instance heartbeat and reclaim period
 	StaleAfter        time.Duration // a relay silent this long is dead; its claims are reclaimed
 	Lease             time.Duration
@@ -235,13 +237,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		heartbeat.Add(1)
 		go func() { defer heartbeat.Done(); r.heartbeatLoop(hbCtx) }()
 	}
-	if r.o.WatchInterval > 0 {
+	if r.o.WatchInterval > 0 && r.o.Watch != nil {
 		loops.Add(1)
 		r.watching.Store(true)
 		go func() {
 			defer loops.Done()
 			defer r.watching.Store(false)
-			if err := r.store.Watch(claimCtx, r.o.WatchInterval, r.wake, r.commits); err != nil {
+			if err := r.o.Watch(claimCtx, r.o.WatchInterval, r.wake, r.commits); err != nil {
 				r.log.Warn("commit watch stopped; falling back to polling", zap.Error(err))
 			}
 		}()

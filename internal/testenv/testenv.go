@@ -17,8 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
 // NATS is an in-process JetStream server.
@@ -127,26 +128,77 @@ func StreamMessages(t testing.TB, js jetstream.JetStream, stream string) []*jets
 func NewDB(t testing.TB) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "app.db")
-	s, err := claim.Open(context.Background(), claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+	s, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := s.Migrate(context.Background()); err != nil {
+	if _, err := schema.Migrate(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
 	return path
 }
 
-// OpenStore opens a claim store on path, closed when the test ends.
-func OpenStore(t testing.TB, path string) *claim.Store {
+// OpenDB opens the outbox database at path, closed when the test ends.
+func OpenDB(t testing.TB, path string) *sqlitedb.DB {
 	t.Helper()
-	s, err := claim.Open(context.Background(), claim.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second})
+	return openDB(t, sqlitedb.Options{Path: path})
+}
+
+// CreateDB opens the database at path like OpenDB, creating the file if it
+// is missing; it migrates nothing.
+func CreateDB(t testing.TB, path string) *sqlitedb.DB {
+	t.Helper()
+	return openDB(t, sqlitedb.Options{Path: path, Create: true})
+}
+
+// MigratedDB opens a new migrated outbox database (NewDB, then OpenDB).
+func MigratedDB(t testing.TB) *sqlitedb.DB {
+	t.Helper()
+	return OpenDB(t, NewDB(t))
+}
+
+func openDB(t testing.TB, o sqlitedb.Options) *sqlitedb.DB {
+	t.Helper()
+	o.Table, o.BusyTimeout = "event_queue", 5*time.Second
+	s, err := sqlitedb.Open(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// MustExec runs one statement on db, failing the test on an error.
+func MustExec(t testing.TB, db *sql.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// InsertRows inserts n rows with the given status (and a fresh event id
+// each) in one transaction.
+func InsertRows(t testing.TB, db *sql.DB, n int, status string) {
+	t.Helper()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	st, err := tx.Prepare(`INSERT INTO event_queue (event_id, event_type, payload, status) VALUES (?, 'Thing', x'00ff', ?)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for range n {
+		if _, err := st.Exec(event.NewID(), status); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // AppDB is the application's own connection pool to the file.
@@ -329,4 +381,50 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// LegacyClaim marks up to n pending rows processing for owner, as a
+// claimer that writes its claims does (an older relay, or another
+// implementation of the same design), and returns how many it took.
+func LegacyClaim(t testing.TB, db *sql.DB, owner string, n int) int64 {
+	t.Helper()
+	res, err := db.Exec(`UPDATE event_queue SET status = 'processing', claimed_at = ?, claimed_by = ?
+WHERE id IN (SELECT id FROM event_queue WHERE status = 'pending' ORDER BY id LIMIT ?)`, time.Now().UnixMilli(), owner, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := res.RowsAffected()
+	return k
+}
+
+// LegacyNullable is an outbox table from before the relay's migrations,
+// whose available_at may be NULL.
+const LegacyNullable = `CREATE TABLE event_queue (
+	id INTEGER PRIMARY KEY,
+	event_type TEXT NOT NULL,
+	payload BLOB NOT NULL,
+	status TEXT NOT NULL DEFAULT 'pending',
+	attempts INTEGER NOT NULL DEFAULT 0,
+	available_at INTEGER,
+	created_at INTEGER NOT NULL DEFAULT 0,
+	processed_at INTEGER,
+	last_error TEXT)`
+
+// LegacyRows fills a LegacyNullable table with n pending rows created at
+// consecutive milliseconds from 1700000000000, available_at NULL.
+func LegacyRows(t testing.TB, db *sql.DB, n int) {
+	t.Helper()
+	MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+		INSERT INTO event_queue (id, event_type, payload, created_at) SELECT i, 'Legacy', 'legacy ' || i, 1700000000000 + i FROM n`, n)
+}
+
+// LegacyDB is a WAL database holding a legacy outbox of n rows.
+func LegacyDB(t testing.TB, n int) (string, *sql.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := AppDB(t, path)
+	MustExec(t, db, `PRAGMA journal_mode = WAL`)
+	MustExec(t, db, LegacyNullable)
+	LegacyRows(t, db, n)
+	return path, db
 }

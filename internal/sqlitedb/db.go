@@ -1,10 +1,10 @@
-// Package claim is everything the relay does with SQLite: opening the shared
-// file, the schema, taking due rows (held in memory, not written) and
-// settling each once, fenced by the lead; instance heartbeats and which
-// relay leads; statistics, retention, checkpoints and commit wake-ups; the
-// queries of status and dead-letters. Every SQL statement of the relay
-// lives in this package.
-package claim
+// Package sqlitedb owns the relay's handle on the application's SQLite
+// file: opening it (a single-connection writer whose transactions start
+// with BEGIN IMMEDIATE, a read-only pool, a checkpointer), waiting for the
+// application's write lock, noticing that the path names another file,
+// WAL checkpoints and commit wake-ups. What the relay reads and writes
+// lives in the packages that use it: schema, claim, admin, housekeeping.
+package sqlitedb
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
@@ -42,13 +41,7 @@ type Options struct {
 	// Clock decides which rows are due (a new event.Clock over time.Now
 	// when nil); share it with the relay, which times retries by it.
 	Clock *event.Clock
-	// Rescan is how often, at least, a claim reads the whole pending index
-	// while rows are in flight (see Store.Claim); DefaultRescan when 0.
-	Rescan time.Duration
 }
-
-// DefaultRescan is Options.Rescan's default.
-const DefaultRescan = time.Second
 
 // writerDriver is go-sqlite3 with the automatic checkpoint turned off on
 // every connection it opens (for Options.OwnCheckpoints).
@@ -61,37 +54,25 @@ func init() {
 	}})
 }
 
-// Store is the relay's handle on the shared SQLite file: a single-connection
-// write pool whose transactions start with BEGIN IMMEDIATE, and a read-only
-// pool that never writes.
-type Store struct {
-	write        *sql.DB
-	read         *sql.DB
-	ckpt         *sql.DB
-	table        string
-	path         string
-	opened       os.FileInfo   // the file at path when the store opened it
-	busy         time.Duration // how long a write waits for the lock
-	instance     string
-	leads        atomic.Bool // this relay led at its latest heartbeat
-	clock        *event.Clock
-	q            queries
-	lastBeat     time.Time // the last committed heartbeat; one heartbeat loop per store
-	beatingSince time.Time // since when heartbeats have been on time
+// DB is the relay's handle on the shared SQLite file: a single-connection
+// write pool whose transactions start with BEGIN IMMEDIATE, a read-only
+// pool that never writes, and a connection of its own for checkpoints.
+type DB struct {
+	write  *sql.DB
+	read   *sql.DB
+	ckpt   *sql.DB
+	table  string
+	path   string
+	opened os.FileInfo   // the file at path when it was opened
+	busy   time.Duration // how long a write waits for the lock
+	clock  *event.Clock
 
 	ckptMu  sync.Mutex
 	ckptWal walState // the -wal file after the last complete checkpoint
-
-	registered atomic.Bool   // a heartbeat committed: settles are fenced by the lead
-	rescan     time.Duration // a claim reads the whole pending index at least this often
-
-	mu     sync.Mutex
-	held   held             // the rows in flight (see Claim)
-	pruned map[string]int64 // table -> rowid where the last prune stopped
 }
 
 // Open opens the database at opts.Path. It does not touch the schema.
-func Open(ctx context.Context, opts Options) (*Store, error) {
+func Open(ctx context.Context, opts Options) (*DB, error) {
 	before, err := os.Stat(opts.Path)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
@@ -136,7 +117,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	write.SetMaxOpenConns(1)
 	write.SetConnMaxIdleTime(0)
 	write.SetConnMaxLifetime(0)
-	if err := retryBusy(ctx, func() error { return write.PingContext(ctx) }); err != nil {
+	if err := RetryBusy(ctx, func() error { return write.PingContext(ctx) }); err != nil {
 		write.Close()
 		if !opts.ReadOnly {
 			if err := NotWritable(opts.Path, err); errors.Is(err, event.ErrNotWritable) {
@@ -167,18 +148,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
 	}
 	ckpt.SetMaxOpenConns(1)
-	s := &Store{busy: opts.BusyTimeout, write: write, read: read, ckpt: ckpt, table: opts.Table, path: opts.Path, instance: event.NewID(), pruned: map[string]int64{}, rescan: opts.Rescan}
-	s.held.ids = map[int64]struct{}{}
-	if s.rescan <= 0 {
-		s.rescan = DefaultRescan
-	}
-	s.q = newQueries(opts.Table)
+	s := &DB{busy: opts.BusyTimeout, write: write, read: read, ckpt: ckpt, table: opts.Table, path: opts.Path}
 	if s.clock = opts.Clock; s.clock == nil {
 		s.clock = event.NewClock(nil)
 	}
 	// Reading the schema proves the file is a database.
-	if err := retryBusy(ctx, func() error {
-		_, err := objectExists(ctx, s.read, "table", opts.Table)
+	if err := RetryBusy(ctx, func() error {
+		_, err := ObjectExists(ctx, s.read, "table", opts.Table)
 		return err
 	}); err != nil {
 		s.Close()
@@ -194,19 +170,20 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// begin starts a write transaction (BEGIN IMMEDIATE), waiting for the
+// Begin starts a write transaction (BEGIN IMMEDIATE), waiting for the
 // application's lock up to busy_timeout. It retries every 100 µs at first,
 // doubling to 2 ms: a short wait ends within a fraction of a millisecond,
 // where SQLite's own busy handler would sleep whole milliseconds. It does
 // not retry faster for longer: SQLite's lock is not fair, and a relay
 // polling every 100 µs took it from an application whose busy handler
-// sleeps whole milliseconds (see docs/performance.md).
-func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
+// sleeps whole milliseconds (see docs/performance.md). It refuses to write
+// to a file that path no longer names (event.ErrDatabaseReplaced).
+func (s *DB) Begin(ctx context.Context) (*sql.Tx, error) {
 	deadline := time.Now().Add(s.busy)
 	wait := 100 * time.Microsecond
 	// Never write to a file that is no longer the database: a restored
 	// file may find this one's -wal beside it.
-	if err := s.sameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+	if err := s.SameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
 		return nil, err
 	}
 	for {
@@ -226,9 +203,9 @@ func (s *Store) begin(ctx context.Context) (*sql.Tx, error) {
 	}
 }
 
-// exec runs one write statement in its own transaction.
-func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	tx, err := s.begin(ctx)
+// Exec runs one write statement in its own transaction.
+func (s *DB) Exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	tx, err := s.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -247,19 +224,36 @@ func dsn(path string, params url.Values) string {
 	return "file:" + esc + "?" + params.Encode()
 }
 
-// Close closes both pools.
-func (s *Store) Close() error {
+// InTx runs fn in a write transaction (Begin) and commits it.
+func (s *DB) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// Reader is the read-only pool: reads that take no lock, beside the
+// writer.
+func (s *DB) Reader() *sql.DB { return s.read }
+
+// Close closes the pools.
+func (s *DB) Close() error {
 	return errors.Join(s.write.Close(), s.read.Close(), s.ckpt.Close())
 }
 
 // Path returns the database file's path.
-func (s *Store) Path() string { return s.path }
+func (s *DB) Path() string { return s.path }
 
 // Table returns the outbox table's name.
-func (s *Store) Table() string { return s.table }
+func (s *DB) Table() string { return s.table }
 
-// Instance returns the id of this store's heartbeat row.
-func (s *Store) Instance() string { return s.instance }
+// Clock returns the clock rows are due by (Options.Clock).
+func (s *DB) Clock() *event.Clock { return s.clock }
 
 // Busy reports whether err is SQLite's "database is locked" or "busy":
 // another connection held the write lock longer than busy_timeout.
@@ -271,18 +265,11 @@ func Busy(err error) bool {
 	return false
 }
 
-// nowMs is the wall clock: the time of heartbeats, claims and settlements,
-// which relays compare with each other's.
-func nowMs() int64 { return time.Now().UnixMilli() }
+// NowMs is the wall clock in Unix milliseconds: the time of heartbeats,
+// claims and settlements, which relays compare with each other's.
+func NowMs() int64 { return time.Now().UnixMilli() }
 
-// dueMs is the time rows are due by (Options.Clock): it does not step back
-// with the wall clock, so a step back hides no due row.
-func (s *Store) dueMs() int64 { return s.clock.Now().UnixMilli() }
-
-// uuidSQL generates a random version 4 UUID per row in SQL, so a backfill
-// assigns event ids without a round trip per row.
-const uuidSQL = `lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))`
-
-// nowSQL is the current time in Unix milliseconds, valid on SQLite 3.31
-// (no unixepoch('subsec')), for column defaults the application evaluates.
-const nowSQL = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
+// DueMs is the time rows are due by (Options.Clock), in Unix milliseconds:
+// it does not step back with the wall clock, so a step back hides no due
+// row.
+func (s *DB) DueMs() int64 { return s.clock.Now().UnixMilli() }

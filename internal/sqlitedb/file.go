@@ -1,69 +1,22 @@
-package claim
+package sqlitedb
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
+
+	sqlite3 "github.com/mattn/go-sqlite3"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
-// Backlog reads the unfinished rows' counts in one short read through the
-// partial indexes: its cost follows the backlog, not the table. Its
-// OldestPending is when the longest-waiting due row became due (see
-// oldestDueSQL); rows scheduled for later do not age the backlog.
-func (s *Store) Backlog(ctx context.Context) (event.Backlog, error) {
-	var b event.Backlog
-	if err := s.sameFile(); err != nil {
-		return b, err
-	}
-	var oldest sql.NullInt64
-	err := s.read.QueryRowContext(ctx, fmt.Sprintf(`SELECT
-	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
-	(SELECT count(*) FROM %[1]s WHERE status = 'processing'),
-	(SELECT count(*) FROM %[1]s WHERE status = 'dead_lettered'),
-	(%[2]s)`, s.table, oldestDueSQL(s.table)), s.dueMs()).
-		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &oldest)
-	if err != nil {
-		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
-	}
-	if oldest.Valid {
-		b.OldestPending = time.UnixMilli(oldest.Int64)
-	}
-	return b, nil
-}
-
-// dueRow is the claim's own test of a row it would take now (?1, Unix
-// milliseconds).
-var dueRow = `status = 'pending' AND ` + dueSQL("?1")
-
-// oldestDueWindow is how many due rows, in claim order, oldestDueSQL looks
-// at, so that a backlog of a million rows costs a fraction of a
-// millisecond instead of a scan of every row (a few hundred milliseconds,
-// every stats interval). A row further back is missed only when a thousand
-// due rows ahead of it became due after it (retried or released rows);
-// they wait unclaimed too, so a stuck relay still shows, a little later.
-const oldestDueWindow = 1000
-
-// oldestDueSQL is a query for when the longest-waiting due row became due,
-// in Unix milliseconds (NULL when nothing is due): the later of created_at
-// and available_at, since a row cannot be published before either, among
-// the first oldestDueWindow due rows in id order (the order the relay
-// claims them in). Where one of the two is no time (or NULL), the other
-// counts alone.
-func oldestDueSQL(table string) string {
-	return fmt.Sprintf(`SELECT min(CASE WHEN c IS NULL THEN a WHEN a IS NULL OR c > a THEN c ELSE a END) FROM (
-	SELECT %s AS c, %s AS a FROM %s WHERE %s ORDER BY id LIMIT %d)`,
-		msSQL("created_at"), msSQL("available_at"), table, dueRow, oldestDueWindow)
-}
-
 // Ping checks that the database answers a read and that its path still
-// names the file the store opened.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := s.sameFile(); err != nil {
+// names the file it opened.
+func (s *DB) Ping(ctx context.Context) error {
+	if err := s.SameFile(); err != nil {
 		return err
 	}
 	var n int
@@ -73,12 +26,12 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// sameFile reports an error when database.path no longer names the file
+// SameFile reports an error when database.path no longer names the file
 // the store opened: removed, renamed, or replaced by a restore (wrapping
 // event.ErrDatabaseReplaced). The open connections keep reading the old
 // file, so the relay would see none of the application's new rows while
 // every query still succeeds.
-func (s *Store) sameFile() error {
+func (s *DB) SameFile() error {
 	fi, err := os.Stat(s.path)
 	if err != nil {
 		return fmt.Errorf("database %s: %w; the relay still has the file it opened, which the application no longer writes (restart the relay once the file is back)", s.path, err)
@@ -97,7 +50,7 @@ func (s *Store) sameFile() error {
 // it skips the work and returns the last result, for at most ckptIdleMax:
 // the file's times are coarse, and a commit in the same tick as the last
 // checkpoint would otherwise wait for the next commit to be noticed.
-func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err error) {
+func (s *DB) Checkpoint(ctx context.Context) (walPages, checkpointed int, err error) {
 	s.ckptMu.Lock()
 	defer s.ckptMu.Unlock()
 	fi, statErr := os.Stat(s.path + "-wal")
@@ -105,7 +58,7 @@ func (s *Store) Checkpoint(ctx context.Context) (walPages, checkpointed int, err
 		return s.ckptWal.pages, s.ckptWal.done, nil
 	}
 	s.ckptWal = walState{}
-	if err := s.sameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+	if err := s.SameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
 		return 0, 0, err // a checkpoint writes too
 	}
 	var busy int
@@ -127,4 +80,15 @@ type walState struct {
 	size        int64
 	mod, at     time.Time
 	pages, done int
+}
+
+// NotWritable marks err with event.ErrNotWritable when SQLite says this
+// process may not write the file at path, naming what the relay needs.
+func NotWritable(path string, err error) error {
+	var se sqlite3.Error
+	if !errors.As(err, &se) || (se.Code != sqlite3.ErrReadonly && se.Code != sqlite3.ErrPerm && se.Code != sqlite3.ErrCantOpen) {
+		return err
+	}
+	return fmt.Errorf("%w: %s: %w (the relay runs as uid %d and needs to write the file, its -wal and -shm files and their directory %s)",
+		event.ErrNotWritable, path, err, os.Geteuid(), filepath.Dir(path))
 }

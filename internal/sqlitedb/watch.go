@@ -1,4 +1,4 @@
-package claim
+package sqlitedb
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // again. Idle, it costs nothing but that poll; no snapshot is held between
 // looks, so checkpoints are never starved. It returns when ctx ends; the
 // caller runs it in a goroutine it tracks.
-func (s *Store) Watch(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error {
+func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error {
 	const debounce = 200 * time.Microsecond
 	conn, err := s.read.Conn(ctx)
 	if err != nil {

@@ -1,4 +1,4 @@
-package claim
+package schema_test
 
 import (
 	"context"
@@ -8,34 +8,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	sqlite3 "github.com/mattn/go-sqlite3"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// legacyNullable is a pre-0101 event_queue whose available_at may be NULL.
-const legacyNullable = `CREATE TABLE event_queue (
-	id INTEGER PRIMARY KEY,
-	event_type TEXT NOT NULL,
-	payload BLOB NOT NULL,
-	status TEXT NOT NULL DEFAULT 'pending',
-	attempts INTEGER NOT NULL DEFAULT 0,
-	available_at INTEGER,
-	created_at INTEGER NOT NULL DEFAULT 0,
-	processed_at INTEGER,
-	last_error TEXT)`
-
-// legacyRows fills a legacyNullable table with n pending rows created at
-// consecutive milliseconds from 1700000000000, available_at NULL.
-func legacyRows(t testing.TB, db *sql.DB, n int) {
-	t.Helper()
-	exec1(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-		INSERT INTO event_queue (id, event_type, payload, created_at) SELECT i, 'Legacy', 'legacy ' || i, 1700000000000 + i FROM n`, n)
-}
+var uuidRe = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
 // legacyIDs returns the event ids of the rows with id <= n, failing on a row
 // without a UUID or an id given twice.
@@ -77,17 +61,17 @@ func legacyIDs(t *testing.T, db *sql.DB, n int) map[int64]string {
 // a duplicate; verify (and auto) must refuse it, naming the index.
 func TestVerifyRequiresAUniqueEventIDIndex(t *testing.T) {
 	ctx := context.Background()
-	s := newStore(t)
-	db := appDB(t, s.Path())
-	exec1(t, db, `DROP INDEX event_queue_event_id`)
-	exec1(t, db, `CREATE INDEX event_queue_event_id ON event_queue (event_id)`)
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.MustExec(t, db, `DROP INDEX event_queue_event_id`)
+	testenv.MustExec(t, db, `CREATE INDEX event_queue_event_id ON event_queue (event_id)`)
 	// What the index lets through:
-	exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('same', 'A', 'x'), ('same', 'B', 'y')`)
-	exec1(t, db, `DELETE FROM event_queue`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('same', 'A', 'x'), ('same', 'B', 'y')`)
+	testenv.MustExec(t, db, `DELETE FROM event_queue`)
 
-	err := s.Verify(ctx)
-	if !errors.Is(err, ErrSchema) {
-		t.Fatalf("Verify with a non-unique event_id index = %v, want ErrSchema", err)
+	err := schema.Verify(ctx, s)
+	if !errors.Is(err, schema.ErrSchema) {
+		t.Fatalf("Verify with a non-unique event_id index = %v, want schema.ErrSchema", err)
 	}
 	for _, want := range []string{"index event_queue_event_id on event_queue.event_id is not UNIQUE",
 		"replace it: DROP INDEX event_queue_event_id; CREATE UNIQUE INDEX event_queue_event_id ON event_queue (event_id)"} {
@@ -95,43 +79,43 @@ func TestVerifyRequiresAUniqueEventIDIndex(t *testing.T) {
 			t.Errorf("Verify error %q does not say %q", err, want)
 		}
 	}
-	if _, err := s.Migrate(ctx); !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), "index event_queue_event_id on event_queue.event_id is not UNIQUE") {
+	if _, err := schema.Migrate(ctx, s); !errors.Is(err, schema.ErrSchema) || !strings.Contains(err.Error(), "index event_queue_event_id on event_queue.event_id is not UNIQUE") {
 		t.Errorf("Migrate with a non-unique event_id index = %v, want it refused by name", err)
 	}
 
 	// A unique index of the application's own, under another name, does.
-	exec1(t, db, `DROP INDEX event_queue_event_id`)
-	exec1(t, db, `CREATE UNIQUE INDEX app_event_ids ON event_queue (event_id)`)
-	if err := s.Verify(ctx); err != nil {
+	testenv.MustExec(t, db, `DROP INDEX event_queue_event_id`)
+	testenv.MustExec(t, db, `CREATE UNIQUE INDEX app_event_ids ON event_queue (event_id)`)
+	if err := schema.Verify(ctx, s); err != nil {
 		t.Errorf("Verify with the application's unique index: %v", err)
 	}
-	if _, err := s.Migrate(ctx); err != nil {
+	if _, err := schema.Migrate(ctx, s); err != nil {
 		t.Errorf("Migrate with the application's unique index: %v", err)
 	}
 
 	// A non-unique index of another name on a table not yet migrated is
 	// left alone: the migration adds the unique one.
 	legacy := filepath.Join(t.TempDir(), "legacy.db")
-	ldb := appDB(t, legacy)
-	exec1(t, ldb, legacyTable)
-	exec1(t, ldb, `ALTER TABLE event_queue ADD COLUMN event_id TEXT`)
-	exec1(t, ldb, `CREATE INDEX legacy_event_ids ON event_queue (event_id)`)
-	ls := openStore(t, legacy, false)
-	if err := ls.Verify(ctx); err == nil || !strings.Contains(err.Error(), "index legacy_event_ids on event_queue.event_id is not UNIQUE") ||
+	ldb := testenv.AppDB(t, legacy)
+	testenv.MustExec(t, ldb, legacyTable)
+	testenv.MustExec(t, ldb, `ALTER TABLE event_queue ADD COLUMN event_id TEXT`)
+	testenv.MustExec(t, ldb, `CREATE INDEX legacy_event_ids ON event_queue (event_id)`)
+	ls := testenv.OpenDB(t, legacy)
+	if err := schema.Verify(ctx, ls); err == nil || !strings.Contains(err.Error(), "index legacy_event_ids on event_queue.event_id is not UNIQUE") ||
 		!strings.Contains(err.Error(), "create one: CREATE UNIQUE INDEX event_queue_event_id ON event_queue (event_id)") {
 		t.Errorf("Verify with only a non-unique index of another name = %v", err)
 	}
-	if _, err := ls.Migrate(ctx); err != nil {
+	if _, err := schema.Migrate(ctx, ls); err != nil {
 		t.Fatalf("Migrate with a non-unique index of another name: %v", err)
 	}
-	if err := ls.Verify(ctx); err != nil {
+	if err := schema.Verify(ctx, ls); err != nil {
 		t.Errorf("Verify after the migration: %v", err)
 	}
 
 	// An index on (event_id, status) is unique per pair, not per event id.
-	exec1(t, db, `DROP INDEX app_event_ids`)
-	exec1(t, db, `CREATE UNIQUE INDEX event_queue_event_id ON event_queue (event_id, status)`)
-	if err := s.Verify(ctx); err == nil || !strings.Contains(err.Error(), "index event_queue_event_id on event_queue (event_id, status) is not UNIQUE on event_id alone") {
+	testenv.MustExec(t, db, `DROP INDEX app_event_ids`)
+	testenv.MustExec(t, db, `CREATE UNIQUE INDEX event_queue_event_id ON event_queue (event_id, status)`)
+	if err := schema.Verify(ctx, s); err == nil || !strings.Contains(err.Error(), "index event_queue_event_id on event_queue (event_id, status) is not UNIQUE on event_id alone") {
 		t.Errorf("Verify with a unique (event_id, status) index = %v", err)
 	}
 }
@@ -169,14 +153,14 @@ func TestTextTimeColumnsAreRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "app.db")
-			db := appDB(t, path)
-			exec1(t, db, tc.table)
-			exec1(t, db, `INSERT INTO event_queue (event_type, payload) VALUES ('Legacy', 'x')`)
-			s := openStore(t, path, false)
+			db := testenv.AppDB(t, path)
+			testenv.MustExec(t, db, tc.table)
+			testenv.MustExec(t, db, `INSERT INTO event_queue (event_type, payload) VALUES ('Legacy', 'x')`)
+			s := testenv.OpenDB(t, path)
 			want := append(tc.want, "declare it", "rebuild the table")
-			_, err := s.Migrate(ctx)
-			if !errors.Is(err, ErrSchema) {
-				t.Fatalf("Migrate = %v, want ErrSchema", err)
+			_, err := schema.Migrate(ctx, s)
+			if !errors.Is(err, schema.ErrSchema) {
+				t.Fatalf("Migrate = %v, want schema.ErrSchema", err)
 			}
 			for _, w := range want {
 				if !strings.Contains(err.Error(), w) {
@@ -188,12 +172,12 @@ func TestTextTimeColumnsAreRefused(t *testing.T) {
 			if err := db.QueryRow(`SELECT count(*) FROM pragma_table_info('event_queue') WHERE name IN ('event_id', 'claimed_at', 'claimed_by')`).Scan(&n); err != nil || n != 0 {
 				t.Errorf("Migrate refused but added %d columns (%v)", n, err)
 			}
-			if got, err := s.AppliedMigrations(ctx); err != nil || len(got) != 0 {
+			if got, err := schema.Applied(ctx, s); err != nil || len(got) != 0 {
 				t.Errorf("Migrate refused but recorded %v (%v)", got, err)
 			}
-			err = s.Verify(ctx)
-			if !errors.Is(err, ErrSchema) {
-				t.Fatalf("Verify = %v, want ErrSchema", err)
+			err = schema.Verify(ctx, s)
+			if !errors.Is(err, schema.ErrSchema) {
+				t.Fatalf("Verify = %v, want schema.ErrSchema", err)
 			}
 			for _, w := range want {
 				if !strings.Contains(err.Error(), w) {
@@ -206,23 +190,23 @@ func TestTextTimeColumnsAreRefused(t *testing.T) {
 	accepted := []struct{ name, table string }{
 		{"integer default 0", legacy("INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0")},
 		{"no default", legacy("INTEGER NOT NULL DEFAULT 0", "INTEGER")},
-		{"the relay's default", legacy("INTEGER NOT NULL DEFAULT ("+nowSQL+")", "BIGINT NOT NULL DEFAULT ("+nowSQL+")")},
+		{"the relay's default", legacy("INTEGER NOT NULL DEFAULT ("+schema.NowSQL+")", "BIGINT NOT NULL DEFAULT ("+schema.NowSQL+")")},
 		{"numeric text", legacy("INTEGER NOT NULL DEFAULT '0'", "INTEGER DEFAULT -1")},
 	}
 	for _, tc := range accepted {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			path := filepath.Join(t.TempDir(), "app.db")
-			db := appDB(t, path)
-			exec1(t, db, tc.table)
-			s := openStore(t, path, false)
-			if _, err := s.Migrate(ctx); err != nil {
+			db := testenv.AppDB(t, path)
+			testenv.MustExec(t, db, tc.table)
+			s := testenv.OpenDB(t, path)
+			if _, err := schema.Migrate(ctx, s); err != nil {
 				t.Fatalf("Migrate: %v", err)
 			}
-			if err := s.Verify(ctx); err != nil {
+			if err := schema.Verify(ctx, s); err != nil {
 				t.Fatalf("Verify: %v", err)
 			}
-			exec1(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('a', 'A', 'x', 0)`)
+			testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('a', 'A', 'x', 0)`)
 			var typ string
 			if err := db.QueryRow(`SELECT typeof(created_at) FROM event_queue`).Scan(&typ); err != nil || typ != "integer" {
 				t.Fatalf("created_at of an inserted row is %s (%v), want integer", typ, err)
@@ -238,15 +222,15 @@ func TestTextTimeColumnsAreRefused(t *testing.T) {
 func TestMigrateMakesNullAvailableAtClaimable(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "app.db")
-	db := appDB(t, path)
-	exec1(t, db, legacyNullable)
-	legacyRows(t, db, 25)
+	db := testenv.AppDB(t, path)
+	testenv.MustExec(t, db, testenv.LegacyNullable)
+	testenv.LegacyRows(t, db, 25)
 	later := time.Now().Add(time.Hour).UnixMilli()
-	exec1(t, db, `INSERT INTO event_queue (id, event_type, payload, created_at, available_at) VALUES (26, 'Later', 'x', 1700000000026, ?)`, later)
-	exec1(t, db, `INSERT INTO event_queue (id, event_type, payload, created_at) VALUES (27, 'TextTime', 'x', '2020-01-01 00:00:00')`)
-	s := openStore(t, path, false)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_type, payload, created_at, available_at) VALUES (26, 'Later', 'x', 1700000000026, ?)`, later)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_type, payload, created_at) VALUES (27, 'TextTime', 'x', '2020-01-01 00:00:00')`)
+	s := testenv.OpenDB(t, path)
 	before := time.Now().UnixMilli()
-	if _, err := s.Migrate(ctx); err != nil {
+	if _, err := schema.Migrate(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 	after := time.Now().UnixMilli()
@@ -275,17 +259,6 @@ func TestMigrateMakesNullAvailableAtClaimable(t *testing.T) {
 	}
 }
 
-// legacyDB is a WAL database holding a legacy outbox of n rows.
-func legacyDB(t *testing.T, n int) (string, *sql.DB) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "app.db")
-	db := appDB(t, path)
-	exec1(t, db, `PRAGMA journal_mode = WAL`)
-	exec1(t, db, legacyNullable)
-	legacyRows(t, db, n)
-	return path, db
-}
-
 // TestMigrateBackfillsInShortTransactions: the backfill of a large legacy
 // table commits in batches and leaves the lock to the application between
 // them: a writer whose busy_timeout is 200 ms keeps committing all through
@@ -293,22 +266,8 @@ func legacyDB(t *testing.T, n int) (string, *sql.DB) {
 func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 	const n = 50_000
 	ctx := context.Background()
-	path, db := legacyDB(t, n)
-	s := openStore(t, path, false)
-
-	// Count the relay's commits on its (single) writer connection.
-	var commits atomic.Int64
-	conn, err := s.write.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Raw(func(dc any) error {
-		dc.(*sqlite3.SQLiteConn).RegisterCommitHook(func() int { commits.Add(1); return 0 })
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close()
+	path, db := testenv.LegacyDB(t, n)
+	s := testenv.OpenDB(t, path)
 
 	app, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=200&_txlock=immediate")
 	if err != nil {
@@ -321,6 +280,9 @@ func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 	var written int
 	var writeErr error
 	var worst time.Duration
+	// What the application saw of the backfill from inside its own
+	// transactions: how many legacy rows had their id, each time.
+	partial := map[int]bool{}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -335,6 +297,10 @@ func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 			if err == nil {
 				worst = max(worst, time.Since(asked))
 				now := time.Now().UnixMilli()
+				var given int // before the migration adds event_id, the query fails: none
+				if tx.QueryRow(`SELECT count(*) FROM event_queue WHERE id <= ? AND event_id IS NOT NULL`, n).Scan(&given) == nil && given > 0 && given < n {
+					partial[given] = true
+				}
 				if _, err = tx.Exec(`INSERT INTO event_queue (event_type, payload, available_at, created_at) VALUES ('App', 'x', ?1, ?1)`, now); err == nil {
 					err = tx.Commit()
 				} else {
@@ -349,7 +315,7 @@ func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	_, migErr := s.Migrate(ctx)
+	_, migErr := schema.Migrate(ctx, s)
 	close(stop)
 	wg.Wait()
 	if migErr != nil {
@@ -358,9 +324,12 @@ func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 	if writeErr != nil {
 		t.Fatalf("the application's write failed during the migration (after %d commits): %v", written, writeErr)
 	}
-	t.Logf("the application committed %d rows during the migration, waiting %v for the lock at worst; the relay committed %d transactions", written, worst, commits.Load())
-	if c := commits.Load(); c < n/backfillBatch {
-		t.Errorf("the migration committed %d transactions; want the %d-row backfill in batches of %d", c, n, backfillBatch)
+	t.Logf("the application committed %d rows during the migration, waiting %v for the lock at worst; it saw the backfill part done %d times", written, worst, len(partial))
+	// Two different partial states seen from the application's own
+	// transactions: the backfill committed at least three times, and the
+	// application wrote between its commits.
+	if len(partial) < 2 {
+		t.Errorf("the application saw the backfill part done %d times (%v); want it in batches, with the application's commits between them", len(partial), partial)
 	}
 
 	legacyIDs(t, db, n)
@@ -374,13 +343,13 @@ func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 
 // assertMigrated checks that every migration is recorded and the schema
 // is complete.
-func assertMigrated(t *testing.T, s *Store) {
+func assertMigrated(t *testing.T, s *sqlitedb.DB) {
 	t.Helper()
 	ctx := context.Background()
-	if got, err := s.AppliedMigrations(ctx); err != nil || fmt.Sprint(got) != "[101 102 103 104]" {
+	if got, err := schema.Applied(ctx, s); err != nil || fmt.Sprint(got) != "[101 102 103 104]" {
 		t.Fatalf("recorded %v, %v", got, err)
 	}
-	if err := s.Verify(ctx); err != nil {
+	if err := schema.Verify(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -391,10 +360,10 @@ func assertMigrated(t *testing.T, s *Store) {
 func TestMigrateResumesAfterKill(t *testing.T) {
 	const n = 50_000
 	ctx := context.Background()
-	path, db := legacyDB(t, n)
+	path, db := testenv.LegacyDB(t, n)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperMigrateToBeKilled$")
-	cmd.Env = append(os.Environ(), "CLAIM_HELPER_MIGRATE_KILLED="+path)
+	cmd.Env = append(os.Environ(), "SCHEMA_HELPER_MIGRATE_KILLED="+path)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -419,8 +388,8 @@ func TestMigrateResumesAfterKill(t *testing.T) {
 	}
 	<-exited
 
-	s := openStore(t, path, false)
-	if got, err := s.AppliedMigrations(ctx); err != nil || len(got) != 0 {
+	s := testenv.OpenDB(t, path)
+	if got, err := schema.Applied(ctx, s); err != nil || len(got) != 0 {
 		t.Fatalf("recorded %v (%v) although the backfill did not finish", got, err)
 	}
 	given := map[int64]string{}
@@ -440,7 +409,7 @@ func TestMigrateResumesAfterKill(t *testing.T) {
 	}
 	t.Logf("killed with %d of %d rows given ids", len(given), n)
 
-	if _, err := s.Migrate(ctx); err != nil {
+	if _, err := schema.Migrate(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 	ids := legacyIDs(t, db, n)
@@ -460,16 +429,189 @@ func TestMigrateResumesAfterKill(t *testing.T) {
 // TestHelperMigrateToBeKilled is the child process of
 // TestMigrateResumesAfterKill.
 func TestHelperMigrateToBeKilled(t *testing.T) {
-	path := os.Getenv("CLAIM_HELPER_MIGRATE_KILLED")
+	path := os.Getenv("SCHEMA_HELPER_MIGRATE_KILLED")
 	if path == "" {
 		t.Skip("helper process only")
 	}
-	s, err := Open(context.Background(), Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second})
+	if _, err := schema.Migrate(context.Background(), testenv.OpenDB(t, path)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMigrateFreshAndIdempotent(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.CreateDB(t, filepath.Join(t.TempDir(), "app.db"))
+	if err := schema.Verify(ctx, s); !errors.Is(err, schema.ErrSchema) || !strings.Contains(err.Error(), "table event_queue") {
+		t.Fatalf("Verify before migrate = %v", err)
+	}
+	applied, err := schema.Migrate(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	if _, err := s.Migrate(context.Background()); err != nil {
+	if fmt.Sprint(applied) != "[101 102 103 104]" {
+		t.Fatalf("applied %v", applied)
+	}
+	if err := schema.Verify(ctx, s); err != nil {
+		t.Fatalf("Verify after migrate: %v", err)
+	}
+	applied, err = schema.Migrate(ctx, s)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("second Migrate applied %v, %v", applied, err)
+	}
+}
+
+func TestVerifyNamesEveryMissingPiece(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := testenv.AppDB(t, path)
+	testenv.MustExec(t, db, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB NOT NULL,
+		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, available_at INTEGER NOT NULL DEFAULT 0,
+		created_at INTEGER NOT NULL DEFAULT 0, processed_at INTEGER, last_error TEXT)`)
+	s := testenv.OpenDB(t, path)
+	err := schema.Verify(context.Background(), s)
+	for _, want := range []string{"column event_queue.event_id", "column event_queue.claimed_at", "column event_queue.claimed_by",
+		"index event_queue_event_id", "index event_queue_pending", "table processed_events", "table " + schema.InstancesTable, "table " + schema.ExhaustedTable} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Verify error %v does not name %s", err, want)
+		}
+	}
+}
+
+// legacyTable is an event_queue from before migration 101.
+const legacyTable = `CREATE TABLE event_queue (
+	id INTEGER PRIMARY KEY,
+	event_type TEXT NOT NULL,
+	payload BLOB NOT NULL,
+	status TEXT NOT NULL DEFAULT 'pending',
+	attempts INTEGER NOT NULL DEFAULT 0,
+	available_at INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL DEFAULT 0,
+	processed_at INTEGER,
+	last_error TEXT)`
+
+func TestMigrateLegacyBackfillsDistinctIDs(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := testenv.AppDB(t, path)
+	testenv.MustExec(t, db, legacyTable)
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000)
+		INSERT INTO event_queue (event_type, payload, status) SELECT 'Legacy', 'p' || i, CASE WHEN i % 2 = 0 THEN 'done' ELSE 'pending' END FROM n`)
+	s := testenv.OpenDB(t, path)
+	if _, err := schema.Migrate(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(`SELECT event_id FROM event_queue`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for rows.Next() {
+		var id sql.NullString
+		rows.Scan(&id)
+		if !id.Valid || !uuidRe.MatchString(id.String) {
+			t.Fatalf("row without a UUID: %v", id)
+		}
+		if seen[id.String] {
+			t.Fatalf("event id %s given twice", id.String)
+		}
+		seen[id.String] = true
+	}
+	rows.Close()
+	if len(seen) != 5000 {
+		t.Fatalf("%d ids, want 5000", len(seen))
+	}
+	if _, err := db.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'X', 'x')`, firstKey(seen)); err == nil {
+		t.Fatal("duplicate event_id accepted: no unique index")
+	}
+	if err := schema.Verify(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func firstKey(m map[string]bool) string {
+	for k := range m {
+		return k
+	}
+	return ""
+}
+
+func TestMigrateRefusesForeignTable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	testenv.MustExec(t, testenv.AppDB(t, path), `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, body TEXT)`)
+	s := testenv.OpenDB(t, path)
+	_, err := schema.Migrate(context.Background(), s)
+	if err == nil || !strings.Contains(err.Error(), "lacks column(s) event_type, payload, status") {
+		t.Fatalf("Migrate on a foreign table = %v", err)
+	}
+}
+
+// TestMigrationRace migrates the same new file from several independent
+// connections at once, then from two processes at once.
+func TestMigrationRace(t *testing.T) {
+	for round := 0; round < 5; round++ {
+		path := filepath.Join(t.TempDir(), "app.db")
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer s.Close()
+				_, errs[i] = schema.Migrate(context.Background(), s)
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d migrator %d: %v", round, i, err)
+			}
+		}
+		assertMigratedOnce(t, path)
+	}
+	path := filepath.Join(t.TempDir(), "app.db")
+	var procs []*exec.Cmd
+	outs := make([]strings.Builder, 2)
+	for i := 0; i < 2; i++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperMigrate$")
+		cmd.Env = append(os.Environ(), "SCHEMA_HELPER_MIGRATE="+path)
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, cmd)
+	}
+	for i, p := range procs {
+		if err := p.Wait(); err != nil {
+			t.Logf("output: %s", outs[i].String())
+			t.Fatalf("migrating process %d: %v", i, err)
+		}
+	}
+	assertMigratedOnce(t, path)
+}
+
+// TestHelperMigrate is the child process of TestMigrationRace.
+func TestHelperMigrate(t *testing.T) {
+	path := os.Getenv("SCHEMA_HELPER_MIGRATE")
+	if path == "" {
+		t.Skip("helper process only")
+	}
+	if _, err := schema.Migrate(context.Background(), testenv.CreateDB(t, path)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func assertMigratedOnce(t *testing.T, path string) {
+	t.Helper()
+	s := testenv.OpenDB(t, path)
+	got, err := schema.Applied(context.Background(), s)
+	if err != nil || fmt.Sprint(got) != "[101 102 103 104]" {
+		t.Fatalf("migrations recorded %v, %v", got, err)
+	}
+	if err := schema.Verify(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,4 +1,9 @@
-package claim
+// Package schema owns the outbox's schema as the relay needs it: the
+// migrations that create or upgrade the outbox table and the relay's own
+// tables, Verify for files the relay may not change, and the SQL that says
+// what the columns mean (a due row, a time in Unix milliseconds), shared by
+// every query on the outbox.
+package schema
 
 import (
 	"context"
@@ -6,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"regexp"
 	"sort"
 	"strconv"
@@ -14,6 +18,7 @@ import (
 	"time"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
 // MigrationsTable records the relay's own migrations, keyed by outbox table.
@@ -35,7 +40,7 @@ var ErrSchema = errors.New("outbox schema incomplete")
 type migration struct {
 	version int
 	name    string
-	apply   func(ctx context.Context, s *Store) error
+	apply   func(ctx context.Context, s *sqlitedb.DB) error
 }
 
 var migrations = []migration{
@@ -47,9 +52,9 @@ var migrations = []migration{
 
 // migrateInFlight adds the count of rows a relay holds in flight to its
 // heartbeat row: claims are not written to the outbox table.
-func migrateInFlight(ctx context.Context, s *Store) error {
-	return s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
-		cols, err := columns(ctx, tx, InstancesTable)
+func migrateInFlight(ctx context.Context, s *sqlitedb.DB) error {
+	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		cols, err := sqlitedb.Columns(ctx, tx, InstancesTable)
 		if err != nil || cols["in_flight"] {
 			return err
 		}
@@ -64,8 +69,8 @@ func migrateInFlight(ctx context.Context, s *Store) error {
 // max_deliver deliveries (JetStream has no dead-letter queue).
 const ExhaustedTable = "outbox_relay_exhausted"
 
-func migrateExhausted(ctx context.Context, s *Store) error {
-	return s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+func migrateExhausted(ctx context.Context, s *sqlitedb.DB) error {
+	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+ExhaustedTable+` (
 	id          INTEGER PRIMARY KEY,
 	event_id    TEXT,
@@ -103,11 +108,11 @@ var addable = []struct{ name, decl string }{
 // every row without one, and create the unique index; and processed_events.
 // Each part is a transaction of its own, and the backfill a series of short
 // ones.
-func migrateOutbox(ctx context.Context, s *Store) error {
-	t := s.table
+func migrateOutbox(ctx context.Context, s *sqlitedb.DB) error {
+	t := s.Table()
 	created := false
-	err := s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
-		cols, err := columns(ctx, tx, t)
+	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		cols, err := sqlitedb.Columns(ctx, tx, t)
 		if err != nil {
 			return err
 		}
@@ -125,7 +130,7 @@ func migrateOutbox(ctx context.Context, s *Store) error {
 	created_at   INTEGER NOT NULL DEFAULT (%[2]s),
 	processed_at INTEGER,
 	last_error   TEXT
-)`, t, nowSQL)); err != nil {
+)`, t, NowSQL)); err != nil {
 				return fmt.Errorf("create table %s: %w", t, err)
 			}
 			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s_event_id ON %[1]s (event_id)`, t)); err != nil {
@@ -164,14 +169,14 @@ func migrateOutbox(ctx context.Context, s *Store) error {
 	if err != nil || created {
 		return err
 	}
-	err = s.backfill(ctx,
+	err = backfill(ctx, s,
 		// A distinct random UUID for every row without one.
 		fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE rowid > ?1 AND rowid <= ?2 AND event_id IS NULL`, t, uuidSQL),
 		// A NULL available_at means "now" to the claim; give it its
 		// created_at where that is a time, else now, so that the backlog
 		// ages it from when it was written.
 		fmt.Sprintf(`UPDATE %s SET available_at = CASE WHEN typeof(created_at) = 'integer' THEN created_at ELSE %s END
-WHERE rowid > ?1 AND rowid <= ?2 AND available_at IS NULL`, t, nowSQL),
+WHERE rowid > ?1 AND rowid <= ?2 AND available_at IS NULL`, t, NowSQL),
 	)
 	if err != nil {
 		return err
@@ -181,7 +186,7 @@ WHERE rowid > ?1 AND rowid <= ?2 AND available_at IS NULL`, t, nowSQL),
 	// twenty times the backfill's cost. Building it is the one step that
 	// reads the whole table under the lock: SQLite builds an index in one
 	// statement (about 2 s for 2.5 million rows).
-	return s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error { return createEventIDIndex(ctx, tx, t) })
+	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error { return createEventIDIndex(ctx, tx, t) })
 }
 
 // createEventIDIndex creates the unique index on event_id unless one
@@ -215,10 +220,10 @@ func createEventIDIndex(ctx context.Context, tx *sql.Tx, t string) error {
 // claim owner, the indexes that keep a claim proportional to the batch, and
 // the instance heartbeat table. Each statement is a transaction of its own:
 // an index is built by reading the whole table under the lock.
-func migrateClaims(ctx context.Context, s *Store) error {
-	t := s.table
-	err := s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
-		cols, err := columns(ctx, tx, t)
+func migrateClaims(ctx context.Context, s *sqlitedb.DB) error {
+	t := s.Table()
+	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		cols, err := sqlitedb.Columns(ctx, tx, t)
 		if err != nil || cols["claimed_by"] {
 			return err
 		}
@@ -242,7 +247,7 @@ func migrateClaims(ctx context.Context, s *Store) error {
 	version      TEXT
 )`,
 	} {
-		if err := s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+		if err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, stmt)
 			return err
 		}); err != nil {
@@ -268,29 +273,29 @@ const (
 // (inclusive), and must only fill what is missing, so that a backfill cut
 // short (kill -9) is finished by running it again. After each transaction
 // the application has the lock for a while (migrationTx), at least 10 ms.
-func (s *Store) backfill(ctx context.Context, updates ...string) error {
+func backfill(ctx context.Context, s *sqlitedb.DB, updates ...string) error {
 	var lo, end sql.NullInt64
-	if err := s.read.QueryRowContext(ctx, fmt.Sprintf(`SELECT min(rowid) - 1, max(rowid) FROM %s`, s.table)).Scan(&lo, &end); err != nil {
-		return fmt.Errorf("backfill %s: %w", s.table, err)
+	if err := s.Reader().QueryRowContext(ctx, fmt.Sprintf(`SELECT min(rowid) - 1, max(rowid) FROM %s`, s.Table())).Scan(&lo, &end); err != nil {
+		return fmt.Errorf("backfill %s: %w", s.Table(), err)
 	}
 	if !end.Valid {
 		return nil // no rows
 	}
-	next := fmt.Sprintf(`SELECT rowid FROM %s WHERE rowid > ?1 AND rowid <= ?2 ORDER BY rowid LIMIT 1 OFFSET ?3`, s.table)
+	next := fmt.Sprintf(`SELECT rowid FROM %s WHERE rowid > ?1 AND rowid <= ?2 ORDER BY rowid LIMIT 1 OFFSET ?3`, s.Table())
 	batch := backfillFirst
 	for from := lo.Int64; from < end.Int64; {
 		// Found without the lock: the range holds the batch's rows whatever
 		// the application does meanwhile.
 		to := end.Int64
 		var hi int64
-		switch err := s.read.QueryRowContext(ctx, next, from, end.Int64, batch-1).Scan(&hi); {
+		switch err := s.Reader().QueryRowContext(ctx, next, from, end.Int64, batch-1).Scan(&hi); {
 		case err == nil:
 			to = hi
 		case !errors.Is(err, sql.ErrNoRows):
-			return fmt.Errorf("backfill %s: %w", s.table, err)
+			return fmt.Errorf("backfill %s: %w", s.Table(), err)
 		}
 		var held time.Duration
-		err := s.migrationTx(ctx, 10*time.Millisecond, &held, func(tx *sql.Tx) error {
+		err := migrationTx(ctx, s, 10*time.Millisecond, &held, func(tx *sql.Tx) error {
 			for _, u := range updates {
 				if _, err := tx.ExecContext(ctx, u, from, to); err != nil {
 					return err
@@ -299,7 +304,7 @@ func (s *Store) backfill(ctx context.Context, updates ...string) error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("backfill %s rows %d to %d: %w", s.table, from+1, to, err)
+			return fmt.Errorf("backfill %s rows %d to %d: %w", s.Table(), from+1, to, err)
 		}
 		from = to
 		batch = max(100, min(backfillBatch, 2*batch, int(float64(batch)*float64(backfillHold)/float64(max(held, time.Millisecond)))))
@@ -315,9 +320,9 @@ func (s *Store) backfill(ctx context.Context, updates ...string) error {
 // Before pausing it checkpoints (the WAL stays small, and the application's
 // commits do not pay for copying the migration into the database). held, if
 // not nil, receives how long the transaction held the lock.
-func (s *Store) migrationTx(ctx context.Context, minPause time.Duration, held *time.Duration, fn func(tx *sql.Tx) error) error {
+func migrationTx(ctx context.Context, s *sqlitedb.DB, minPause time.Duration, held *time.Duration, fn func(tx *sql.Tx) error) error {
 	var start time.Time
-	if err := s.inTx(ctx, func(tx *sql.Tx) error {
+	if err := s.InTx(ctx, func(tx *sql.Tx) error {
 		start = time.Now()
 		return fn(tx)
 	}); err != nil {
@@ -339,19 +344,6 @@ func (s *Store) migrationTx(ctx context.Context, minPause time.Duration, held *t
 	return nil
 }
 
-// inTx runs fn in a BEGIN IMMEDIATE transaction and commits it.
-func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := s.begin(ctx)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
-}
-
 // Required lists what the relay needs of the schema, for Verify.
 var (
 	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by"}
@@ -362,10 +354,10 @@ var (
 // Verify checks the schema without changing it and returns an error naming
 // every missing table, column and index, an event_id that no UNIQUE index
 // covers, and every time column that cannot hold integer milliseconds.
-func (s *Store) Verify(ctx context.Context) error {
-	t := s.table
+func Verify(ctx context.Context, s *sqlitedb.DB) error {
+	t := s.Table()
 	var missing, wrong []string
-	cols, err := columns(ctx, s.read, t)
+	cols, err := sqlitedb.Columns(ctx, s.Reader(), t)
 	if err != nil {
 		return err
 	}
@@ -377,11 +369,11 @@ func (s *Store) Verify(ctx context.Context) error {
 				missing = append(missing, "column "+t+"."+c)
 			}
 		}
-		if wrong, err = timeColumnProblems(ctx, s.read, t); err != nil {
+		if wrong, err = timeColumnProblems(ctx, s.Reader(), t); err != nil {
 			return err
 		}
 	}
-	switch problem, absent, _, err := eventIDIndexProblem(ctx, s.read, t); {
+	switch problem, absent, _, err := eventIDIndexProblem(ctx, s.Reader(), t); {
 	case err != nil:
 		return err
 	case absent:
@@ -390,19 +382,19 @@ func (s *Store) Verify(ctx context.Context) error {
 		wrong = append(wrong, problem)
 	}
 	for _, suffix := range requiredIndexes {
-		if ok, err := objectExists(ctx, s.read, "index", t+suffix); err != nil {
+		if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "index", t+suffix); err != nil {
 			return err
 		} else if !ok {
 			missing = append(missing, "index "+t+suffix)
 		}
 	}
 	for _, name := range requiredTables {
-		if ok, err := objectExists(ctx, s.read, "table", name); err != nil {
+		if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "table", name); err != nil {
 			return err
 		} else if !ok {
 			missing = append(missing, "table "+name)
 		} else if name == InstancesTable {
-			cols, err := columns(ctx, s.read, name)
+			cols, err := sqlitedb.Columns(ctx, s.Reader(), name)
 			if err != nil {
 				return err
 			}
@@ -417,7 +409,7 @@ func (s *Store) Verify(ctx context.Context) error {
 	}
 	parts = append(parts, wrong...)
 	if len(parts) > 0 {
-		return fmt.Errorf("%w in %s: %s", ErrSchema, s.path, strings.Join(parts, "; "))
+		return fmt.Errorf("%w in %s: %s", ErrSchema, s.Path(), strings.Join(parts, "; "))
 	}
 	return nil
 }
@@ -434,21 +426,21 @@ func (s *Store) Verify(ctx context.Context) error {
 // a column's type or default in place) or an index of the relay's name for
 // event_id that does not make it UNIQUE; and it fails, after migrating,
 // when no UNIQUE index covers event_id.
-func (s *Store) Migrate(ctx context.Context) ([]int, error) {
+func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 	var problems []string
-	err := retryBusy(ctx, func() (err error) {
-		problems, err = s.preconditions(ctx)
+	err := sqlitedb.RetryBusy(ctx, func() (err error) {
+		problems, err = preconditions(ctx, s)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	if len(problems) > 0 {
-		return nil, fmt.Errorf("%w in %s: %s; nothing was changed", ErrSchema, s.path, strings.Join(problems, "; "))
+		return nil, fmt.Errorf("%w in %s: %s; nothing was changed", ErrSchema, s.Path(), strings.Join(problems, "; "))
 	}
 	var applied []int
 	for _, m := range migrations {
-		ok, err := s.migrateOne(ctx, m)
+		ok, err := migrateOne(ctx, s, m)
 		if err != nil {
 			return applied, fmt.Errorf("migration %d (%s): %w", m.version, m.name, err)
 		}
@@ -456,28 +448,28 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 			applied = append(applied, m.version)
 		}
 	}
-	problem, _, _, err := eventIDIndexProblem(ctx, s.read, s.table)
+	problem, _, _, err := eventIDIndexProblem(ctx, s.Reader(), s.Table())
 	if err != nil {
 		return applied, err
 	}
 	if problem != "" {
-		return applied, fmt.Errorf("%w in %s: %s", ErrSchema, s.path, problem)
+		return applied, fmt.Errorf("%w in %s: %s", ErrSchema, s.Path(), problem)
 	}
 	return applied, nil
 }
 
 // preconditions lists what in an existing outbox table the migrations
 // cannot fix.
-func (s *Store) preconditions(ctx context.Context) ([]string, error) {
-	cols, err := columns(ctx, s.read, s.table)
+func preconditions(ctx context.Context, s *sqlitedb.DB) ([]string, error) {
+	cols, err := sqlitedb.Columns(ctx, s.Reader(), s.Table())
 	if err != nil || len(cols) == 0 {
 		return nil, err
 	}
-	problems, err := timeColumnProblems(ctx, s.read, s.table)
+	problems, err := timeColumnProblems(ctx, s.Reader(), s.Table())
 	if err != nil {
 		return nil, err
 	}
-	if problem, _, blocked, err := eventIDIndexProblem(ctx, s.read, s.table); err != nil {
+	if problem, _, blocked, err := eventIDIndexProblem(ctx, s.Reader(), s.Table()); err != nil {
 		return nil, err
 	} else if blocked {
 		problems = append(problems, problem)
@@ -485,43 +477,24 @@ func (s *Store) preconditions(ctx context.Context) ([]string, error) {
 	return problems, nil
 }
 
-func (s *Store) migrateOne(ctx context.Context, m migration) (applied bool, err error) {
-	err = retryBusy(ctx, func() error {
-		applied, err = s.applyMigration(ctx, m)
+func migrateOne(ctx context.Context, s *sqlitedb.DB, m migration) (applied bool, err error) {
+	err = sqlitedb.RetryBusy(ctx, func() error {
+		applied, err = applyMigration(ctx, s, m)
 		return err
 	})
 	return applied, err
 }
 
-// retryBusy runs fn again while it fails with a lock error that outlasted
-// busy_timeout, or one SQLite reports without waiting (switching a new file
-// to WAL): 100 ms doubling to 1 s, 5 retries.
-func retryBusy(ctx context.Context, fn func() error) error {
-	wait := 100 * time.Millisecond
-	for retry := 0; ; retry++ {
-		err := fn()
-		if err == nil || !Busy(err) || retry == 5 {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait + rand.N(wait/2)):
-		}
-		wait = min(2*wait, time.Second)
-	}
-}
-
 // applyMigration applies m unless it is recorded, and records it once it
 // is complete, unless another process recorded it meanwhile.
-func (s *Store) applyMigration(ctx context.Context, m migration) (applied bool, err error) {
+func applyMigration(ctx context.Context, s *sqlitedb.DB, m migration) (applied bool, err error) {
 	recorded := func(tx *sql.Tx) (bool, error) {
 		var n int
-		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+MigrationsTable+` WHERE target = ? AND version = ?`, s.table, m.version).Scan(&n)
+		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+MigrationsTable+` WHERE target = ? AND version = ?`, s.Table(), m.version).Scan(&n)
 		return n > 0, err
 	}
 	var done bool
-	err = s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+	err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
 	target     TEXT NOT NULL,
 	version    INTEGER NOT NULL,
@@ -542,12 +515,12 @@ func (s *Store) applyMigration(ctx context.Context, m migration) (applied bool, 
 		return false, err
 	}
 	// Recorded only now that it is complete, and once.
-	err = s.migrationTx(ctx, 0, nil, func(tx *sql.Tx) error {
+	err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 		var err error
 		if done, err = recorded(tx); err != nil || done {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO `+MigrationsTable+` (target, version, name, applied_at) VALUES (?, ?, ?, ?)`, s.table, m.version, m.name, nowMs())
+		_, err = tx.ExecContext(ctx, `INSERT INTO `+MigrationsTable+` (target, version, name, applied_at) VALUES (?, ?, ?, ?)`, s.Table(), m.version, m.name, sqlitedb.NowMs())
 		return err
 	})
 	return err == nil && !done, err
@@ -561,7 +534,7 @@ var timeColumns = []string{"available_at", "created_at", "processed_at", "claime
 // integer milliseconds: one without INTEGER affinity, or whose default
 // gives something else (text such as CURRENT_TIMESTAMP's, a fraction, Unix
 // seconds). No default, a NULL one and an integer one are fine.
-func timeColumnProblems(ctx context.Context, q querier, t string) ([]string, error) {
+func timeColumnProblems(ctx context.Context, q sqlitedb.Querier, t string) ([]string, error) {
 	type col struct {
 		name, typ string
 		dflt      sql.NullString
@@ -613,7 +586,7 @@ func timeColumnProblems(ctx context.Context, q querier, t string) ([]string, err
 		}
 		want := "INTEGER" // claimed_at, processed_at: NULL until the relay sets them
 		if name == "available_at" || name == "created_at" {
-			want = "INTEGER NOT NULL DEFAULT (" + nowSQL + ")"
+			want = "INTEGER NOT NULL DEFAULT (" + NowSQL + ")"
 		}
 		problems = append(problems, fmt.Sprintf("column %s.%s is %s, which has %s; declare it `%s %s`", t, name, decl, why, name, want))
 	}
@@ -629,7 +602,7 @@ func timeColumnProblems(ctx context.Context, q querier, t string) ([]string, err
 // INTEGER affinity and says what is wrong with the value, if anything. A
 // default that cannot be evaluated here (a function of the application's
 // own) is given the benefit of the doubt.
-func judgeDefault(ctx context.Context, q querier, dflt string) (string, error) {
+func judgeDefault(ctx context.Context, q sqlitedb.Querier, dflt string) (string, error) {
 	var v any
 	if err := q.QueryRowContext(ctx, `SELECT (`+dflt+`)`).Scan(&v); err != nil {
 		return "", nil
@@ -692,7 +665,7 @@ func affinity(decl string) string {
 // migration cannot create its own).
 // Without uniqueness two rows can share an id, and JetStream drops the
 // second as a duplicate of the first: one event lost.
-func eventIDIndexProblem(ctx context.Context, q querier, t string) (problem string, absent, blocked bool, err error) {
+func eventIDIndexProblem(ctx context.Context, q sqlitedb.Querier, t string) (problem string, absent, blocked bool, err error) {
 	rows, err := q.QueryContext(ctx, `SELECT il.name, il."unique", coalesce(lower(ii.name), '?'), coalesce(m.sql, '')
 FROM pragma_index_list(?1) il JOIN pragma_index_info(il.name) ii LEFT JOIN sqlite_master m ON m.type = 'index' AND m.name = il.name
 ORDER BY il.name, ii.seqno`, t)
@@ -781,43 +754,12 @@ func notNullOnly(where string) bool {
 	return w == "event_idisnotnull" || w == "event_idnotnull"
 }
 
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// columns returns the column names of table t (none if it does not exist).
-func columns(ctx context.Context, q querier, t string) (map[string]bool, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name FROM pragma_table_info(?)`, t)
-	if err != nil {
-		return nil, fmt.Errorf("read columns of %s: %w", t, err)
-	}
-	defer rows.Close()
-	cols := map[string]bool{}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, err
-		}
-		cols[strings.ToLower(name)] = true
-	}
-	return cols, rows.Err()
-}
-
-func objectExists(ctx context.Context, q querier, typ, name string) (bool, error) {
-	var n int
-	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = ? AND name = ?`, typ, name).Scan(&n); err != nil {
-		return false, fmt.Errorf("read schema: %w", err)
-	}
-	return n > 0, nil
-}
-
-// AppliedMigrations lists the versions recorded for this store's table.
-func (s *Store) AppliedMigrations(ctx context.Context) ([]int, error) {
-	if ok, err := objectExists(ctx, s.read, "table", MigrationsTable); err != nil || !ok {
+// Applied lists the versions recorded for the outbox table of s.
+func Applied(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
+	if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "table", MigrationsTable); err != nil || !ok {
 		return nil, err
 	}
-	rows, err := s.read.QueryContext(ctx, `SELECT version FROM `+MigrationsTable+` WHERE target = ?`, s.table)
+	rows, err := s.Reader().QueryContext(ctx, `SELECT version FROM `+MigrationsTable+` WHERE target = ?`, s.Table())
 	if err != nil {
 		return nil, err
 	}
@@ -832,4 +774,17 @@ func (s *Store) AppliedMigrations(ctx context.Context) ([]int, error) {
 	}
 	sort.Ints(vs)
 	return vs, rows.Err()
+}
+
+// TableExists returns an error naming the outbox table when the file has
+// no such table.
+func TableExists(ctx context.Context, s *sqlitedb.DB) error {
+	ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "table", s.Table())
+	if err != nil {
+		return fmt.Errorf("look for table %s: %w", s.Table(), err)
+	}
+	if !ok {
+		return fmt.Errorf("database %s has no table %s", s.Path(), s.Table())
+	}
+	return nil
 }

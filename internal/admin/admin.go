@@ -1,4 +1,9 @@
-package claim
+// Package admin owns the operator's queries on the outbox: the status at a
+// glance, dead letters listed and requeued, and the messages JetStream
+// consumers gave up on (recorded from the server's advisories). They are
+// short reads, or short writes of their own, safe while relays and the
+// application run.
+package admin
 
 import (
 	"context"
@@ -8,6 +13,8 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
 // DeadLetter is a row the relay gave up on.
@@ -67,13 +74,13 @@ type Status struct {
 // NullStatus is the key Status.Rows counts rows with a NULL status under.
 const NullStatus event.Status = "(null)"
 
-// Status reads the outbox's state in one short read transaction, so it is
+// ReadStatus reads the outbox's state in one short read transaction, so it is
 // consistent and safe while relays and the application write. Values of a
 // foreign shape (a text created_at, a NULL status) are counted or read as
 // well as they can be, never an error.
-func (s *Store) Status(ctx context.Context, lastDead int) (Status, error) {
+func ReadStatus(ctx context.Context, s *sqlitedb.DB, lastDead int) (Status, error) {
 	st := Status{Rows: map[event.Status]int64{}}
-	tx, err := s.read.BeginTx(ctx, nil)
+	tx, err := s.Reader().BeginTx(ctx, nil)
 	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
@@ -81,7 +88,7 @@ func (s *Store) Status(ctx context.Context, lastDead int) (Status, error) {
 	for _, status := range event.Statuses {
 		st.Rows[status] = 0
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT CAST(status AS TEXT), count(*) FROM `+s.table+` GROUP BY 1`)
+	rows, err := tx.QueryContext(ctx, `SELECT CAST(status AS TEXT), count(*) FROM `+s.Table()+` GROUP BY 1`)
 	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
@@ -107,35 +114,35 @@ func (s *Store) Status(ctx context.Context, lastDead int) (Status, error) {
 	if err := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE %[2]s),
 	(SELECT count(*) FROM %[1]s WHERE status = 'pending' AND NOT %[3]s),
-	(%[4]s)`, s.table, dueRow, dueSQL("?1"), oldestDueSQL(s.table)), now).
+	(%[4]s)`, s.Table(), schema.DueRow, schema.DueSQL("?1"), schema.OldestDueSQL(s.Table())), now).
 		Scan(&st.PendingDue, &st.PendingScheduled, &oldest); err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	if oldest.Valid {
 		st.OldestPending = time.UnixMilli(oldest.Int64)
 	}
-	if st.LastDeadLetters, err = deadLetters(ctx, tx, s.table, lastDead); err != nil {
+	if st.LastDeadLetters, err = deadLetters(ctx, tx, s.Table(), lastDead); err != nil {
 		return st, err
 	}
 	if st.Relays, err = instances(ctx, tx); err != nil {
 		return st, err
 	}
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+ExhaustedTable).Scan(&st.ConsumerExhausted); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+schema.ExhaustedTable).Scan(&st.ConsumerExhausted); err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	return st, nil
 }
 
 // DeadLetters lists the most recently dead-lettered rows, newest first.
-func (s *Store) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error) {
-	return deadLetters(ctx, s.read, s.table, limit)
+func DeadLetters(ctx context.Context, s *sqlitedb.DB, limit int) ([]DeadLetter, error) {
+	return deadLetters(ctx, s.Reader(), s.Table(), limit)
 }
 
-func deadLetters(ctx context.Context, q querier, table string, limit int) ([]DeadLetter, error) {
+func deadLetters(ctx context.Context, q sqlitedb.Querier, table string, limit int) ([]DeadLetter, error) {
 	// A foreign writer's values (a text processed_at, a NULL event_type) are
 	// read as well as they can be rather than failing the listing.
 	rows, err := q.QueryContext(ctx, `SELECT id, coalesce(CAST(event_id AS TEXT), ''), coalesce(CAST(event_type AS TEXT), ''), coalesce(CAST(attempts AS INTEGER), 0),
-	coalesce(CAST(last_error AS TEXT), ''), coalesce(`+msSQL("processed_at")+`, 0)
+	coalesce(CAST(last_error AS TEXT), ''), coalesce(`+schema.MsSQL("processed_at")+`, 0)
 FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -154,8 +161,8 @@ FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DES
 	return out, rows.Err()
 }
 
-func instances(ctx context.Context, q querier) ([]Instance, error) {
-	cols, err := columns(ctx, q, InstancesTable)
+func instances(ctx context.Context, q sqlitedb.Querier) ([]Instance, error) {
+	cols, err := sqlitedb.Columns(ctx, q, schema.InstancesTable)
 	if err != nil {
 		return nil, fmt.Errorf("list relays: %w", err)
 	}
@@ -164,7 +171,7 @@ func instances(ctx context.Context, q querier) ([]Instance, error) {
 		inFlight = "coalesce(in_flight, 0)"
 	}
 	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at, `+inFlight+`
-FROM `+InstancesTable+` ORDER BY started_at, instance_id`)
+FROM `+schema.InstancesTable+` ORDER BY started_at, instance_id`)
 	if err != nil {
 		return nil, fmt.Errorf("list relays: %w", err)
 	}
@@ -187,10 +194,10 @@ FROM `+InstancesTable+` ORDER BY started_at, instance_id`)
 // available now; last_error stays until the next attempt. With all, every
 // dead-lettered row; otherwise the given ids (rows that are not
 // dead-lettered are left alone). It returns how many rows it requeued.
-func (s *Store) Requeue(ctx context.Context, all bool, ids []int64) (int64, error) {
-	q := `UPDATE ` + s.table + ` SET status = 'pending', attempts = 0, available_at = ?, processed_at = NULL WHERE status = 'dead_lettered'`
+func Requeue(ctx context.Context, s *sqlitedb.DB, all bool, ids []int64) (int64, error) {
+	q := `UPDATE ` + s.Table() + ` SET status = 'pending', attempts = 0, available_at = ?, processed_at = NULL WHERE status = 'dead_lettered'`
 	if all {
-		res, err := s.exec(ctx, q, nowMs())
+		res, err := s.Exec(ctx, q, sqlitedb.NowMs())
 		if err != nil {
 			return 0, fmt.Errorf("requeue dead letters: %w", err)
 		}
@@ -200,11 +207,11 @@ func (s *Store) Requeue(ctx context.Context, all bool, ids []int64) (int64, erro
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), 10_000)] // under SQLite's limit of bound parameters
 		ids = ids[len(chunk):]
-		args := []any{nowMs()}
+		args := []any{sqlitedb.NowMs()}
 		for _, id := range chunk {
 			args = append(args, id)
 		}
-		res, err := s.exec(ctx, q+` AND id IN (`+strings.TrimSuffix(strings.Repeat("?,", len(chunk)), ",")+`)`, args...)
+		res, err := s.Exec(ctx, q+` AND id IN (`+strings.TrimSuffix(strings.Repeat("?,", len(chunk)), ",")+`)`, args...)
 		if err != nil {
 			return total, fmt.Errorf("requeue dead letters: %w", err)
 		}
@@ -214,122 +221,10 @@ func (s *Store) Requeue(ctx context.Context, all bool, ids []int64) (int64, erro
 	return total, nil
 }
 
-// pruneScan is how many rows one pruning step reads; the delete that
-// follows holds the write lock for a few milliseconds at most.
-const pruneScan = 500
-
-// pruneBudget is how many rows one Prune call reads at most: a table of a
-// million rows is swept every ten calls, at a few tens of milliseconds of
-// CPU a call.
-const pruneBudget = 100_000
-
-// Prune deletes finished rows older than before from table
-// (event.PruneOutbox: done rows by processed_at, or created_at where a
-// legacy row has none; event.PruneProcessedEvents: ledger rows by
-// processed_at, or started_at for abandoned claims). It sweeps the table in
-// rowid order from where the previous call stopped, wrapping at the end,
-// reading a few hundred rows at a time without a lock and deleting the old
-// finished ones among them by rowid in short write transactions, with a
-// pause between them so that the application's writers get the lock. No
-// index is needed, and rows finished out of insertion order (requeued dead
-// letters, rows scheduled late) are found on a later sweep. It returns how
-// many rows it deleted.
-func (s *Store) Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error) {
-	var name, finished, when string
-	switch table {
-	case event.PruneOutbox:
-		name, finished, when = s.table, `status = 'done'`, `coalesce(processed_at, created_at)`
-	case event.PruneProcessedEvents:
-		name, finished, when = "processed_events", `1`, `coalesce(processed_at, started_at)`
-	default:
-		return 0, fmt.Errorf("prune: unknown table %q", table)
-	}
-	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s AND %s < ?2, 0) FROM %s WHERE rowid > ?1 ORDER BY rowid LIMIT %d`, finished, when, name, pruneScan)
-	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
-	cutoff := before.UnixMilli()
-	s.mu.Lock()
-	cursor := s.pruned[table]
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.pruned[table] = cursor
-		s.mu.Unlock()
-	}()
-	var deleted int64
-	for read := 0; read < pruneBudget; {
-		rows, err := s.read.QueryContext(ctx, scan, cursor, cutoff)
-		if err != nil {
-			return deleted, fmt.Errorf("prune %s: %w", name, err)
-		}
-		var victims []int64
-		n := 0
-		for rows.Next() {
-			var id int64
-			var old bool
-			if err := rows.Scan(&id, &old); err != nil {
-				rows.Close()
-				return deleted, fmt.Errorf("prune %s: %w", name, err)
-			}
-			n++
-			cursor = id
-			if old {
-				victims = append(victims, id)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return deleted, fmt.Errorf("prune %s: %w", name, err)
-		}
-		read += n
-		if len(victims) > 0 {
-			k, err := s.deleteRows(ctx, del, victims, cutoff)
-			deleted += k
-			if err != nil {
-				return deleted, fmt.Errorf("prune %s: %w", name, err)
-			}
-			select {
-			case <-ctx.Done():
-				return deleted, ctx.Err()
-			case <-time.After(pause):
-			}
-		}
-		if n < pruneScan {
-			cursor = 0 // the end of the table: the next sweep starts over
-			return deleted, nil
-		}
-	}
-	return deleted, nil
-}
-
-// deleteRows deletes the given rowids in one short write transaction,
-// re-checking the condition (a row may have changed since it was read).
-func (s *Store) deleteRows(ctx context.Context, del string, ids []int64, cutoff int64) (int64, error) {
-	tx, err := s.begin(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer tx.Rollback()
-	st, err := tx.PrepareContext(ctx, del)
-	if err != nil {
-		return 0, err
-	}
-	defer st.Close()
-	var n int64
-	for _, id := range ids {
-		res, err := st.ExecContext(ctx, id, cutoff)
-		if err != nil {
-			return 0, err
-		}
-		k, _ := res.RowsAffected()
-		n += k
-	}
-	return n, tx.Commit()
-}
-
 // RecordExhausted stores a consumer's max-deliveries advisory; a repeat
 // (another relay saw it too) is ignored. It reports whether it was new.
-func (s *Store) RecordExhausted(ctx context.Context, e Exhausted) (bool, error) {
-	res, err := s.exec(ctx, `INSERT OR IGNORE INTO `+ExhaustedTable+` (event_id, stream, consumer, stream_seq, subject, deliveries, observed_at)
+func RecordExhausted(ctx context.Context, s *sqlitedb.DB, e Exhausted) (bool, error) {
+	res, err := s.Exec(ctx, `INSERT OR IGNORE INTO `+schema.ExhaustedTable+` (event_id, stream, consumer, stream_seq, subject, deliveries, observed_at)
 VALUES (?, ?, ?, ?, ?, ?, ?)`, e.EventID, e.Stream, e.Consumer, int64(e.StreamSeq), e.Subject, e.Deliveries, e.ObservedAt.UnixMilli())
 	if err != nil {
 		return false, fmt.Errorf("record exhausted message: %w", err)
@@ -339,9 +234,9 @@ VALUES (?, ?, ?, ?, ?, ?, ?)`, e.EventID, e.Stream, e.Consumer, int64(e.StreamSe
 }
 
 // ExhaustedMessages lists what consumers gave up on, newest first.
-func (s *Store) ExhaustedMessages(ctx context.Context, limit int) ([]Exhausted, error) {
-	rows, err := s.read.QueryContext(ctx, `SELECT coalesce(event_id, ''), stream, consumer, stream_seq, coalesce(subject, ''), deliveries, observed_at
-FROM `+ExhaustedTable+` ORDER BY observed_at DESC, id DESC LIMIT ?`, limit)
+func ExhaustedMessages(ctx context.Context, s *sqlitedb.DB, limit int) ([]Exhausted, error) {
+	rows, err := s.Reader().QueryContext(ctx, `SELECT coalesce(event_id, ''), stream, consumer, stream_seq, coalesce(subject, ''), deliveries, observed_at
+FROM `+schema.ExhaustedTable+` ORDER BY observed_at DESC, id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list exhausted messages: %w", err)
 	}

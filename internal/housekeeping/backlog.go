@@ -1,0 +1,37 @@
+package housekeeping
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
+)
+
+// Backlog reads the unfinished rows' counts in one short read through the
+// partial indexes: its cost follows the backlog, not the table. Its
+// OldestPending is when the longest-waiting due row became due (see
+// schema.OldestDueSQL); rows scheduled for later do not age the backlog.
+func Backlog(ctx context.Context, s *sqlitedb.DB) (event.Backlog, error) {
+	var b event.Backlog
+	if err := s.SameFile(); err != nil {
+		return b, err
+	}
+	var oldest sql.NullInt64
+	err := s.Reader().QueryRowContext(ctx, fmt.Sprintf(`SELECT
+	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
+	(SELECT count(*) FROM %[1]s WHERE status = 'processing'),
+	(SELECT count(*) FROM %[1]s WHERE status = 'dead_lettered'),
+	(%[2]s)`, s.Table(), schema.OldestDueSQL(s.Table())), s.DueMs()).
+		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &oldest)
+	if err != nil {
+		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
+	}
+	if oldest.Valid {
+		b.OldestPending = time.UnixMilli(oldest.Int64)
+	}
+	return b, nil
+}

@@ -1,0 +1,242 @@
+package housekeeping
+
+import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func TestBacklog(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.InsertRows(t, db, 3, "done")
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_type, payload, created_at) VALUES ('T', 'x', 1000)`)
+	testenv.InsertRows(t, db, 4, "pending")
+	testenv.InsertRows(t, db, 2, "dead_lettered")
+	if n := testenv.LegacyClaim(t, db, "an-older-relay", 2); n != 2 {
+		t.Fatal(n)
+	}
+	b, err := Backlog(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Pending != 3 || b.Processing != 2 || b.DeadLettered != 2 {
+		t.Fatalf("backlog %+v", b)
+	}
+	// The oldest pending row is the 4th inserted (the first two pending were claimed).
+	var want int64
+	db.QueryRow(`SELECT created_at FROM event_queue WHERE status = 'pending' ORDER BY id LIMIT 1`).Scan(&want)
+	if b.OldestPending.UnixMilli() != want {
+		t.Fatalf("oldest pending %v, want %d", b.OldestPending, want)
+	}
+}
+
+// TestPruneLeavesTheApplicationAlone deletes 100,000 old done rows while an
+// application writes; pruning completes, keeps everything else, and the
+// writer's commits go on between the prune's short transactions (its
+// longest wait is logged; a test does not judge timing).
+func TestPruneLeavesTheApplicationAlone(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	p := NewPruner(s)
+	db := testenv.AppDB(t, s.Path())
+	old := time.Now().Add(-8 * 24 * time.Hour).UnixMilli()
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at, last_error) VALUES ('old-dead', 'T', 'x', 'dead_lettered', ?1, ?1, 'kept')`, old)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, created_at) VALUES ('old-pending', 'T', 'x', ?1)`, old)
+	testenv.InsertRows(t, db, 100, "done") // recent
+	ledgerOld := time.Now().Add(-31 * 24 * time.Hour).UnixMilli()
+	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at, processed_at) VALUES ('a', 'h', 'done', ?1, ?1), ('b', 'h', 'in_progress', ?1, NULL), ('c', 'h', 'done', ?2, ?2), ('d', 'h', 'done', ?3, ?3)`,
+		ledgerOld, time.Now().UnixMilli(), old)
+
+	stop := make(chan struct{})
+	waits := make(chan time.Duration, 1)
+	var commits atomic.Int64
+	writer := testenv.AppDB(t, s.Path())
+	go func() {
+		var worst time.Duration
+		for {
+			select {
+			case <-stop:
+				waits <- worst
+				return
+			default:
+			}
+			start := time.Now()
+			tx, err := writer.Begin() // BEGIN IMMEDIATE: waits for the lock
+			if err != nil {
+				t.Error(err)
+				waits <- worst
+				return
+			}
+			worst = max(worst, time.Since(start))
+			tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'App', 'x')`, event.NewID())
+			if tx.Commit() == nil {
+				commits.Add(1)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	before := time.Now().Add(-7 * 24 * time.Hour)
+	n, err := p.Prune(ctx, event.PruneOutbox, before, 20*time.Millisecond)
+	during := commits.Load()
+	close(stop)
+	worst := <-waits
+	if err != nil || n != 100000 {
+		t.Fatalf("pruned %d, %v; want 100000", n, err)
+	}
+	var left, kept int
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'old-%'`).Scan(&left)
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id IN ('old-dead', 'old-pending')`).Scan(&kept)
+	if left != 2 || kept != 2 {
+		t.Fatalf("%d old rows left (want the dead letter and the pending row)", left)
+	}
+	t.Logf("writer's longest wait for the lock while pruning: %v; %d commits meanwhile", worst, during)
+	// One long transaction would have let the writer in once, at its end.
+	if during < 5 {
+		t.Errorf("the application committed %d times while pruning; the prune held the lock throughout", during)
+	}
+	n, err = p.Prune(ctx, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond)
+	if err != nil || n != 2 {
+		t.Fatalf("pruned %d ledger rows, %v; want the old done one and the abandoned claim", n, err)
+	}
+	// Nothing is old any more: a second pass deletes nothing and stops early.
+	if n, err := p.Prune(ctx, event.PruneOutbox, before, time.Millisecond); err != nil || n != 0 {
+		t.Fatalf("second prune %d, %v", n, err)
+	}
+}
+
+// TestPruneFindsRowsOutOfOrder: rows finished out of insertion order (a
+// requeued dead letter done yesterday before rows done nine days ago) and
+// legacy done rows without processed_at are pruned all the same.
+func TestPruneFindsRowsOutOfOrder(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	p := NewPruner(s)
+	db := testenv.AppDB(t, s.Path())
+	day := 24 * time.Hour
+	yesterday, nineDays := time.Now().Add(-day).UnixMilli(), time.Now().Add(-9*day).UnixMilli()
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'recent-' || i, 'T', 'x', 'done', ?1, ?2 FROM n`, nineDays, yesterday)
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, nineDays)
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'legacy-' || i, 'T', 'x', 'done', ?1, NULL FROM n`, nineDays)
+	var total int64
+	for i := 0; i < 3; i++ { // a few sweeps, as the relay makes one a minute
+		n, err := p.Prune(ctx, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+	}
+	var left, recent int
+	db.QueryRow(`SELECT count(*) FROM event_queue`).Scan(&left)
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'recent-%'`).Scan(&recent)
+	if total != 1050 || left != 600 || recent != 600 {
+		t.Fatalf("pruned %d, left %d (%d recent); want 1050 pruned and the 600 recent rows kept", total, left, recent)
+	}
+}
+
+// TestBacklogAgesFromWhenRowsBecameDue: a row scheduled for later does not
+// age the backlog however old it is, and a due row counts from the later
+// of its created_at and available_at, the moment it could first be
+// published.
+func TestBacklogAgesFromWhenRowsBecameDue(t *testing.T) {
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	now := time.Now()
+	ms := func(d time.Duration) int64 { return now.Add(d).UnixMilli() }
+	for _, r := range []struct {
+		id                 int
+		created, available int64
+	}{
+		{1, ms(-2 * time.Hour), ms(time.Hour)},            // scheduled: not due
+		{2, ms(-3 * time.Hour), ms(-5 * time.Minute)},     // retried: due for 5 minutes
+		{3, ms(-10 * time.Minute), ms(-20 * time.Minute)}, // due since it was created
+		{4, ms(-time.Minute), ms(-time.Minute)},           // just inserted
+		{5, ms(-24 * time.Hour), ms(30 * 24 * time.Hour)}, // scheduled far ahead
+		{6, ms(-48 * time.Hour), ms(-48*time.Hour) + 100}, // done long ago
+	} {
+		status := "pending"
+		if r.id == 6 {
+			status = "done"
+		}
+		testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, created_at, available_at) VALUES (?, ?, 'T', 'x', ?, ?, ?)`,
+			r.id, r.id, status, r.created, r.available)
+	}
+	b, err := Backlog(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Pending != 5 {
+		t.Errorf("pending %d, want 5 (scheduled rows are pending too)", b.Pending)
+	}
+	if want := ms(-10 * time.Minute); b.OldestPending.UnixMilli() != want {
+		t.Errorf("oldest pending became due %v (%v ago), want %v: row 3, due for 10 minutes",
+			b.OldestPending, now.Sub(b.OldestPending).Round(time.Second), time.UnixMilli(want))
+	}
+
+	// Nothing due: no age, however old the scheduled rows are.
+	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE id IN (2, 3, 4)`)
+	if b, err = Backlog(context.Background(), s); err != nil || !b.OldestPending.IsZero() || b.Pending != 2 {
+		t.Errorf("only scheduled rows: backlog %+v (%v), want 2 pending and no oldest", b, err)
+	}
+}
+
+// TestBacklogReadsForeignTimes: rows a legacy writer left with a text
+// created_at (CURRENT_TIMESTAMP's UTC text), a NULL or meaningless one,
+// or an available_at that is NULL or text, never fail the backlog read.
+// SQLite's date text counts as the UTC time it names; a created_at that is
+// no time counts as available_at and the other way round; a row whose
+// available_at is NULL or no time is due (the relay takes it to publish it
+// or to dead-letter it).
+func TestBacklogReadsForeignTimes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := testenv.AppDB(t, path)
+	testenv.MustExec(t, db, `CREATE TABLE event_queue (
+	id INTEGER PRIMARY KEY,
+	event_id TEXT,
+	event_type TEXT NOT NULL,
+	payload BLOB NOT NULL,
+	status TEXT NOT NULL DEFAULT 'pending',
+	attempts INTEGER NOT NULL DEFAULT 0,
+	available_at INTEGER,
+	claimed_at INTEGER,
+	created_at INTEGER,
+	processed_at INTEGER,
+	last_error TEXT)`)
+	now := time.Now()
+	ago := now.Add(-time.Minute).UnixMilli()
+	ins := `INSERT INTO event_queue (id, event_type, payload, created_at, available_at) VALUES (?, 'T', 'x', ?, ?)`
+	testenv.MustExec(t, db, ins, 1, "2024-05-01 10:00:00", 0)            // due since its creation
+	testenv.MustExec(t, db, ins, 2, nil, nil)                            // due, since when?
+	testenv.MustExec(t, db, ins, 3, nil, ago)                            // created when?
+	testenv.MustExec(t, db, ins, 4, "soon", ago)                         // created when?
+	testenv.MustExec(t, db, ins, 5, 1000, "2024-06-01 00:00:00")         // due since its text time
+	testenv.MustExec(t, db, ins, 6, []byte{0}, ago)                      // created when?
+	testenv.MustExec(t, db, ins, 7, now.Add(time.Hour).UnixMilli(), ago) // due in an hour
+	s := testenv.OpenDB(t, path)
+	b, err := Backlog(context.Background(), s)
+	if err != nil {
+		t.Fatalf("backlog: %v", err)
+	}
+	want := time.Date(2024, 5, 1, 10, 0, 0, 0, time.UTC)
+	if b.Pending != 7 || !b.OldestPending.Equal(want) {
+		t.Fatalf("backlog %d pending, oldest due %v; want 7 and %v", b.Pending, b.OldestPending.UTC(), want)
+	}
+
+	// Without the text rows, the oldest due rows are those whose created_at
+	// is no time, counted from their available_at.
+	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE id IN (1, 5)`)
+	if b, err = Backlog(context.Background(), s); err != nil || b.OldestPending.UnixMilli() != now.Add(-time.Minute).UnixMilli() {
+		t.Fatalf("backlog %+v (%v), want the oldest due a minute ago", b, err)
+	}
+}

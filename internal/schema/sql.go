@@ -1,0 +1,62 @@
+package schema
+
+import "fmt"
+
+// MsSQL reads a time column as Unix milliseconds, or NULL: integers as
+// they are, REALs truncated, text of digits as its number, and text that
+// begins with a date as SQLite's date functions read it (no zone means UTC,
+// as CURRENT_TIMESTAMP writes it). Other text, BLOBs and NULL are NULL.
+func MsSQL(col string) string {
+	return fmt.Sprintf(`(CASE typeof(%[1]s)
+	WHEN 'integer' THEN %[1]s
+	WHEN 'real' THEN CAST(%[1]s AS INTEGER)
+	WHEN 'text' THEN CASE
+		WHEN trim(%[1]s) <> '' AND trim(%[1]s) NOT GLOB '*[^0-9]*' THEN CAST(trim(%[1]s) AS INTEGER)
+		WHEN trim(%[1]s) GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*' THEN CAST(round((julianday(trim(%[1]s)) - 2440587.5) * 86400000) AS INTEGER)
+	END
+END)`, col)
+}
+
+// uuidSQL generates a random version 4 UUID per row in SQL, so a backfill
+// assigns event ids without a round trip per row.
+const uuidSQL = `lower(hex(randomblob(4)) || '-' || hex(randomblob(2)) || '-4' || substr(hex(randomblob(2)), 2) || '-' || substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || '-' || hex(randomblob(6)))`
+
+// NowSQL is the current time in Unix milliseconds, valid on SQLite 3.31
+// (no unixepoch('subsec')), for column defaults the application evaluates.
+const NowSQL = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
+
+// DueSQL is true for a pending row whose time has come (param is now in
+// Unix milliseconds). A NULL available_at (a legacy row, or an explicit
+// NULL) means now, and so does a value that is no time: such a row is taken
+// so that it is dealt with (published, or dead-lettered with the reason)
+// instead of waiting unseen forever. SQLite's own date-time text counts as
+// the time it names. An integer available_at, the relay's own, is decided
+// by the first comparison.
+func DueSQL(param string) string {
+	return fmt.Sprintf(`(available_at <= %[1]s OR (typeof(available_at) NOT IN ('integer', 'real') AND coalesce(%[2]s, 0) <= %[1]s))`,
+		param, MsSQL("available_at"))
+}
+
+// DueRow is the claim's own test of a row it would take now (?1, Unix
+// milliseconds).
+var DueRow = `status = 'pending' AND ` + DueSQL("?1")
+
+// oldestDueWindow is how many due rows, in claim order, oldestDueSQL looks
+// at, so that a backlog of a million rows costs a fraction of a
+// millisecond instead of a scan of every row (a few hundred milliseconds,
+// every stats interval). A row further back is missed only when a thousand
+// due rows ahead of it became due after it (retried or released rows);
+// they wait unclaimed too, so a stuck relay still shows, a little later.
+const oldestDueWindow = 1000
+
+// OldestDueSQL is a query for when the longest-waiting due row became due,
+// in Unix milliseconds (NULL when nothing is due): the later of created_at
+// and available_at, since a row cannot be published before either, among
+// the first oldestDueWindow due rows in id order (the order the relay
+// claims them in). Where one of the two is no time (or NULL), the other
+// counts alone.
+func OldestDueSQL(table string) string {
+	return fmt.Sprintf(`SELECT min(CASE WHEN c IS NULL THEN a WHEN a IS NULL OR c > a THEN c ELSE a END) FROM (
+	SELECT %s AS c, %s AS a FROM %s WHERE %s ORDER BY id LIMIT %d)`,
+		MsSQL("created_at"), MsSQL("available_at"), table, DueRow, oldestDueWindow)
+}

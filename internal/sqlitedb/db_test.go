@@ -1,0 +1,157 @@
+package sqlitedb_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func TestOpenMissingDatabase(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.db")
+	_, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue"})
+	if !errors.Is(err, sqlitedb.ErrNoDatabase) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Open of a missing file = %v; want sqlitedb.ErrNoDatabase naming the path", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatal("Open without Create created the file")
+	}
+}
+
+func TestOpenNotADatabase(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "junk.db")
+	if err := os.WriteFile(path, []byte(strings.Repeat("not sqlite ", 1000)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue"})
+	if err == nil || !strings.Contains(err.Error(), "not a database") {
+		t.Fatalf("Open of a junk file = %v; want 'not a database'", err)
+	}
+}
+
+// startWatch runs Watch with an hour-long fallback poll (only the file
+// notification can wake it) and returns once it has seen a commit of db:
+// from then on it is watching, whatever the scheduler did.
+func startWatch(t *testing.T, s *sqlitedb.DB, db *sql.DB) (wake chan struct{}, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	wake = make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Watch(ctx, time.Hour, wake) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for woke := false; !woke; {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch never woke for a commit")
+		}
+		testenv.InsertRows(t, db, 1, "pending")
+		select {
+		case <-wake:
+			woke = true
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return wake, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestWatchSeesForeignCommits(t *testing.T) {
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	wake, stop := startWatch(t, s, db)
+	defer stop()
+	select {
+	case <-wake:
+		t.Fatal("woke without a commit")
+	case <-time.After(200 * time.Millisecond):
+	}
+	testenv.InsertRows(t, db, 1, "pending")
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up after a commit")
+	}
+}
+
+// TestWatchPace: the fallback poll slows once notifications announce
+// commits, and speeds up again when the poll finds one they missed.
+func TestWatchPace(t *testing.T) {
+	p := sqlitedb.NewPace(100 * time.Millisecond)
+	steps := []struct {
+		notified, polled bool
+		next             time.Duration
+		change           bool
+	}{
+		{polled: true}, // untrusted: the poll finding commits changes nothing
+		{notified: true, next: time.Second, change: true}, // a notification announced one: trust, slow down
+		{notified: true}, // still trusted
+		{polled: true, next: 100 * time.Millisecond, change: true}, // one was missed: fast again
+		{polled: true},
+		{}, // an overflow: no source, no change
+		{notified: true, next: time.Second, change: true},
+	}
+	for i, st := range steps {
+		next, change := p.Found(st.notified, st.polled)
+		if next != st.next || change != st.change {
+			t.Fatalf("step %d: got (%v, %v), want (%v, %v)", i, next, change, st.next, st.change)
+		}
+	}
+}
+
+// TestCheckpointSkipsAnUnchangedWAL: a checkpoint copies the WAL into the
+// database; the next one, with nothing committed since, does no work; a
+// commit makes the one after it run again.
+func TestCheckpointSkipsAnUnchangedWAL(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	db.SetMaxOpenConns(1)
+	testenv.MustExec(t, db, `PRAGMA wal_autocheckpoint = 0`) // only the store checkpoints
+	testenv.InsertRows(t, db, 50, "pending")
+	pages, done, err := s.Checkpoint(ctx)
+	if err != nil || pages == 0 || done != pages {
+		t.Fatalf("checkpoint: %d of %d pages (%v)", done, pages, err)
+	}
+	ran := sqlitedb.CheckpointedAt(s)
+	if p, d, err := s.Checkpoint(ctx); err != nil || p != pages || d != done || !sqlitedb.CheckpointedAt(s).Equal(ran) {
+		t.Fatalf("an unchanged WAL was checkpointed again (%d of %d, %v)", d, p, err)
+	}
+	time.Sleep(20 * time.Millisecond) // past the file system's coarse clock tick
+	testenv.InsertRows(t, db, 50, "pending")
+	if _, d, err := s.Checkpoint(ctx); err != nil || sqlitedb.CheckpointedAt(s).Equal(ran) || d == 0 {
+		t.Fatalf("a commit after the checkpoint was not checkpointed (%d pages, %v)", d, err)
+	}
+}
+
+// TestWatchSeesSynchronousFullCommits: an application with
+// synchronous=FULL syncs the WAL before its commit becomes visible, so the
+// file notification comes before the commit can be seen; the watch must
+// look again rather than wait for its (here hour-long) poll.
+func TestWatchSeesSynchronousFullCommits(t *testing.T) {
+	s := testenv.MigratedDB(t)
+	db, err := sql.Open("sqlite3", "file:"+s.Path()+"?_busy_timeout=5000&_txlock=immediate&_synchronous=FULL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	wake, stop := startWatch(t, s, db)
+	defer stop()
+	for i := range 20 {
+		testenv.InsertRows(t, db, 1, "pending")
+		select {
+		case <-wake:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("commit %d: no wake-up", i)
+		}
+	}
+}
