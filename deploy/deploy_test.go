@@ -42,11 +42,37 @@ func tool(t *testing.T, name, pkg string) string {
 	return p
 }
 
+// setConfigEnv makes env the only configuration variables of the process
+// environment, which config.Load reads, until the test ends: the
+// OUTBOX_RELAY_* and alias variables of the shell running the tests are
+// unset first.
+func setConfigEnv(t *testing.T, env []string) {
+	t.Helper()
+	aliases := map[string]bool{}
+	for _, k := range config.Keys() {
+		aliases[k.Alias] = k.Alias != ""
+	}
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, config.EnvPrefix) || aliases[name] {
+			t.Setenv(name, "")
+			if err := os.Unsetenv(name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, kv := range env {
+		if name, val, ok := strings.Cut(kv, "="); ok {
+			t.Setenv(name, val)
+		}
+	}
+}
+
 // TestConfigExampleIsTheDefaults: the documented example loads, equals the
 // built-in defaults, and names every key with its environment variable, so
 // docs and code cannot drift.
 func TestConfigExampleIsTheDefaults(t *testing.T) {
-	c, err := config.Load("../config.example.yaml", nil, nil)
+	setConfigEnv(t, nil)
+	c, err := config.Load("../config.example.yaml", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +204,8 @@ func TestComposeSidecar(t *testing.T) {
 			envList = append(envList, k+"="+*v)
 		}
 	}
-	if _, err := config.Load("", nil, envList); err != nil {
+	setConfigEnv(t, envList)
+	if _, err := config.Load("", nil); err != nil {
 		t.Errorf("the relay's environment does not load: %v", err)
 	}
 

@@ -153,7 +153,7 @@ stream has acknowledged it. "run" is the default command.`,
 
 // loadConfig reads the configuration from file, environment and flags.
 func (c *cli) loadConfig() (config.Config, error) {
-	return config.Load(c.configFile, c.flags, os.Environ())
+	return config.Load(c.configFile, c.flags)
 }
 
 // buildCommit is the commit stamped at build time, or the one Go recorded.

@@ -297,14 +297,20 @@ func configErr(format string, args ...any) error {
 }
 
 // Load reads the configuration: defaults, then the YAML file (if file is not
-// empty), then the environment, then the flags in fs that were set on the
-// command line (fs may be nil). The result is validated. Every error is an
-// *Error naming the key.
-func Load(file string, fs *pflag.FlagSet, environ []string) (Config, error) {
+// empty), then the process environment, then the flags in fs that were set
+// on the command line (fs may be nil). The result is validated. Every error
+// is an *Error naming the key.
+//
+// Each source is a layer of viper's own: defaults, the file (merged as a
+// map, see readFile), the environment variables bound to each key and the
+// flags bound to each key, which viper only takes when they were set on the
+// command line. A few rules viper has no setting for are kept here: an
+// unknown OUTBOX_RELAY_* variable is an error, and an empty variable sets
+// the keys of emptyMeans.
+func Load(file string, fs *pflag.FlagSet) (Config, error) {
 	v := viper.New()
 	keys := Keys()
 	known := map[string]bool{}
-	envs := map[string]bool{}
 	for _, k := range keys {
 		known[k.Name] = true
 		v.SetDefault(k.Name, k.Default)
@@ -317,43 +323,49 @@ func Load(file string, fs *pflag.FlagSet, environ []string) (Config, error) {
 		if err := v.MergeConfigMap(m); err != nil {
 			return Config{}, configErr("read config file %s: %w", file, err)
 		}
+		// Before the environment and flags are bound: viper lists a bound
+		// key in AllKeys and would then hide the file's keys under it
+		// (nats.password.x under nats.password).
 		if err := checkFileKeys(v, known, file); err != nil {
 			return Config{}, err
 		}
 	}
-	env := map[string]string{}
-	for _, kv := range environ {
-		if name, val, ok := strings.Cut(kv, "="); ok {
-			env[name] = val
-		}
+	if err := checkEnv(keys); err != nil {
+		return Config{}, err
 	}
+	// OUTBOX_RELAY_ and the key with "_" for "." (nats.url:
+	// OUTBOX_RELAY_NATS_URL), then its alias (NATS_URL): the first of them
+	// that is set and not empty gives the value. An empty variable counts as
+	// unset, as compose files leave placeholders.
+	v.SetEnvPrefix(strings.TrimSuffix(EnvPrefix, "_"))
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AllowEmptyEnv(false)
 	for _, k := range keys {
-		envs[k.Env] = true
-		// Values come from environ rather than the process environment so
-		// that tests are hermetic; the first non-empty name wins (an empty
-		// variable counts as unset, as compose files leave placeholders),
-		// except where empty means something of its own.
-		if val, set := env[k.Env]; set && val == "" && emptyMeans[k.Name] {
-			v.Set(k.Name, "")
-			continue
-		}
-		for _, name := range []string{k.Env, k.Alias} {
-			if val := env[name]; name != "" && val != "" {
-				v.Set(k.Name, val)
-				break
-			}
+		v.MustBindEnv(k.Name)
+		if k.Alias != "" {
+			v.MustBindEnv(k.Name, k.Alias)
 		}
 	}
-	for name := range env {
-		if strings.HasPrefix(name, EnvPrefix) && !envs[name] && !serviceLink(name) {
-			return Config{}, configErr("unknown environment variable %s: no config key has that name", name)
-		}
-	}
+	// Flags are bound one key at a time: BindPFlags would take the flag
+	// names (relay-batch-size) for keys.
+	changed := map[string]bool{}
 	if fs != nil {
 		for _, k := range keys {
-			if f := fs.Lookup(k.Flag); f != nil && f.Changed {
-				v.Set(k.Name, flagValue(f))
+			if f := fs.Lookup(k.Flag); f != nil {
+				if err := v.BindPFlag(k.Name, f); err != nil {
+					return Config{}, configErr("%s: %w", k.Name, err)
+				}
+				changed[k.Name] = f.Changed
 			}
+		}
+	}
+	// Viper counts empty variables as unset for every key or for none
+	// (AllowEmptyEnv), so the keys whose empty value means something get it
+	// here. Set is viper's layer above the flags: a flag set on the command
+	// line keeps its place above the environment.
+	for _, k := range keys {
+		if val, set := os.LookupEnv(k.Env); set && val == "" && emptyMeans[k.Name] && !changed[k.Name] {
+			v.Set(k.Name, "")
 		}
 	}
 	var c Config
@@ -370,6 +382,28 @@ func Load(file string, fs *pflag.FlagSet, environ []string) (Config, error) {
 		return Config{}, &Error{Err: err}
 	}
 	return c, nil
+}
+
+// checkEnv refuses an OUTBOX_RELAY_* variable that is no key's, which viper
+// would silently ignore: a misspelt name must not leave its key at the
+// file's value or the default.
+func checkEnv(keys []Key) error {
+	envs := map[string]bool{}
+	for _, k := range keys {
+		envs[k.Env] = true
+	}
+	var unknown []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix) && !envs[name] && !serviceLink(name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return configErr("unknown environment variable %s: no config key has that name", unknown[0])
+	}
+	return nil
 }
 
 // readFile reads the YAML file for viper. A section written with nothing
@@ -491,14 +525,6 @@ func knownPrefix(k string, known map[string]bool) string {
 func serviceLink(name string) bool {
 	rest := strings.TrimPrefix(name, EnvPrefix)
 	return strings.HasPrefix(rest, "SERVICE_") || rest == "PORT" || strings.HasPrefix(rest, "PORT_")
-}
-
-// flagValue returns a set flag's value in a form the decoder takes.
-func flagValue(f *pflag.Flag) any {
-	if sv, ok := f.Value.(pflag.SliceValue); ok {
-		return sv.GetSlice()
-	}
-	return f.Value.String()
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))

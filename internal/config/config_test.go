@@ -31,8 +31,44 @@ func flags(t *testing.T, args ...string) *pflag.FlagSet {
 	return fs
 }
 
+// load makes env the configuration's environment (see setEnv) and loads.
+func load(t *testing.T, file string, fs *pflag.FlagSet, env []string) (Config, error) {
+	t.Helper()
+	setEnv(t, env)
+	return Load(file, fs)
+}
+
+// setEnv makes env the only configuration variables of the process
+// environment, which is what Load reads, until the test ends: every
+// OUTBOX_RELAY_* and alias variable is unset first, whether the shell that
+// runs the tests or an earlier load of the same test set it. t.Setenv puts
+// them back afterwards, and refuses parallel tests, which would share the
+// environment.
+func setEnv(t *testing.T, env []string) {
+	t.Helper()
+	aliases := map[string]bool{}
+	for _, k := range Keys() {
+		if k.Alias != "" {
+			aliases[k.Alias] = true
+		}
+	}
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, EnvPrefix) || aliases[name] {
+			t.Setenv(name, "")
+			if err := os.Unsetenv(name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, kv := range env {
+		if name, val, ok := strings.Cut(kv, "="); ok {
+			t.Setenv(name, val)
+		}
+	}
+}
+
 func TestDefaultsValidate(t *testing.T) {
-	c, err := Load("", nil, nil)
+	c, err := load(t, "", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +95,7 @@ stream:
 		"OUTBOX_RELAY_DATABASE_BUSY_TIMEOUT=250ms",
 		"UNRELATED=1",
 	}
-	c, err := Load(file, flags(t, "--relay-max-in-flight=50", "--stream-subjects=x.>,events.>"), env)
+	c, err := load(t, file, flags(t, "--relay-max-in-flight=50", "--stream-subjects=x.>,events.>"), env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +117,7 @@ stream:
 }
 
 func TestEnvList(t *testing.T) {
-	c, err := Load("", nil, []string{"OUTBOX_RELAY_STREAM_SUBJECTS=a.>,events.>", "OUTBOX_RELAY_STREAM_CREATE=false"})
+	c, err := load(t, "", nil, []string{"OUTBOX_RELAY_STREAM_SUBJECTS=a.>,events.>", "OUTBOX_RELAY_STREAM_CREATE=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +127,7 @@ func TestEnvList(t *testing.T) {
 }
 
 func TestAliases(t *testing.T) {
-	c, err := Load("", nil, []string{"NATS_URL=nats://a:4222,nats://b:4222", "NATS_MODE=core", "EVENT_QUEUE_MAX_ATTEMPTS=3"})
+	c, err := load(t, "", nil, []string{"NATS_URL=nats://a:4222,nats://b:4222", "NATS_MODE=core", "EVENT_QUEUE_MAX_ATTEMPTS=3"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +135,7 @@ func TestAliases(t *testing.T) {
 		t.Fatalf("aliases not honoured: %+v %+v", c.NATS, c.Relay)
 	}
 	// The relay's own name wins over the alias.
-	c, err = Load("", nil, []string{"NATS_URL=nats://alias:4222", "OUTBOX_RELAY_NATS_URL=nats://own:4222"})
+	c, err = load(t, "", nil, []string{"NATS_URL=nats://alias:4222", "OUTBOX_RELAY_NATS_URL=nats://own:4222"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +151,7 @@ func TestAliases(t *testing.T) {
 func TestEmptyEnvironmentVariable(t *testing.T) {
 	file := writeFile(t, "metrics:\n  listen: 127.0.0.1:9999\nnats:\n  user: u\n  password: from-file\n")
 	empty := []string{"OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_RELAY_BATCH_SIZE=", "OUTBOX_RELAY_NATS_PASSWORD=", "OUTBOX_RELAY_NATS_URL=", "NATS_URL=nats://alias:4222"}
-	c, err := Load(file, nil, empty)
+	c, err := load(t, file, nil, empty)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,10 +161,10 @@ func TestEmptyEnvironmentVariable(t *testing.T) {
 	if c.Relay.BatchSize != Default().Relay.BatchSize || c.NATS.Password != "from-file" || c.NATS.URL != "nats://alias:4222" {
 		t.Fatalf("empty variables must count as unset: batch %d, password %q, url %q", c.Relay.BatchSize, c.NATS.Password, c.NATS.URL)
 	}
-	if c, err = Load(file, flags(t, "--metrics-listen=127.0.0.1:7777"), empty); err != nil || c.Metrics.Listen != "127.0.0.1:7777" {
+	if c, err = load(t, file, flags(t, "--metrics-listen=127.0.0.1:7777"), empty); err != nil || c.Metrics.Listen != "127.0.0.1:7777" {
 		t.Fatalf("the flag must beat the empty variable: %q, %v", c.Metrics.Listen, err)
 	}
-	if c, err = Load(file, nil, nil); err != nil || c.Metrics.Listen != "127.0.0.1:9999" {
+	if c, err = load(t, file, nil, nil); err != nil || c.Metrics.Listen != "127.0.0.1:9999" {
 		t.Fatalf("without the variable: %q, %v", c.Metrics.Listen, err)
 	}
 }
@@ -170,7 +206,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 			if tc.args != nil {
 				fs = flags(t, tc.args...)
 			}
-			_, err := Load(file, fs, tc.env)
+			_, err := load(t, file, fs, tc.env)
 			if err == nil {
 				t.Fatalf("no error; want one naming %s", tc.want)
 			}
@@ -189,7 +225,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 }
 
 func TestPasswordInURLNotEchoed(t *testing.T) {
-	_, err := Load("", nil, []string{"NATS_URL=http://user:hunter2@x:1"})
+	_, err := load(t, "", nil, []string{"NATS_URL=http://user:hunter2@x:1"})
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("error %v must reject the URL without echoing its password", err)
 	}
@@ -219,7 +255,7 @@ func TestRedactURLs(t *testing.T) {
 }
 
 func TestKubernetesServiceLinksIgnored(t *testing.T) {
-	_, err := Load("", nil, []string{"OUTBOX_RELAY_SERVICE_HOST=10.0.0.1", "OUTBOX_RELAY_SERVICE_PORT=9108",
+	_, err := load(t, "", nil, []string{"OUTBOX_RELAY_SERVICE_HOST=10.0.0.1", "OUTBOX_RELAY_SERVICE_PORT=9108",
 		"OUTBOX_RELAY_PORT=tcp://10.0.0.1:9108", "OUTBOX_RELAY_PORT_9108_TCP_ADDR=10.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
@@ -230,14 +266,14 @@ func TestKubernetesServiceLinksIgnored(t *testing.T) {
 // the environment level: above the file, below flags.
 func TestAliasPrecedence(t *testing.T) {
 	file := writeFile(t, "nats:\n  url: nats://file:4222\nrelay:\n  max_attempts: 4\n")
-	c, err := Load(file, nil, []string{"NATS_URL=nats://alias:4222", "EVENT_QUEUE_MAX_ATTEMPTS=5"})
+	c, err := load(t, file, nil, []string{"NATS_URL=nats://alias:4222", "EVENT_QUEUE_MAX_ATTEMPTS=5"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.NATS.URL != "nats://alias:4222" || c.Relay.MaxAttempts != 5 {
 		t.Fatalf("alias must beat the file: %q %d", c.NATS.URL, c.Relay.MaxAttempts)
 	}
-	c, err = Load(file, flags(t, "--nats-url=nats://flag:4222", "--relay-max-attempts=6"), []string{"NATS_URL=nats://alias:4222", "EVENT_QUEUE_MAX_ATTEMPTS=5"})
+	c, err = load(t, file, flags(t, "--nats-url=nats://flag:4222", "--relay-max-attempts=6"), []string{"NATS_URL=nats://alias:4222", "EVENT_QUEUE_MAX_ATTEMPTS=5"})
 	if err != nil {
 		t.Fatal(err)
 	}

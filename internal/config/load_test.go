@@ -18,7 +18,7 @@ func loadErr(t *testing.T, text string, env ...string) string {
 	if text != "" {
 		file = writeFile(t, text)
 	}
-	_, err := Load(file, nil, env)
+	_, err := load(t, file, nil, env)
 	if err == nil {
 		t.Fatalf("file %q, env %q: no error", text, env)
 	}
@@ -193,9 +193,9 @@ func TestEmptySectionKeepsDefaults(t *testing.T) {
 				continue // an empty variable counts as unset
 			}
 			for name, load := range map[string]func() (Config, error){
-				"file only": func() (Config, error) { return Load(file, nil, nil) },
-				"env":       func() (Config, error) { return Load(file, nil, []string{k.Env + "=" + val}) },
-				"flag":      func() (Config, error) { return Load(file, flags(t, "--"+k.Flag+"="+val), nil) },
+				"file only": func() (Config, error) { return load(t, file, nil, nil) },
+				"env":       func() (Config, error) { return load(t, file, nil, []string{k.Env + "=" + val}) },
+				"flag":      func() (Config, error) { return load(t, file, flags(t, "--"+k.Flag+"="+val), nil) },
 			} {
 				c, err := load()
 				if err != nil {
@@ -210,7 +210,7 @@ func TestEmptySectionKeepsDefaults(t *testing.T) {
 	}
 	// "database: ~" and "database: null" are the same empty section.
 	for _, text := range []string{"database: ~\n", "database: null\n", "Database:\n"} {
-		c, err := Load(writeFile(t, text), nil, []string{"OUTBOX_RELAY_DATABASE_TABLE=outbox"})
+		c, err := load(t, writeFile(t, text), nil, []string{"OUTBOX_RELAY_DATABASE_TABLE=outbox"})
 		if err != nil || c.Database.Path != "app.db" || c.Database.Table != "outbox" || c.Database.BusyTimeout != 5*time.Second {
 			t.Errorf("%q: %+v, %v", text, c.Database, err)
 		}
@@ -252,7 +252,7 @@ func TestIntegerKeysStrict(t *testing.T) {
 		}
 	}
 	// Integers as YAML writes them still load, in base 10 ("010" is ten).
-	c, err := Load(writeFile(t, "relay:\n  batch_size: 500\n  max_in_flight: \"600\"\n  max_attempts: 010\nstream:\n  replicas: +3\n"), nil, nil)
+	c, err := load(t, writeFile(t, "relay:\n  batch_size: 500\n  max_in_flight: \"600\"\n  max_attempts: 010\nstream:\n  replicas: +3\n"), nil, nil)
 	if err != nil || c.Relay.BatchSize != 500 || c.Relay.MaxInFlight != 600 || c.Relay.MaxAttempts != 10 || c.Stream.Replicas != 3 {
 		t.Fatalf("integers: %+v %d, %v", c.Relay, c.Stream.Replicas, err)
 	}
@@ -272,8 +272,66 @@ func TestTableNotSQLKeyword(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"event_queue", "selected", "outbox", "events", "orders"} {
-		if _, err := Load("", nil, []string{"OUTBOX_RELAY_DATABASE_TABLE=" + name}); err != nil {
+		if _, err := load(t, "", nil, []string{"OUTBOX_RELAY_DATABASE_TABLE=" + name}); err != nil {
 			t.Errorf("table %s: %v", name, err)
+		}
+	}
+}
+
+// otherValue returns a value other than the key's default, in the form a
+// variable or a flag takes.
+func otherValue(k Key) string {
+	switch d := k.Default.(type) {
+	case string:
+		return "other"
+	case int:
+		return strconv.Itoa(d + 7)
+	case bool:
+		return strconv.FormatBool(!d)
+	case time.Duration:
+		return (d + 3*time.Second).String()
+	case []string:
+		return "a.>,b.>"
+	}
+	panic(fmt.Sprintf("no other value for %T", k.Default))
+}
+
+// TestEveryKeyFromEnvAndFlag: each key's variable, its alias and its flag
+// all reach the key, and give the same result; flags left at their default
+// change nothing, whatever their type.
+func TestEveryKeyFromEnvAndFlag(t *testing.T) {
+	result := func(c Config, err error) string {
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return fmt.Sprintf("%+v", c)
+	}
+	defaults := result(Default(), nil)
+	for _, k := range Keys() {
+		val := otherValue(k)
+		want := result(load(t, "", flags(t, "--"+k.Flag+"="+val), nil))
+		if want == defaults {
+			t.Errorf("%s: the flag set to %s changes nothing", k.Name, val)
+		}
+		names := []string{k.Env}
+		if k.Alias != "" {
+			names = append(names, k.Alias)
+		}
+		for _, name := range names {
+			env := []string{name + "=" + val}
+			if got := result(load(t, "", nil, env)); got != want {
+				t.Errorf("%s=%s: %s\nthe flag gives %s", name, val, got, want)
+			}
+			if got := result(load(t, "", flags(t), env)); got != want {
+				t.Errorf("%s=%s with every flag at its default: %s\nwant %s", name, val, got, want)
+			}
+		}
+		file := writeFile(t, yamlFor(k.Name, strconv.Quote(val)))
+		if k.Type.Kind() == reflect.Slice {
+			file = writeFile(t, yamlFor(k.Name, "[a.>, b.>]"))
+		}
+		if want, got := result(load(t, file, nil, nil)), result(load(t, file, flags(t), nil)); got != want {
+			t.Errorf("%s in the file with every flag at its default: %s\nwant %s", k.Name, got, want)
 		}
 	}
 }
