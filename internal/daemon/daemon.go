@@ -70,6 +70,15 @@ type App struct {
 type Options struct {
 	CreateDB        bool   // create a missing database file (demo)
 	Version, Commit string // of the build, for metrics and heartbeats
+
+	// For tests of the whole wiring: Tune adjusts the options Open derived
+	// from the configuration (shorter heartbeats, say); the wrappers stand
+	// between the relay and its store or publisher (injected faults); Clock
+	// replaces the clock the database and the relay share.
+	Tune          func(*relay.Options, *housekeeping.Options)
+	WrapStore     func(relay.Store) relay.Store
+	WrapPublisher func(relay.Publisher) relay.Publisher
+	Clock         *event.Clock
 }
 
 // Open wires everything the daemon needs; on error it closes what it opened.
@@ -93,7 +102,10 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		log.Info("started embedded jetstream server", zap.String("url", a.natsURL), zap.String("store_dir", dir))
 	}
 	// The store and the loop share one clock that never steps back.
-	clock := event.NewClock(nil)
+	clock := oo.Clock
+	if clock == nil {
+		clock = event.NewClock(nil)
+	}
 	if a.db, err = sqlitedb.Open(ctx, sqlitedb.Options{
 		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.CreateDB,
 		OwnCheckpoints: true, Clock: clock,
@@ -116,7 +128,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		}
 		a.pub = a.js
 	}
-	a.relay = relay.New(a.claims, a.pub, relay.Options{
+	ro := relay.Options{
 		SubjectPrefix:     cfg.Stream.SubjectPrefix,
 		BatchSize:         cfg.Relay.BatchSize,
 		MaxInFlight:       cfg.Relay.MaxInFlight,
@@ -135,18 +147,30 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		Clock:             clock,
 		Metrics:           a.metrics,
 		Log:               log.Named("relay"),
-	})
-	a.keeper = housekeeping.New(housekeeping.OnFile(a.db), housekeeping.Options{
+	}
+	ko := housekeeping.Options{
 		StatsInterval:         statsInterval,
 		RetentionInterval:     retentionInterval,
 		RetainDone:            cfg.Retention.Done,
 		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
 		CheckpointInterval:    checkpointInterval,
-		Commits:               a.relay.Commits(),
-		Watching:              a.relay.Watching,
 		Metrics:               a.metrics,
 		Log:                   log.Named("relay"),
-	})
+	}
+	if oo.Tune != nil {
+		oo.Tune(&ro, &ko)
+	}
+	var store relay.Store = a.claims
+	if oo.WrapStore != nil {
+		store = oo.WrapStore(store)
+	}
+	pub := a.pub
+	if oo.WrapPublisher != nil {
+		pub = oo.WrapPublisher(pub)
+	}
+	a.relay = relay.New(store, pub, ro)
+	ko.Commits, ko.Watching = a.relay.Commits(), a.relay.Watching
+	a.keeper = housekeeping.New(housekeeping.OnFile(a.db), ko)
 	return a, nil
 }
 

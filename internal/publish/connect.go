@@ -234,9 +234,6 @@ func (c *Conn) DeniedSubjects() []string {
 	return out
 }
 
-// Connected reports whether the connection is up.
-func (c *Conn) Connected() bool { return c.NC.IsConnected() }
-
 // check reports why the connection cannot publish now, or nil; a closed
 // connection wraps ErrClosed.
 func (c *Conn) check() error {
@@ -254,18 +251,4 @@ func (c *Conn) check() error {
 func (c *Conn) Close() {
 	c.closing.Store(true) // the handlers run after Close returns: keep them quiet
 	c.NC.Close()
-}
-
-// WaitConnected blocks until the connection is up or ctx ends.
-func (c *Conn) WaitConnected(ctx context.Context) error {
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for !c.NC.IsConnected() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
 }

@@ -173,9 +173,7 @@ func TestClassifyConnectionLoss(t *testing.T) {
 		t.Fatalf("Ready while reconnecting = %v", err)
 	}
 	n.Restart()
-	if err := c.WaitConnected(ctxTimeout(t, 10*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Eventually(t, 10*time.Second, "the connection is back", c.NC.IsConnected)
 	if r := publishOne(p, "events.X", row("X", nil)); r.Kind != Stored {
 		t.Fatalf("after reconnect: %v %v", r.Kind, r.Err)
 	}
@@ -260,13 +258,11 @@ func TestConnectWhileBrokerDownStartsPaused(t *testing.T) {
 		t.Fatalf("Connect with the broker down = %v; want a connection that keeps trying", err)
 	}
 	defer c.Close()
-	if c.Connected() {
+	if c.NC.IsConnected() {
 		t.Fatal("connected to a stopped server")
 	}
 	n.Restart()
-	if err := c.WaitConnected(ctxTimeout(t, 15*time.Second)); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Eventually(t, 15*time.Second, "connected once the server is up", c.NC.IsConnected)
 }
 
 func TestNewMsgHeaders(t *testing.T) {

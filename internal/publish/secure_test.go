@@ -3,10 +3,11 @@ package publish
 import (
 	"context"
 	"errors"
-	"github.com/nats-io/nats.go"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -16,26 +17,23 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
-	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// harness is a relay wired to real parts, as the command line wires it.
+// harness is a relay wired by the daemon, as the command line wires it,
+// on real parts.
 type harness struct {
 	t       testing.TB
-	db      *sqlitedb.DB
-	store   *claim.Store
-	conn    *publish.Conn
-	js      *publish.JetStream
+	app     *daemon.App
 	relay   *relay.Relay
 	metrics *metrics.Metrics
 	logs    *observer.ObservedLogs
@@ -64,122 +62,57 @@ type harnessOptions struct {
 
 var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
 
+// harnessConfig is the configuration the harness gives the daemon.
+func harnessConfig(dbPath, natsURL string, ho harnessOptions) config.Config {
+	cfg := config.Default()
+	cfg.Database.Path, cfg.Database.BusyTimeout = dbPath, cmp.Or(ho.busyTimeout, 5*time.Second)
+	cfg.Schema.Mode = config.SchemaOff // the tests make the schema they want
+	cfg.NATS = ho.natsCfg
+	cfg.NATS.URL, cfg.NATS.Mode = natsURL, cmp.Or(ho.mode, config.ModeJetStream)
+	cfg.Stream.Name, cfg.Stream.Subjects, cfg.Stream.SubjectPrefix = want.Stream, want.Subjects, want.SubjectPrefix
+	cfg.Stream.DuplicateWindow, cfg.Stream.Replicas, cfg.Stream.Create = want.DuplicateWindow, cmp.Or(ho.replicas, 1), true
+	cfg.Consumer.Durable = ""
+	cfg.Relay.BatchSize, cfg.Relay.MaxInFlight = cmp.Or(ho.batch, 100), cmp.Or(ho.inFlight, 400)
+	cfg.Relay.Lease, cfg.Relay.ShutdownTimeout = cmp.Or(ho.lease, time.Minute), cmp.Or(ho.shutdown, 5*time.Second)
+	cfg.Relay.MaxAttempts, cfg.Relay.AckTimeout = cmp.Or(ho.maxTries, 10), cmp.Or(ho.ackTimeout, 5*time.Second)
+	cfg.Relay.PollInterval = 200 * time.Millisecond
+	cfg.Metrics.Listen = ""
+	return cfg
+}
+
 func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harness {
 	t.Helper()
-	if ho.batch == 0 {
-		ho.batch = 100
-	}
-	if ho.inFlight == 0 {
-		ho.inFlight = 400
-	}
-	if ho.lease == 0 {
-		ho.lease = time.Minute
-	}
-	if ho.shutdown == 0 {
-		ho.shutdown = 5 * time.Second
-	}
-	if ho.maxTries == 0 {
-		ho.maxTries = 10
-	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	log := zap.New(core)
-	h := &harness{t: t, logs: logs, metrics: metrics.New("test", "test"), done: make(chan error, 1)}
-	if ho.busyTimeout == 0 {
-		ho.busyTimeout = 5 * time.Second
-	}
-	var err error
-	if ho.clock == nil {
-		ho.clock = event.NewClock(nil)
-	}
-	h.db, err = sqlitedb.Open(context.Background(), sqlitedb.Options{Path: dbPath, Table: "event_queue", BusyTimeout: ho.busyTimeout, OwnCheckpoints: true, Clock: ho.clock})
+	app, err := daemon.Open(context.Background(), harnessConfig(dbPath, natsURL, ho), zap.New(core), daemon.Options{
+		Version: "test",
+		Commit:  "test",
+		Clock:   ho.clock,
+		Tune: func(o *relay.Options, k *housekeeping.Options) {
+			// Seconds in production; tests of failover and recovery
+			// would wait that long.
+			o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
+			k.StatsInterval, k.CheckpointInterval = 50*time.Millisecond, 200*time.Millisecond
+			if ho.noWatch {
+				o.WatchInterval = 0
+			}
+			if ho.mutateOpt != nil {
+				ho.mutateOpt(o)
+			}
+			if ho.mutateKeeper != nil {
+				ho.mutateKeeper(k)
+			}
+		},
+		WrapStore:     ho.wrapStore,
+		WrapPublisher: ho.wrapPublisher,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { h.db.Close() })
-	h.store = claim.New(h.db, claim.Options{})
-	if ho.ackTimeout == 0 {
-		ho.ackTimeout = 5 * time.Second
-	}
-	w := want
-	if ho.replicas > 0 {
-		w.Replicas = ho.replicas
-	}
-	h.conn, err = publish.Connect(context.Background(), natsURL, ho.natsCfg, "test-relay", log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.conn.Close)
-	var pub relay.Publisher
-	ready := func(ctx context.Context) error { return nil }
-	if ho.mode == config.ModeCore {
-		pub = publish.NewCore(h.conn, 5*time.Second)
-		ready = pub.Ready
-	} else {
-		h.js, err = publish.NewJetStream(h.conn, "EVENTS", ho.inFlight, ho.ackTimeout)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pub = h.js
-		ready = func(ctx context.Context) error {
-			if err := h.js.Ready(ctx); err != nil {
-				return err
-			}
-			if _, err := streamsync.Sync(ctx, h.js.API(), w, streamsync.Options{}); err != nil {
-				return err
-			}
-			return streamsync.Check(ctx, h.js.API(), w)
-		}
-	}
-	o := relay.Options{
-		SubjectPrefix:     "events",
-		BatchSize:         ho.batch,
-		MaxInFlight:       ho.inFlight,
-		PollInterval:      200 * time.Millisecond,
-		WatchInterval:     100 * time.Millisecond,
-		Watch:             h.db.Watch,
-		HeartbeatInterval: 100 * time.Millisecond,
-		StaleAfter:        2 * time.Second,
-		Lease:             ho.lease,
-		MaxAttempts:       ho.maxTries,
-		ShutdownTimeout:   ho.shutdown,
-		Version:           "test",
-		Ready:             ready,
-		Clock:             ho.clock,
-		Metrics:           h.metrics,
-		Log:               log,
-	}
-	if ho.noWatch {
-		o.WatchInterval = 0
-	}
-	if ho.mutateOpt != nil {
-		ho.mutateOpt(&o)
-	}
-	if ho.wrapPublisher != nil {
-		pub = ho.wrapPublisher(pub)
-	}
-	var store relay.Store = h.store
-	if ho.wrapStore != nil {
-		store = ho.wrapStore(store)
-	}
-	h.relay = relay.New(store, pub, o)
-	ko := housekeeping.Options{StatsInterval: 50 * time.Millisecond, CheckpointInterval: 200 * time.Millisecond,
-		Commits: h.relay.Commits(), Watching: h.relay.Watching, Metrics: h.metrics, Log: log}
-	if ho.mutateKeeper != nil {
-		ho.mutateKeeper(&ko)
-	}
-	keeper := housekeeping.New(housekeeping.OnFile(h.db), ko)
+	t.Cleanup(app.Close)
+	h := &harness{t: t, app: app, relay: app.Relay(), metrics: app.Metrics(), logs: logs, done: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	// Housekeeping runs as long as the relay does, as in the daemon.
-	go func() {
-		kctx, stop := context.WithCancel(ctx)
-		kept := make(chan struct{})
-		go func() { defer close(kept); keeper.Run(kctx) }()
-		err := h.relay.Run(ctx)
-		stop()
-		<-kept
-		h.done <- err
-	}()
+	go func() { h.done <- app.Run(ctx) }()
 	t.Cleanup(func() { h.stop() })
 	return h
 }
