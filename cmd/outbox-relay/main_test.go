@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/internal/bench"
+	"github.com/outbox-relay/outbox-relay/internal/child"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -117,87 +116,77 @@ func TestMissingDatabaseIsReported(t *testing.T) {
 	}
 }
 
-// process is a running outbox-relay binary whose JSON log lines are collected.
+// process is an outbox-relay command running as a child of the test.
 type process struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	mu    sync.Mutex
-	lines []map[string]any
-	done  chan struct{}
+	*child.Process
+	t *testing.T
 }
 
-// startDaemon runs the binary with args and extra environment.
+// startDaemon runs the binary with args and extra environment, at debug
+// level.
 func startDaemon(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
-	d := &process{t: t, cmd: exec.Command(buildBinary(t), args...), done: make(chan struct{})}
-	d.cmd.Env = append(append(os.Environ(), "OUTBOX_RELAY_LOG_LEVEL=debug"), env...)
-	stderr, err := d.cmd.StderrPipe()
+	cmd := exec.Command(buildBinary(t), args...)
+	cmd.Env = append(append(os.Environ(), "OUTBOX_RELAY_LOG_LEVEL=debug"), env...)
+	return startProcess(t, cmd)
+}
+
+// startProcess starts cmd, a command of the binary; the test's end kills
+// it.
+func startProcess(t *testing.T, cmd *exec.Cmd) *process {
+	t.Helper()
+	p, err := child.Start(cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.cmd.Process.Kill(); <-d.done })
-	go func() {
-		defer close(d.done)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) != nil {
-				m = map[string]any{"msg": "unparsed: " + sc.Text()}
-			}
-			d.mu.Lock()
-			d.lines = append(d.lines, m)
-			d.mu.Unlock()
-		}
-	}()
-	return d
+	t.Cleanup(p.Kill)
+	return &process{Process: p, t: t}
 }
 
-// find returns the log lines with message msg.
-func (d *process) find(msg string) []map[string]any {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []map[string]any
-	for _, m := range d.lines {
-		if m["msg"] == msg {
-			out = append(out, m)
-		}
+// exitWithin waits up to limit for the process to exit by itself and
+// returns its exit code.
+func (d *process) exitWithin(limit time.Duration) int {
+	d.t.Helper()
+	select {
+	case <-d.Exited():
+	case <-time.After(limit):
+		d.t.Fatalf("outbox-relay still runs after %v:\n%s", limit, d.log())
 	}
-	return out
+	return d.State().ExitCode()
 }
 
-// waitFor waits for a log line with message msg and returns it.
+// waitFor waits for a log line with message msg and returns its fields.
 func (d *process) waitFor(msg string) map[string]any {
 	d.t.Helper()
-	var got []map[string]any
-	testenv.Eventually(d.t, 30*time.Second, "log line "+strconv.Quote(msg), func() bool {
-		got = d.find(msg)
-		return len(got) > 0
-	})
-	return got[0]
+	line, err := d.WaitFor(msg, 30*time.Second)
+	if err != nil {
+		d.t.Fatalf("outbox-relay %v", err)
+	}
+	return line.Fields
 }
 
 // stop sends SIGTERM and expects exit code 0.
 func (d *process) stop() {
 	d.t.Helper()
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		d.t.Fatal(err)
+	if err := d.Stop(syscall.SIGTERM, time.Minute); err != nil {
+		d.t.Fatalf("outbox-relay after SIGTERM: %v", err)
 	}
-	<-d.done
-	if err := d.cmd.Wait(); err != nil {
-		d.t.Fatalf("exit after SIGTERM: %v; logs %v", err, d.lines)
+}
+
+// log is every line the process has written.
+func (d *process) log() string {
+	var b strings.Builder
+	for _, l := range d.Lines() {
+		b.WriteString(l.Text + "\n")
 	}
+	return b.String()
 }
 
 // levels counts log lines per level.
 func (d *process) levels() map[string]int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	out := map[string]int{}
-	for _, m := range d.lines {
-		out[fmt.Sprint(m["level"])]++
+	for _, l := range d.Lines() {
+		out[fmt.Sprint(l.Fields["level"])]++
 	}
 	return out
 }
@@ -234,8 +223,8 @@ func TestRunDaemonEmbedded(t *testing.T) {
 		t.Errorf("healthcheck of a running relay: %d %q %q", code, out, errOut)
 	}
 	d.stop()
-	if len(d.find("relay stopped")) != 1 {
-		t.Fatalf("no 'relay stopped' line: %v", d.lines)
+	if len(d.Find("relay stopped")) != 1 {
+		t.Fatalf("no 'relay stopped' line:\n%s", d.log())
 	}
 	if code, _, errOut := runCLI(t, "healthcheck", "--url", "http://"+metricsAddr+"/healthz"); code != 1 || !strings.Contains(errOut, metricsAddr) {
 		t.Errorf("healthcheck of a stopped relay: %d %q", code, errOut)
@@ -287,7 +276,7 @@ func TestStartupReconciles(t *testing.T) {
 	d := startDaemon(t, env, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 	metricsAddr := d.waitFor("serving metrics")["listen"].(string)
 	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 50 })
-	if got := len(d.find("patched stream config")) + len(d.find("patched consumer config")); got != 2 {
+	if got := len(d.Find("patched stream config")) + len(d.Find("patched consumer config")); got != 2 {
 		t.Fatalf("%d patch lines, want 2 (duplicate_window, max_deliver)", got)
 	}
 	body := httpGet(t, "http://"+metricsAddr+"/metrics")
@@ -314,7 +303,7 @@ func TestStartupReconciles(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 60 })
 	again.stop()
 	if lv := again.levels(); lv["warn"]+lv["error"] != 0 {
-		t.Fatalf("second startup logged warnings: %v", again.lines)
+		t.Fatalf("second startup logged warnings:\n%s", again.log())
 	}
 }
 
@@ -559,11 +548,7 @@ func TestLogLevelAndFormat(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "app.db")
 		cmd := exec.Command(bin, "demo-app", "--database-path", path)
 		cmd.Env = append(os.Environ(), env...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		d := startProcess(t, cmd)
 		testenv.Eventually(t, 30*time.Second, "the demo application's first events", func() bool {
 			db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
 			if err != nil {
@@ -573,9 +558,8 @@ func TestLogLevelAndFormat(t *testing.T) {
 			var n int
 			return db.QueryRow(`SELECT count(*) FROM event_queue`).Scan(&n) == nil && n > 0
 		})
-		cmd.Process.Kill()
-		cmd.Wait()
-		return stderr.String()
+		d.Kill()
+		return d.log()
 	}
 	const started = "demo application writing events"
 	if out := logs("OUTBOX_RELAY_LOG_FORMAT=console"); !strings.Contains(out, started) || strings.HasPrefix(out, "{") {
@@ -689,7 +673,7 @@ func TestReadyzFollowsTheDatabase(t *testing.T) {
 	}
 	testenv.Eventually(t, 5*time.Second, "/readyz 200 once the file is back", ready)
 	d.waitFor("outbox readable again")
-	if got := len(d.find("cannot read the outbox")); got != 1 {
+	if got := len(d.Find("cannot read the outbox")); got != 1 {
 		t.Errorf("%d error lines for one failure; want 1", got)
 	}
 
@@ -708,13 +692,8 @@ func TestReadyzFollowsTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-d.done:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the relay still runs 15 s after its database was replaced")
-	}
-	if err := d.cmd.Wait(); d.cmd.ProcessState.ExitCode() != exitRuntime {
-		t.Fatalf("exit %v after the database was replaced; want %d", err, exitRuntime)
+	if code := d.exitWithin(15 * time.Second); code != exitRuntime {
+		t.Fatalf("exit %d after the database was replaced; want %d", code, exitRuntime)
 	}
 	line := d.waitFor("relay cannot go on; exiting without writing to the old file")
 	if msg := fmt.Sprint(line["error"]); !strings.Contains(msg, path) || !strings.Contains(msg, "database file replaced") {
@@ -1117,25 +1096,12 @@ func TestWrongPasswordExits1(t *testing.T) {
 	path := testenv.NewDB(t)
 	cmd := exec.Command(bin, "run", "--database-path", path, "--metrics-listen", "")
 	cmd.Env = append(os.Environ(), "NATS_URL="+n.URL(), "OUTBOX_RELAY_NATS_USER=relay", "OUTBOX_RELAY_NATS_PASSWORD=wrong-pw-123")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	start := time.Now()
-	done := make(chan error, 1)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	d := startProcess(t, cmd)
+	if code := d.exitWithin(30 * time.Second); code != exitRuntime {
+		t.Fatalf("exit code %d, want 1; stderr %s", code, d.log())
 	}
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		t.Fatal("the relay hung on a wrong password")
-	}
-	if code := cmd.ProcessState.ExitCode(); code != exitRuntime {
-		t.Fatalf("exit code %d after %v, want 1; stderr %s", code, time.Since(start), stderr.String())
-	}
-	if !strings.Contains(strings.ToLower(stderr.String()), "authorization violation") || strings.Contains(stderr.String(), "wrong-pw-123") {
-		t.Fatalf("stderr %q: want the reason, not the password", stderr.String())
+	if stderr := d.log(); !strings.Contains(strings.ToLower(stderr), "authorization violation") || strings.Contains(stderr, "wrong-pw-123") {
+		t.Fatalf("stderr %q: want the reason, not the password", stderr)
 	}
 }
 
@@ -1177,10 +1143,7 @@ func TestSecretsNeverShown(t *testing.T) {
 			metricsBody := httpGet(t, addr+"/metrics")
 			d.stop()
 			var everything strings.Builder
-			for _, m := range d.lines {
-				b, _ := json.Marshal(m)
-				everything.Write(b)
-			}
+			everything.WriteString(d.log())
 			everything.WriteString(metricsBody)
 			for _, kv := range tc.env(n.URL()) { // status with the same secrets at hand
 				k, v, _ := strings.Cut(kv, "=")
@@ -1198,8 +1161,8 @@ func TestSecretsNeverShown(t *testing.T) {
 					t.Fatalf("a secret appears in the logs, metrics or status output")
 				}
 			}
-			if len(d.lines) < 5 {
-				t.Fatalf("only %d log lines: the check saw nothing", len(d.lines))
+			if n := len(d.Lines()); n < 5 {
+				t.Fatalf("only %d log lines: the check saw nothing", n)
 			}
 		})
 	}

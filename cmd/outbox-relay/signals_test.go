@@ -60,19 +60,9 @@ func TestReadOnlyDatabaseStopsStartup(t *testing.T) {
 				}
 				t.Cleanup(func() { os.Chmod(dir, 0o755) })
 			}
-			var out []byte
-			var err error
-			done := make(chan struct{})
-			go func() { defer close(done); out, err = cmd.CombinedOutput() }()
-			select {
-			case <-done:
-			case <-time.After(60 * time.Second):
-				cmd.Process.Kill()
-				<-done
-				t.Fatalf("the relay kept running on a read-only database:\n%s", out)
-			}
-			if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), path) || !strings.Contains(string(out), "not writable") {
-				t.Fatalf("exit %d (%v); want 1 naming the file and the permission:\n%s", code, err, out)
+			d := startProcess(t, cmd)
+			if code, out := d.exitWithin(60*time.Second), d.log(); code != 1 || !strings.Contains(out, path) || !strings.Contains(out, "not writable") {
+				t.Fatalf("exit %d; want 1 naming the file and the permission:\n%s", code, out)
 			}
 		})
 	}
@@ -91,11 +81,7 @@ func TestSIGHUPStopsCleanly(t *testing.T) {
 		app.QueryRow(`SELECT count(*) FROM outbox_relay_instances`).Scan(&rows)
 		return rows == 1
 	})
-	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
-	<-d.done
-	if err := d.cmd.Wait(); err != nil {
+	if err := d.Stop(syscall.SIGHUP, time.Minute); err != nil {
 		t.Fatalf("exit after SIGHUP: %v", err)
 	}
 	var rows int

@@ -7,7 +7,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"errors"
@@ -21,7 +20,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -29,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
+	"github.com/outbox-relay/outbox-relay/internal/child"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
@@ -262,62 +261,23 @@ func Run(o Options) (*Report, error) {
 // benchNames are the stream and subject prefix of a relay child.
 type benchNames struct{ stream, prefix string }
 
-// child is a relay process started by the bench.
-type child struct {
-	cmd     *exec.Cmd
-	started chan time.Time // when it logged "relay starting"
-	logged  chan struct{}  // closed when its stderr ends
+// relayStartTimeout is how long a relay child may take to log "relay
+// starting".
+const relayStartTimeout = 30 * time.Second
 
-	mu   sync.Mutex
-	tail []string // its last log lines, for an error
-}
-
-// childTail is how many of a child's last log lines an error carries.
-const childTail = 5
-
-// waitStarted waits for the child's "relay starting" line and returns
-// when it came; a child that exits first, or takes 30 s, is an error.
-func (ch *child) waitStarted() (time.Time, error) {
-	select {
-	case t := <-ch.started:
-		return t, nil
-	case <-ch.logged:
-		return time.Time{}, ch.exited("at startup")
-	case <-time.After(30 * time.Second):
-		ch.cmd.Process.Kill()
-		<-ch.logged
-		ch.cmd.Wait()
-		return time.Time{}, ch.failed(errors.New("the relay did not start within 30 s"))
-	}
-}
-
-// exited reaps a child whose output ended and says so, when.
-func (ch *child) exited(when string) error {
-	err := fmt.Errorf("the relay exited %s", when)
-	if werr := ch.cmd.Wait(); werr != nil {
-		err = fmt.Errorf("the relay exited %s: %w", when, werr)
-	}
-	return ch.failed(err)
-}
-
-// failed wraps err with the child's last log lines.
-func (ch *child) failed(err error) error {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	if len(ch.tail) == 0 {
-		return err
-	}
-	return fmt.Errorf("%w; the relay's last log lines:\n%s", err, strings.Join(ch.tail, "\n"))
-}
+// relayStopTimeout bounds a relay child's exit after SIGTERM: its
+// shutdown (relay.shutdown_timeout, 10 s by default, then a few seconds of
+// writes) with room to spare. A child still running then is killed.
+const relayStopTimeout = time.Minute
 
 // startChild runs this binary's "run" on path against url with the default
 // configuration, or the bench's --config file (credentials and TLS, and any
 // relay settings in it), metrics off, info level (which logs "relay
-// starting").
-func (b *bench) startChild(path, url string, names benchNames) (*child, error) {
+// starting"), and returns once it has started (startRelay).
+func (b *bench) startChild(path, url string, names benchNames) (*child.Process, time.Time, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	// Metrics off, or the child would take :9108 and fail where something
 	// has it; the flag wins over whatever the environment says.
@@ -329,60 +289,41 @@ func (b *bench) startChild(path, url string, names benchNames) (*child, error) {
 		config.EnvName("stream.subjects")+"="+names.prefix+".>",
 		config.EnvName("stream.subject_prefix")+"="+names.prefix,
 		config.EnvName("log.level")+"=info",
-		// JSON whatever the bench's own environment says: the bench reads
-		// these logs (newChild).
-		config.EnvName("log.format")+"=json",
 	)
-	return newChild(cmd)
+	return startRelay(cmd)
 }
 
-// newChild starts cmd and follows its log on stderr.
-func newChild(cmd *exec.Cmd) (*child, error) {
-	stderr, err := cmd.StderrPipe()
+// startRelay starts a relay child and waits for its "relay starting" line
+// (in the log format its configuration chose), returning when that came.
+// A child that exits first, or does not start within relayStartTimeout,
+// is an error with its last log lines, and is not left running.
+func startRelay(cmd *exec.Cmd) (*child.Process, time.Time, error) {
+	ch, err := child.Start(cmd)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
+	line, err := ch.WaitFor("relay starting", relayStartTimeout)
+	if err != nil {
+		ch.Kill()
+		return nil, time.Time{}, fmt.Errorf("the relay %w", err)
 	}
-	ch := &child{cmd: cmd, started: make(chan time.Time, 1), logged: make(chan struct{})}
-	go func() {
-		defer close(ch.logged)
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		// A line too long ends the scanner, not the child's output: read the
-		// rest, or the child would block writing it.
-		defer io.Copy(io.Discard, stderr)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), `"msg":"relay starting"`) {
-				ch.started <- time.Now()
-			}
-			ch.mu.Lock()
-			ch.tail = append(ch.tail, sc.Text())
-			if len(ch.tail) > childTail {
-				ch.tail = ch.tail[1:]
-			}
-			ch.mu.Unlock()
-		}
-	}()
-	return ch, nil
+	return ch, line.At, nil
 }
 
-// stop ends the child with SIGTERM and returns its CPU seconds and peak RSS.
-// The peak is the kernel's high-water mark of the relay's own image
-// (VmHWM, read just before it exits): rusage's maxrss would also count the
-// bench process's memory that the child shared between fork and exec.
-func (ch *child) stop() (cpu, rssMiB float64, err error) {
-	hwm, hwmErr := procHWM(ch.cmd.Process.Pid)
-	ch.cmd.Process.Signal(syscall.SIGTERM)
-	<-ch.logged // every line read before Wait closes the pipe
-	if err := ch.cmd.Wait(); err != nil {
-		return 0, 0, ch.failed(fmt.Errorf("relay: %w", err))
+// stopRelay ends a relay child with SIGTERM and returns its CPU seconds and
+// peak RSS. The peak is the kernel's high-water mark of the relay's own
+// image (VmHWM, read just before it exits): rusage's maxrss would also
+// count the bench process's memory that the child shared between fork and
+// exec.
+func stopRelay(ch *child.Process) (cpu, rssMiB float64, err error) {
+	hwm, hwmErr := procHWM(ch.Pid())
+	if err := ch.Stop(syscall.SIGTERM, relayStopTimeout); err != nil {
+		return 0, 0, fmt.Errorf("relay: %w", err)
 	}
 	if hwmErr != nil {
-		return 0, 0, ch.failed(hwmErr)
+		return 0, 0, fmt.Errorf("relay's peak RSS: %w", hwmErr)
 	}
-	ru, ok := ch.cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	ru, ok := ch.State().SysUsage().(*syscall.Rusage)
 	if !ok {
 		return 0, 0, errors.New("no resource usage for the relay")
 	}
@@ -431,31 +372,27 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 	} else if err := benchkit.Seed(ctx, db, "event_queue", pending, o.Size, "pending"); err != nil {
 		return nil, err
 	}
-	ch, err := b.startChild(path, url, names)
-	if err != nil {
-		return nil, err
-	}
-	start, err := ch.waitStarted()
+	ch, start, err := b.startChild(path, url, names)
 	if err != nil {
 		return nil, err
 	}
 	res := &RelayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
 	if rate > 0 {
 		res.WriterAutocheckpoint = &o.WriterCheckpoint
-		cpuBefore, err := procCPU(ch.cmd.Process.Pid)
+		cpuBefore, err := procCPU(ch.Pid())
 		if err != nil {
-			ch.stop()
+			stopRelay(ch)
 			return nil, err
 		}
 		began := time.Now()
 		txs, err := writeRate(ctx, path, rate, o.Duration, o.Size, o.WriterCheckpoint)
 		if err != nil {
-			ch.stop()
+			stopRelay(ch)
 			return nil, err
 		}
-		cpuAfter, err := procCPU(ch.cmd.Process.Pid)
+		cpuAfter, err := procCPU(ch.Pid())
 		if err != nil {
-			ch.stop()
+			stopRelay(ch)
 			return nil, err
 		}
 		res.CPUPercent = 100 * (cpuAfter - cpuBefore).Seconds() / time.Since(began).Seconds()
@@ -465,26 +402,26 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 	for {
 		drained, err := benchkit.Drained(ctx, db, "event_queue")
 		if err != nil {
-			ch.stop()
+			stopRelay(ch)
 			return nil, err
 		}
 		if drained {
 			break
 		}
 		select {
-		case <-ch.logged:
-			return nil, ch.exited("before the table drained")
+		case <-ch.Exited():
+			return nil, fmt.Errorf("the relay %w", ch.ExitedEarly("the table drained"))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	last, err := benchkit.LastProcessed(ctx, db, "event_queue")
 	if err != nil {
-		ch.stop()
+		stopRelay(ch)
 		return nil, err
 	}
 	res.Seconds = last.Sub(start).Seconds()
 	res.RowsPerSec = float64(res.Rows) / res.Seconds
-	if res.CPUSeconds, res.PeakRSSMiB, err = ch.stop(); err != nil {
+	if res.CPUSeconds, res.PeakRSSMiB, err = stopRelay(ch); err != nil {
 		return nil, err
 	}
 	lags, err := benchkit.Lags(ctx, db, "event_queue", int64(doneRows)) // the seeded done rows come first
@@ -606,22 +543,19 @@ func (b *bench) benchIdle(ctx context.Context, path, url string, names benchName
 	if err := migrateBenchDB(ctx, path); err != nil {
 		return 0, err
 	}
-	ch, err := b.startChild(path, url, names)
+	ch, _, err := b.startChild(path, url, names)
 	if err != nil {
-		return 0, err
-	}
-	if _, err := ch.waitStarted(); err != nil {
 		return 0, err
 	}
 	time.Sleep(3 * time.Second) // let startup settle
-	before, err := procCPU(ch.cmd.Process.Pid)
+	before, err := procCPU(ch.Pid())
 	if err != nil {
-		ch.stop()
+		stopRelay(ch)
 		return 0, err
 	}
 	time.Sleep(d)
-	after, err := procCPU(ch.cmd.Process.Pid)
-	ch.stop()
+	after, err := procCPU(ch.Pid())
+	stopRelay(ch)
 	if err != nil {
 		return 0, err
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/child"
 )
 
 // ClientRun is the standard client publishing alone at the --rate: the
@@ -67,13 +70,17 @@ func (b *bench) benchClient(url, subject string, rate, size int, d time.Duration
 	args := append(b.configArgs(), "bench-client", "--url", url, "--subject", subject,
 		"--rate", strconv.Itoa(rate), "--size", strconv.Itoa(size), "--duration", d.String())
 	cmd := exec.Command(self, args...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	ch, err := child.Start(cmd)
 	if err != nil {
 		return nil, fmt.Errorf("bench-client: %w", err)
 	}
+	if err := ch.Wait(); err != nil {
+		return nil, fmt.Errorf("bench-client: %w", err)
+	}
 	var run ClientRun
-	if err := json.Unmarshal(out, &run); err != nil {
+	if err := json.Unmarshal(out.Bytes(), &run); err != nil {
 		return nil, fmt.Errorf("bench-client: %w", err)
 	}
 	return &run, nil

@@ -10,19 +10,20 @@
 package fault
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outbox-relay/outbox-relay/internal/child"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -94,13 +96,18 @@ type env struct {
 	dir     string
 	db      string
 	port    int
-	nats    *exec.Cmd
-	relays  map[string]*exec.Cmd
+	nats    *child.Process
+	relays  map[string]*child.Process // the latest relay of each name, running or not
 	started time.Time
 }
 
+// stopTimeout bounds a process's exit after SIGTERM: a relay's shutdown
+// takes at most its shutdown_timeout (30 s in TestSignals) and a few
+// seconds of writes.
+const stopTimeout = time.Minute
+
 func newEnv(t *testing.T) *env {
-	e := &env{t: t, dir: t.TempDir(), relays: map[string]*exec.Cmd{}, started: time.Now()}
+	e := &env{t: t, dir: t.TempDir(), relays: map[string]*child.Process{}, started: time.Now()}
 	e.db = filepath.Join(e.dir, "app.db")
 	e.port = testenv.FreePort(t)
 	if out, err := exec.Command(bin.relay, "migrate", "--database-path", e.db).CombinedOutput(); err != nil {
@@ -113,11 +120,13 @@ func newEnv(t *testing.T) *env {
 		}
 		e.stopNATS()
 		if t.Failed() {
-			for _, name := range []string{"relay", "a", "b"} {
-				if b, err := os.ReadFile(e.relayLog(name)); err == nil {
-					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-					t.Logf("last lines of %s.log:\n%s", name, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+			for _, name := range slices.Sorted(maps.Keys(e.relays)) {
+				lines := e.relays[name].Lines()
+				var tail []string
+				for _, l := range lines[max(0, len(lines)-15):] {
+					tail = append(tail, l.Text)
 				}
+				t.Logf("last log lines of relay %s:\n%s", name, strings.Join(tail, "\n"))
 			}
 		}
 	})
@@ -128,13 +137,11 @@ func (e *env) natsURL() string { return fmt.Sprintf("nats://127.0.0.1:%d", e.por
 
 func (e *env) startNATS() {
 	e.t.Helper()
-	cmd := exec.Command(bin.natsServer, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(e.port), "-sd", filepath.Join(e.dir, "nats"))
-	logf, _ := os.OpenFile(filepath.Join(e.dir, "nats.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	p, err := child.Start(exec.Command(bin.natsServer, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(e.port), "-sd", filepath.Join(e.dir, "nats")))
+	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.nats = cmd
+	e.nats = p
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		nc, err := nats.Connect(e.natsURL())
@@ -154,8 +161,7 @@ func (e *env) stopNATS() {
 	if e.nats == nil {
 		return
 	}
-	e.nats.Process.Signal(syscall.SIGTERM)
-	e.nats.Wait()
+	e.nats.Stop(syscall.SIGTERM, stopTimeout)
 	e.nats = nil
 }
 
@@ -170,73 +176,42 @@ func (e *env) startRelay(name string, extraEnv ...string) {
 		"OUTBOX_RELAY_LOG_LEVEL=info",
 	)
 	cmd.Env = append(cmd.Env, extraEnv...)
-	logf, err := os.OpenFile(e.relayLog(name), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	p, err := child.Start(cmd)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.relays[name] = cmd
+	e.relays[name] = p
 }
-
-func (e *env) relayLog(name string) string { return filepath.Join(e.dir, name+".log") }
 
 // killRelay kills a relay with SIGKILL: no drain, no release.
 func (e *env) killRelay(name string) {
-	if cmd := e.relays[name]; cmd != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		delete(e.relays, name)
+	if p := e.relays[name]; p != nil {
+		p.Kill()
 	}
 }
 
 // stopRelay stops a relay with SIGTERM and expects exit code 0.
 func (e *env) stopRelay(name string) {
 	e.t.Helper()
-	cmd := e.relays[name]
-	cmd.Process.Signal(syscall.SIGTERM)
-	if err := cmd.Wait(); err != nil {
+	if err := e.relays[name].Stop(syscall.SIGTERM, stopTimeout); err != nil {
 		e.t.Errorf("relay %s after SIGTERM: %v", name, err)
 	}
-	delete(e.relays, name)
 }
 
-// logCount counts a relay's log lines with message msg.
+// logCount counts the log lines with message msg of the latest relay
+// named name.
 func (e *env) logCount(name, msg string) int {
-	e.t.Helper()
-	b, err := os.ReadFile(e.relayLog(name))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == msg {
-			n++
-		}
-	}
-	return n
+	return len(e.relays[name].Find(msg))
 }
 
 // metric scrapes one metric value from a running relay's /metrics.
 func (e *env) metric(name, metric string) float64 {
 	e.t.Helper()
-	addr := ""
-	f, err := os.Open(e.relayLog(name))
+	line, err := e.relays[name].WaitFor("serving metrics", 30*time.Second)
 	if err != nil {
-		e.t.Fatal(err)
+		e.t.Fatalf("relay %s %v", name, err)
 	}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "serving metrics" {
-			addr = m["listen"].(string) // the latest start wins
-		}
-	}
-	f.Close()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get("http://" + line.Fields["listen"].(string) + "/metrics")
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -250,16 +225,25 @@ func (e *env) metric(name, metric string) float64 {
 	return v
 }
 
+// writer is the application process; it prints a writerSummary.
+type writer struct {
+	*child.Process
+	out bytes.Buffer
+}
+
 // writer starts the application process.
-func (e *env) writer(args ...string) *exec.Cmd {
+func (e *env) writer(args ...string) *writer {
 	e.t.Helper()
+	w := &writer{}
 	cmd := exec.Command(bin.writer, append([]string{"-db", e.db}, args...)...)
-	cmd.Stderr = os.Stderr
-	cmd.Stdout = &bytes.Buffer{}
-	if err := cmd.Start(); err != nil {
+	cmd.Stdout = &w.out
+	p, err := child.Start(cmd)
+	if err != nil {
 		e.t.Fatal(err)
 	}
-	return cmd
+	e.t.Cleanup(p.Kill)
+	w.Process = p
+	return w
 }
 
 type writerSummary struct {
@@ -270,13 +254,13 @@ type writerSummary struct {
 	MaxWaitMs  float64 `json:"max_commit_wait_ms"`
 }
 
-func (e *env) waitWriter(cmd *exec.Cmd) writerSummary {
+func (e *env) waitWriter(w *writer) writerSummary {
 	e.t.Helper()
-	if err := cmd.Wait(); err != nil {
+	if err := w.Wait(); err != nil {
 		e.t.Fatalf("writer: %v", err)
 	}
 	var s writerSummary
-	raw := cmd.Stdout.(*bytes.Buffer).Bytes()
+	raw := w.out.Bytes()
 	if err := json.Unmarshal(raw, &s); err != nil {
 		e.t.Fatalf("writer output %q: %v", raw, err)
 	}
@@ -419,15 +403,13 @@ func TestKill9(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	kills := 0
 	var maxRecovery time.Duration
-	writerDone := make(chan struct{})
-	go func() { w.Wait(); close(writerDone) }()
 	for kills < 6 {
 		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
 		// Kill while the relay holds rows, so every kill strands some; every
 		// other time with the broker frozen first, so it holds many.
 		frozen := kills%2 == 1
 		if frozen {
-			e.nats.Process.Signal(syscall.SIGSTOP)
+			e.nats.Signal(syscall.SIGSTOP)
 		}
 		want := 1
 		if frozen {
@@ -438,7 +420,7 @@ func TestKill9(t *testing.T) {
 		}
 		e.killRelay("relay")
 		if frozen {
-			e.nats.Process.Signal(syscall.SIGCONT)
+			e.nats.Signal(syscall.SIGCONT)
 		}
 		kills++
 		held := pendingIDs(t, db) // what the dead relay held, and more
@@ -456,9 +438,7 @@ func TestKill9(t *testing.T) {
 		t.Logf("kill %d: %d rows pending, the relay's in flight among them; all published %v after the restart", kills, len(held), rec.Round(time.Millisecond))
 		maxRecovery = max(maxRecovery, rec)
 	}
-	<-writerDone
-	var s writerSummary
-	json.Unmarshal(w.Stdout.(*bytes.Buffer).Bytes(), &s)
+	s := e.waitWriter(w)
 	e.waitSettled(db, 60*time.Second)
 	e.stopRelay("relay")
 	lost, dups, dead := e.verify(db, 0)
@@ -626,7 +606,7 @@ func TestSignals(t *testing.T) {
 	// Freeze the broker: publishes are accepted by the socket, never acked.
 	e.startRelay("relay", "OUTBOX_RELAY_RELAY_SHUTDOWN_TIMEOUT=30s")
 	time.Sleep(time.Second)
-	e.nats.Process.Signal(syscall.SIGSTOP)
+	e.nats.Signal(syscall.SIGSTOP)
 	// Acks that left before the freeze settle their rows within moments;
 	// rows claimed after it stay held for as long as the broker is frozen.
 	time.Sleep(500 * time.Millisecond)
@@ -637,20 +617,19 @@ func TestSignals(t *testing.T) {
 	if e.metric("relay", "outbox_relay_in_flight_rows") == 0 {
 		t.Fatal("the relay holds no rows with the broker frozen: nothing to test")
 	}
-	cmd := e.relays["relay"]
-	cmd.Process.Signal(syscall.SIGTERM)
+	relay := e.relays["relay"]
+	relay.Signal(syscall.SIGTERM)
 	time.Sleep(500 * time.Millisecond)
 	start = time.Now()
-	cmd.Process.Signal(syscall.SIGTERM)
-	err := cmd.Wait()
-	delete(e.relays, "relay")
+	relay.Signal(syscall.SIGTERM)
+	err := relay.Wait()
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("second signal took %v to exit", d)
 	}
-	if code := cmd.ProcessState.ExitCode(); code != 1 {
+	if code := relay.State().ExitCode(); code != 1 {
 		t.Errorf("exit code after the second signal: %d (%v), want 1", code, err)
 	}
-	e.nats.Process.Signal(syscall.SIGCONT)
+	e.nats.Signal(syscall.SIGCONT)
 	e.startRelay("relay")
 	restarted := time.Now()
 	for !allDone(t, db, held) {
@@ -718,13 +697,13 @@ func TestStoppedLeaderWritesNothing(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	// Freeze the broker so that a holds many rows, then a, then let the
 	// broker store what a sent and acknowledge it into a's socket.
-	e.nats.Process.Signal(syscall.SIGSTOP)
+	e.nats.Signal(syscall.SIGSTOP)
 	for deadline := time.Now().Add(3 * time.Second); e.metric("a", "outbox_relay_in_flight_rows") < 100 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
 	held := e.metric("a", "outbox_relay_in_flight_rows")
-	e.relays["a"].Process.Signal(syscall.SIGSTOP)
-	e.nats.Process.Signal(syscall.SIGCONT)
+	e.relays["a"].Signal(syscall.SIGSTOP)
+	e.nats.Signal(syscall.SIGCONT)
 	stopped := time.Now()
 	s := e.waitWriter(w)
 	e.waitSettled(db, 60*time.Second)
@@ -737,7 +716,7 @@ func TestStoppedLeaderWritesNothing(t *testing.T) {
 		return
 	}
 	n0, p0, a0 := snapshot()
-	e.relays["a"].Process.Signal(syscall.SIGCONT)
+	e.relays["a"].Signal(syscall.SIGCONT)
 	// Its heartbeat and its settle run side by side: wait for both.
 	deadline := time.Now().Add(20 * time.Second)
 	for e.logCount("a", "standing by: another relay on this database leads") == 0 ||
