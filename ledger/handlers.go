@@ -1,0 +1,293 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Event is one event as a handler sees it.
+type Event struct {
+	// ID is the event id (the outbox row's event_id, the message's
+	// Nats-Msg-Id). It is empty when the application left event_id NULL
+	// and the relay published the row without one: such an event runs its
+	// handlers without the ledger.
+	ID string
+	// Type is the event type (the row's event_type, the subject after the
+	// relay's prefix).
+	Type string
+	// Data is the payload.
+	Data []byte
+	// Delivery counts the deliveries of this event, 1 the first time.
+	Delivery int
+}
+
+// HandlerFunc handles an event. An error fails this delivery: the claim is
+// released and the event comes again after the retry backoff.
+type HandlerFunc func(ctx context.Context, ev Event) error
+
+// TxHandlerFunc handles an event inside tx, the transaction that marks the
+// claim done: the handler's writes to the same SQLite file commit with the
+// done mark, or not at all.
+type TxHandlerFunc func(ctx context.Context, tx *sql.Tx, ev Event) error
+
+type handler struct {
+	name string
+	fn   HandlerFunc
+	tx   TxHandlerFunc
+}
+
+// Handlers maps event types to handlers and runs them through a Ledger.
+// Register every handler before the first Dispatch.
+type Handlers struct {
+	l      *Ledger
+	byType map[string][]handler
+	names  map[string]bool
+	m      *handlerMetrics
+}
+
+// NewHandlers returns an empty set of handlers on l. Its metrics are
+// registered on reg (none when reg is nil):
+//
+//	outbox_ledger_handled_total{handler,outcome}
+//	outbox_ledger_handler_duration_seconds{handler}
+//	outbox_ledger_events_without_id_total
+//
+// outcome is handled, failed, skipped (done before), busy (claimed
+// elsewhere), lost (the claim was taken over while the handler ran) or
+// error (the ledger could not be read or written).
+func NewHandlers(l *Ledger, reg prometheus.Registerer) (*Handlers, error) {
+	h := &Handlers{l: l, byType: map[string][]handler{}, names: map[string]bool{}, m: newHandlerMetrics()}
+	if reg != nil {
+		if err := h.m.register(reg); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+// Handle registers fn as the handler name of eventType. The name keys the
+// handler's ledger rows: keep it stable across releases. Several handlers
+// may handle one type, each with its own row; names are unique across
+// types.
+func (h *Handlers) Handle(eventType, name string, fn HandlerFunc) {
+	h.add(eventType, handler{name: name, fn: fn})
+}
+
+// HandleTx registers fn like Handle, run in the transaction that marks the
+// claim done (see TxHandlerFunc). Open the ledger's database with
+// immediate transactions (go-sqlite3: _txlock=immediate), so that the
+// transaction takes the write lock when it begins instead of failing to
+// upgrade later.
+func (h *Handlers) HandleTx(eventType, name string, fn TxHandlerFunc) {
+	h.add(eventType, handler{name: name, tx: fn})
+}
+
+func (h *Handlers) add(eventType string, hd handler) {
+	if eventType == "" || hd.name == "" {
+		panic("ledger: a handler needs an event type and a name")
+	}
+	if h.names[hd.name] {
+		panic(fmt.Sprintf("ledger: handler %q registered twice", hd.name))
+	}
+	h.names[hd.name] = true
+	h.byType[eventType] = append(h.byType[eventType], hd)
+	h.m.handled.WithLabelValues(hd.name, "handled")
+}
+
+// Types lists the event types that have handlers, sorted.
+func (h *Handlers) Types() []string {
+	out := make([]string, 0, len(h.byType))
+	for t := range h.byType {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// HandlerError is a handler's failure.
+type HandlerError struct {
+	Handler string
+	Err     error
+}
+
+func (e HandlerError) Error() string { return e.Handler + ": " + e.Err.Error() }
+func (e HandlerError) Unwrap() error { return e.Err }
+
+// Verdict is what became of an event's handlers, for its source to
+// acknowledge. With no failure and no BusyUntil, every handler has handled
+// the event (now or before).
+type Verdict struct {
+	// Failed lists the handlers that failed this delivery; their claims
+	// were released. Deliver the event again after the retry backoff.
+	Failed []HandlerError
+	// BusyUntil is set when another process holds a handler's claim:
+	// deliver the event again at that time, when the claim's lease
+	// expires, whatever the other process does.
+	BusyUntil time.Time
+}
+
+// Done reports whether every handler has handled the event.
+func (v Verdict) Done() bool { return len(v.Failed) == 0 && v.BusyUntil.IsZero() }
+
+// Dispatch runs ev's handlers one after the other, each through its own
+// claim. An error means the ledger could not be read or written: the
+// handlers from that one on did not run, and the event must come again
+// (those that ran are done and are skipped then). An event with no
+// handler is done.
+func (h *Handlers) Dispatch(ctx context.Context, ev Event) (Verdict, error) {
+	var v Verdict
+	hs := h.byType[ev.Type]
+	if ev.ID == "" && len(hs) > 0 {
+		h.m.withoutID.Inc()
+	}
+	for _, hd := range hs {
+		outcome, err := h.run(ctx, hd, ev, &v)
+		h.m.handled.WithLabelValues(hd.name, outcome).Inc()
+		if outcome == "error" {
+			return v, err
+		}
+	}
+	return v, nil
+}
+
+// run runs one handler for ev and returns its outcome label; failures and
+// busy claims go into v.
+func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (string, error) {
+	fail := func(err error) (string, error) {
+		v.Failed = append(v.Failed, HandlerError{Handler: hd.name, Err: err})
+		return "failed", nil
+	}
+	if ev.ID == "" {
+		// No id, no ledger row: the handler runs on every delivery.
+		if err := h.call(ctx, hd, nil, ev); err != nil {
+			return fail(err)
+		}
+		return "handled", nil
+	}
+	c, state, until, err := h.l.Claim(ctx, ev.ID, hd.name)
+	switch {
+	case err != nil:
+		return "error", err
+	case state == AlreadyDone:
+		return "skipped", nil
+	case state == Busy:
+		v.busy(until)
+		return "busy", nil
+	}
+	if hd.tx != nil {
+		return h.runTx(ctx, hd, c, ev, v)
+	}
+	if err := h.call(ctx, hd, nil, ev); err != nil {
+		if rerr := c.Release(ctx); rerr != nil && !errors.Is(rerr, ErrClaimLost) {
+			// The claim stays until its lease expires; the event comes
+			// again and finds it busy until then.
+			err = errors.Join(err, rerr)
+		}
+		return fail(err)
+	}
+	if err := c.Done(ctx); errors.Is(err, ErrClaimLost) {
+		// The handler's effect happened, and the process that took the
+		// claim over runs it again: at least once, never lost.
+		return "lost", nil
+	} else if err != nil {
+		// The effect happened but is not recorded: the next delivery
+		// finds the claim busy until its lease expires, then runs it
+		// again.
+		return "error", err
+	}
+	return "handled", nil
+}
+
+// runTx runs a TxHandlerFunc and the done mark in one transaction.
+func (h *Handlers) runTx(ctx context.Context, hd handler, c *Claim, ev Event, v *Verdict) (string, error) {
+	release := func(err error) (string, error) {
+		if rerr := c.Release(ctx); rerr != nil && !errors.Is(rerr, ErrClaimLost) {
+			err = errors.Join(err, rerr)
+		}
+		v.Failed = append(v.Failed, HandlerError{Handler: hd.name, Err: err})
+		return "failed", nil
+	}
+	tx, err := h.l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return release(fmt.Errorf("begin the handler's transaction: %w", err))
+	}
+	defer tx.Rollback()
+	if err := h.call(ctx, hd, tx, ev); err != nil {
+		tx.Rollback()
+		return release(err)
+	}
+	if err := c.DoneTx(ctx, tx); errors.Is(err, ErrClaimLost) {
+		// Rolled back: the effect did not happen. The process that took
+		// the claim over runs the handler; come again when its lease
+		// expires, in case it does not finish.
+		v.busy(h.l.now().Add(h.l.lease))
+		return "lost", nil
+	} else if err != nil {
+		tx.Rollback()
+		return release(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return release(fmt.Errorf("commit the handler's transaction: %w", err))
+	}
+	return "handled", nil
+}
+
+// call runs the handler, timing it; a panic is the handler's failure.
+func (h *Handlers) call(ctx context.Context, hd handler, tx *sql.Tx, ev Event) (err error) {
+	start := time.Now()
+	defer func() {
+		h.m.duration.WithLabelValues(hd.name).Observe(time.Since(start).Seconds())
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	if hd.tx != nil {
+		return hd.tx(ctx, tx, ev)
+	}
+	return hd.fn(ctx, ev)
+}
+
+func (v *Verdict) busy(until time.Time) {
+	if until.After(v.BusyUntil) {
+		v.BusyUntil = until
+	}
+}
+
+type handlerMetrics struct {
+	handled   *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	withoutID prometheus.Counter
+}
+
+func newHandlerMetrics() *handlerMetrics {
+	return &handlerMetrics{
+		handled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_ledger_handled_total",
+			Help: "Handler runs by outcome: handled, failed, skipped, busy, lost, error.",
+		}, []string{"handler", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "outbox_ledger_handler_duration_seconds",
+			Help:    "How long handlers ran.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"handler"}),
+		withoutID: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_ledger_events_without_id_total",
+			Help: "Events with no event id, handled without the ledger.",
+		}),
+	}
+}
+
+func (m *handlerMetrics) register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.handled, m.duration, m.withoutID} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("register ledger metrics: %w", err)
+		}
+	}
+	return nil
+}

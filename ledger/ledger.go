@@ -1,0 +1,199 @@
+// Package ledger runs an application's event handlers at most once per
+// event and handler, on the messages outbox-relay publishes.
+//
+// Three parts share one protocol. The Ledger records, in the
+// processed_events table of the application's SQLite file, which handler
+// has handled which event: a handler runs only after its (event_id,
+// handler) row is claimed, and the row is marked done when the handler
+// succeeds, or released when it fails. Handlers maps event types to
+// handlers and runs them through the Ledger. A Worker feeds Handlers from a
+// durable JetStream pull consumer, mapping each answer to an
+// acknowledgement; a TableSource feeds the same Handlers straight from the
+// outbox table, for deployments without NATS.
+//
+// Handlers still run at least once: a process that dies after a handler's
+// effect and before its done mark leaves a claim that another process takes
+// over when the lease expires, and the handler runs again. HandleTx closes
+// that window for effects written to the same SQLite file, by committing
+// them in the transaction that marks the claim done.
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Table is the ledger's table, created by outbox-relay's migrations:
+//
+//	CREATE TABLE processed_events (
+//		event_id     TEXT NOT NULL,
+//		handler      TEXT NOT NULL,
+//		status       TEXT NOT NULL,   -- in_progress, done
+//		started_at   INTEGER,         -- Unix ms; the claim's owner token
+//		processed_at INTEGER,         -- Unix ms, once done
+//		PRIMARY KEY (event_id, handler)
+//	)
+const Table = "processed_events"
+
+// DefaultLease is how long a claim is held before another process may take
+// it over: longer than any handler runs.
+const DefaultLease = 30 * time.Minute
+
+// ErrClaimLost is returned when a claim's owner token no longer matches its
+// row: the lease expired and another process took the claim over (or an
+// operator removed it). The done mark or the release changed nothing.
+var ErrClaimLost = errors.New("ledger claim lost: another process took it over")
+
+// Options tune a Ledger.
+type Options struct {
+	// Lease is how long a claim is held before another process may take
+	// it over (DefaultLease when 0).
+	Lease time.Duration
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// Ledger claims and marks (event_id, handler) rows in processed_events on
+// db, a pool on the application's SQLite file. Give db a busy timeout
+// (go-sqlite3: _busy_timeout=5000): claims are short writes beside the
+// application's own.
+type Ledger struct {
+	db    *sql.DB
+	lease time.Duration
+	now   func() time.Time
+}
+
+// New returns a Ledger on db.
+func New(db *sql.DB, o Options) *Ledger {
+	l := &Ledger{db: db, lease: o.Lease, now: o.Now}
+	if l.lease <= 0 {
+		l.lease = DefaultLease
+	}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	return l
+}
+
+// State is what a claim attempt found.
+type State int
+
+const (
+	// Claimed: the caller holds the claim and runs the handler.
+	Claimed State = iota
+	// AlreadyDone: the handler has handled the event; skip it.
+	AlreadyDone
+	// Busy: another process holds a fresh claim; try again after its
+	// lease expires.
+	Busy
+)
+
+func (s State) String() string {
+	switch s {
+	case Claimed:
+		return "claimed"
+	case AlreadyDone:
+		return "already done"
+	case Busy:
+		return "busy"
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// Claim is a held claim on (EventID, Handler). Token is the claim's
+// started_at in Unix milliseconds, which every later write is conditioned
+// on.
+type Claim struct {
+	EventID, Handler string
+	Token            int64
+	l                *Ledger
+}
+
+// claimSQL inserts a fresh claim or takes over one whose lease expired
+// (?4: the oldest started_at still held), in one statement. A takeover's
+// token is later than the old one even within the same millisecond.
+const claimSQL = `INSERT INTO ` + Table + ` (event_id, handler, status, started_at) VALUES (?1, ?2, 'in_progress', ?3)
+ON CONFLICT (event_id, handler) DO UPDATE SET status = 'in_progress', processed_at = NULL,
+	started_at = max(excluded.started_at, coalesce(` + Table + `.started_at, 0) + 1)
+WHERE ` + Table + `.status <> 'done' AND (` + Table + `.started_at IS NULL OR ` + Table + `.started_at < ?4)
+RETURNING started_at`
+
+// Claim claims (eventID, handler). It returns the claim when the caller
+// holds it (Claimed); AlreadyDone when the handler has handled the event;
+// Busy, with the time the other claim's lease expires, when another
+// process holds a fresh claim. An error means nothing is known: do not
+// run the handler.
+func (l *Ledger) Claim(ctx context.Context, eventID, handler string) (*Claim, State, time.Time, error) {
+	if eventID == "" || handler == "" {
+		return nil, 0, time.Time{}, errors.New("ledger claim: event id and handler must not be empty")
+	}
+	// A row released between the two statements below is claimed on the
+	// next round; three rounds cover any such race.
+	for range 3 {
+		now := l.now().UnixMilli()
+		var token int64
+		err := l.db.QueryRowContext(ctx, claimSQL, eventID, handler, now, now-l.lease.Milliseconds()).Scan(&token)
+		if err == nil {
+			return &Claim{EventID: eventID, Handler: handler, Token: token, l: l}, Claimed, time.Time{}, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return nil, 0, time.Time{}, fmt.Errorf("ledger claim %s/%s: %w", eventID, handler, err)
+		}
+		var status string
+		var started sql.NullInt64
+		err = l.db.QueryRowContext(ctx, `SELECT status, started_at FROM `+Table+` WHERE event_id = ? AND handler = ?`, eventID, handler).Scan(&status, &started)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			continue // released meanwhile
+		case err != nil:
+			return nil, 0, time.Time{}, fmt.Errorf("ledger claim %s/%s: %w", eventID, handler, err)
+		case status == "done":
+			return nil, AlreadyDone, time.Time{}, nil
+		default:
+			return nil, Busy, time.UnixMilli(started.Int64).Add(l.lease), nil
+		}
+	}
+	return nil, 0, time.Time{}, fmt.Errorf("ledger claim %s/%s: the row keeps changing", eventID, handler)
+}
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Done marks the claim done. ErrClaimLost means another process took the
+// claim over: its handler may run (or have run) too.
+func (c *Claim) Done(ctx context.Context) error { return c.done(ctx, c.l.db) }
+
+// DoneTx marks the claim done inside tx, the transaction that holds the
+// handler's own writes: they commit together or not at all. On
+// ErrClaimLost roll tx back: another process holds the claim.
+func (c *Claim) DoneTx(ctx context.Context, tx *sql.Tx) error { return c.done(ctx, tx) }
+
+func (c *Claim) done(ctx context.Context, db execer) error {
+	return c.write(ctx, db, "mark done", `UPDATE `+Table+` SET status = 'done', processed_at = ?4
+WHERE event_id = ?1 AND handler = ?2 AND started_at = ?3 AND status = 'in_progress'`, c.l.now().UnixMilli())
+}
+
+// Release gives the claim up after the handler failed, so that the next
+// delivery claims it at once. ErrClaimLost means another process had taken
+// it over already.
+func (c *Claim) Release(ctx context.Context) error {
+	return c.write(ctx, c.l.db, "release", `DELETE FROM `+Table+`
+WHERE event_id = ?1 AND handler = ?2 AND started_at = ?3 AND status = 'in_progress'`)
+}
+
+func (c *Claim) write(ctx context.Context, db execer, what, q string, args ...any) error {
+	res, err := db.ExecContext(ctx, q, append([]any{c.EventID, c.Handler, c.Token}, args...)...)
+	if err != nil {
+		return fmt.Errorf("ledger %s %s/%s: %w", what, c.EventID, c.Handler, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("ledger %s %s/%s: %w", what, c.EventID, c.Handler, err)
+	} else if n == 0 {
+		return fmt.Errorf("ledger %s %s/%s: %w", what, c.EventID, c.Handler, ErrClaimLost)
+	}
+	return nil
+}

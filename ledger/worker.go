@@ -1,0 +1,163 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+)
+
+// Backoff is the retry schedule every source applies after a failed
+// delivery: 5 s after the first, doubling per delivery, at most 300 s. The
+// relay retries broker rejections on the same schedule.
+func Backoff(deliveries int) time.Duration { return event.RetryBackoff(deliveries) }
+
+// WorkerOptions tune a Worker.
+type WorkerOptions struct {
+	// SubjectPrefix is the relay's stream.subject_prefix: an event's type
+	// is its subject after "<prefix>.". Required.
+	SubjectPrefix string
+	// Concurrency is how many messages are handled at once (1 when 0).
+	Concurrency int
+	// Backoff is the delay before the next delivery after a failed one
+	// (the package's Backoff when nil).
+	Backoff func(deliveries int) time.Duration
+	// Log receives the worker's log lines (none when nil).
+	Log *zap.Logger
+}
+
+// Worker feeds Handlers from a durable JetStream pull consumer and
+// acknowledges each message by its Verdict:
+//
+//   - every handler done or skipped: Ack;
+//   - a handler's claim held elsewhere: NakWithDelay until that claim's
+//     lease expires;
+//   - a handler failed, or the ledger could not be read: NakWithDelay by
+//     the retry backoff; on the consumer's last delivery (max_deliver) it
+//     logs "event exhausted max deliveries" at error level instead, with
+//     the event id, the handler and the error, and Naks: JetStream keeps
+//     the message, and outbox-relay records the server's advisory.
+type Worker struct {
+	cons       jetstream.Consumer
+	h          *Handlers
+	o          WorkerOptions
+	maxDeliver int
+	log        *zap.Logger
+}
+
+// NewWorker returns a Worker on cons, a durable pull consumer on the
+// relay's stream (outbox-relay creates it with consumer.create; its
+// max_deliver is relay.max_attempts).
+func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, error) {
+	if o.SubjectPrefix == "" {
+		return nil, errors.New("ledger worker: SubjectPrefix is required (the relay's stream.subject_prefix)")
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 1
+	}
+	if o.Backoff == nil {
+		o.Backoff = Backoff
+	}
+	info := cons.CachedInfo()
+	if info == nil {
+		return nil, errors.New("ledger worker: the consumer has no info; get it with jetstream.Stream.Consumer")
+	}
+	w := &Worker{cons: cons, h: h, o: o, maxDeliver: info.Config.MaxDeliver, log: o.Log}
+	if w.log == nil {
+		w.log = zap.NewNop()
+	}
+	w.log = w.log.With(zap.String("stream", info.Stream), zap.String("consumer", info.Name))
+	return w, nil
+}
+
+// Run handles messages until ctx ends, then stops fetching, lets the
+// handlers that are running finish, and returns nil. Messages fetched but
+// not started are redelivered after the consumer's ack_wait.
+func (w *Worker) Run(ctx context.Context) error {
+	it, err := w.cons.Messages(jetstream.PullMaxMessages(2 * w.o.Concurrency))
+	if err != nil {
+		return fmt.Errorf("ledger worker: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	slots := make(chan struct{}, w.o.Concurrency)
+	var running sync.WaitGroup
+	defer running.Wait()
+	for {
+		msg, err := it.Next()
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+			if msg != nil {
+				_ = msg.Nak() // not started: deliver it elsewhere at once
+			}
+			return nil
+		}
+		if err != nil {
+			w.log.Warn("fetch messages", zap.Error(err))
+			continue
+		}
+		slots <- struct{}{}
+		running.Add(1)
+		go func() {
+			defer func() { <-slots; running.Done() }()
+			// Handlers finish even when ctx ends: a graceful stop does
+			// not cut a handler off half way.
+			w.handle(context.WithoutCancel(ctx), msg)
+		}()
+	}
+}
+
+// handle dispatches one message and acknowledges it.
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
+	delivery := 1
+	if md, err := msg.Metadata(); err == nil {
+		delivery = int(md.NumDelivered)
+	}
+	ev := Event{
+		ID:       msg.Headers().Get(jetstream.MsgIDHeader),
+		Type:     strings.TrimPrefix(msg.Subject(), w.o.SubjectPrefix+"."),
+		Data:     msg.Data(),
+		Delivery: delivery,
+	}
+	log := w.log.With(zap.String("event_id", ev.ID), zap.String("event_type", ev.Type), zap.Int("delivery", delivery))
+	v, err := w.h.Dispatch(ctx, ev)
+	var failed []HandlerError
+	switch {
+	case err != nil:
+		failed = []HandlerError{{Handler: "ledger", Err: err}}
+	case len(v.Failed) > 0:
+		failed = v.Failed
+	case !v.BusyUntil.IsZero():
+		wait := max(time.Until(v.BusyUntil), time.Second)
+		log.Info("handler busy elsewhere; delivering again when its lease expires", zap.Duration("delay", wait))
+		w.ack(log, msg.NakWithDelay(wait))
+		return
+	default:
+		w.ack(log, msg.Ack())
+		return
+	}
+	if w.maxDeliver > 0 && delivery >= w.maxDeliver {
+		for _, f := range failed {
+			log.Error("event exhausted max deliveries", zap.String("handler", f.Handler), zap.Int("max_deliver", w.maxDeliver), zap.Error(f.Err))
+		}
+		w.ack(log, msg.Nak())
+		return
+	}
+	wait := w.o.Backoff(delivery)
+	for _, f := range failed {
+		log.Warn("handler failed; delivering again after the backoff", zap.String("handler", f.Handler), zap.Duration("delay", wait), zap.Error(f.Err))
+	}
+	w.ack(log, msg.NakWithDelay(wait))
+}
+
+func (w *Worker) ack(log *zap.Logger, err error) {
+	if err != nil {
+		log.Warn("acknowledge message", zap.Error(err))
+	}
+}
