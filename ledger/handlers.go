@@ -83,7 +83,8 @@ func (h *Handlers) Handle(eventType, name string, fn HandlerFunc) {
 // claim done (see TxHandlerFunc). Open the ledger's database with
 // immediate transactions (go-sqlite3: _txlock=immediate), so that the
 // transaction takes the write lock when it begins instead of failing to
-// upgrade later.
+// upgrade later. The transaction holds SQLite's write lock while fn runs:
+// keep fn to its database writes, and do slow work in a Handle handler.
 func (h *Handlers) HandleTx(eventType, name string, fn TxHandlerFunc) {
 	h.add(eventType, handler{name: name, tx: fn})
 }
@@ -116,7 +117,10 @@ type HandlerError struct {
 	Err     error
 }
 
+// Error names the handler and its error.
 func (e HandlerError) Error() string { return e.Handler + ": " + e.Err.Error() }
+
+// Unwrap returns the handler's error.
 func (e HandlerError) Unwrap() error { return e.Err }
 
 // Verdict is what became of an event's handlers, for its source to

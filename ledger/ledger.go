@@ -1,5 +1,7 @@
-// Package ledger runs an application's event handlers at most once per
-// event and handler, on the messages outbox-relay publishes.
+// Package ledger runs an application's event handlers on the events
+// outbox-relay publishes, and records in a ledger which handler has handled
+// which event, so that an event delivered again does not run a handler
+// again.
 //
 // Three parts share one protocol. The Ledger records, in the
 // processed_events table of the application's SQLite file, which handler
@@ -91,6 +93,7 @@ const (
 	Busy
 )
 
+// String names the state.
 func (s State) String() string {
 	switch s {
 	case Claimed:

@@ -1,0 +1,340 @@
+package ledger_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/outbox-relay/outbox-relay/internal/child"
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/ledger"
+)
+
+// stream creates the relay's stream on a new in-process server.
+func stream(t *testing.T) (*testenv.NATS, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	return n, js
+}
+
+// durable creates (or binds) the durable pull consumer "workers".
+func durable(t *testing.T, js jetstream.JetStream, ackWait time.Duration, maxDeliver int) jetstream.Consumer {
+	t.Helper()
+	c, err := js.CreateOrUpdateConsumer(context.Background(), "EVENTS", jetstream.ConsumerConfig{
+		Durable: "workers", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: maxDeliver,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// publish publishes an event as the relay does.
+func publish(t testing.TB, js jetstream.JetStream, id, eventType string) {
+	t.Helper()
+	msg := &nats.Msg{Subject: "events." + eventType, Header: nats.Header{}, Data: []byte(`{"id":"` + id + `"}`)}
+	msg.Header.Set(jetstream.MsgIDHeader, id)
+	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runWorker runs a Worker until the test ends (or stop is called).
+func runWorker(t *testing.T, cons jetstream.Consumer, h *ledger.Handlers, o ledger.WorkerOptions) (stop func()) {
+	t.Helper()
+	o.SubjectPrefix = "events"
+	w, err := ledger.NewWorker(cons, h, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Error(err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("the worker did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func newHandlers(t *testing.T, db *sql.DB, o ledger.Options, reg prometheus.Registerer) *ledger.Handlers {
+	t.Helper()
+	h, err := ledger.NewHandlers(ledger.New(db, o), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// recordEffect is a HandleTx handler that writes one effects row.
+func recordEffect(handler string) ledger.TxHandlerFunc {
+	return func(ctx context.Context, tx *sql.Tx, ev ledger.Event) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects (event_id, handler) VALUES (?, ?)`, ev.ID, handler)
+		return err
+	}
+}
+
+// TestWorkersHandleEachEventOnce: two workers on one durable consumer and
+// one database, handlers slower than ack_wait so that messages are
+// delivered again while they run: every (event, handler) effect happens
+// exactly once.
+func TestWorkersHandleEachEventOnce(t *testing.T) {
+	_, js := stream(t)
+	db := appDB(t)
+	testenv.MustExec(t, db, `CREATE TABLE effects (event_id TEXT NOT NULL, handler TEXT NOT NULL)`)
+	cons := durable(t, js, 300*time.Millisecond, -1)
+	reg := prometheus.NewRegistry()
+	var slowRuns sync.Map // event id -> *atomic.Int64
+	for i := range 2 {
+		r := prometheus.WrapRegistererWith(prometheus.Labels{"worker": fmt.Sprint(i)}, reg)
+		h := newHandlers(t, db, ledger.Options{}, r)
+		// Longer than ack_wait: the message is delivered again while it
+		// runs.
+		h.Handle("OrderPlaced", "slow", func(_ context.Context, ev ledger.Event) error {
+			n, _ := slowRuns.LoadOrStore(ev.ID, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+			time.Sleep(700 * time.Millisecond)
+			return nil
+		})
+		h.HandleTx("OrderPlaced", "record", recordEffect("record"))
+		h.HandleTx("OrderPlaced", "bill", recordEffect("bill"))
+		runWorker(t, cons, h, ledger.WorkerOptions{Concurrency: 8})
+	}
+	const events = 24
+	for range events {
+		publish(t, js, event.NewID(), "OrderPlaced")
+	}
+	testenv.Eventually(t, 60*time.Second, "every message acknowledged", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	// Every delivery reaches the slow handler first: handled once, then
+	// busy (claimed elsewhere) or skipped (done meanwhile).
+	deliveries := func() float64 {
+		return metricValue(t, reg, "outbox_ledger_handled_total", "handler", "slow")
+	}
+	testenv.Eventually(t, 30*time.Second, "every message delivered at least twice", func() bool { return deliveries() >= 2*events })
+	t.Logf("%v deliveries of %d messages; %v found the claim held elsewhere", deliveries(), events,
+		metricValue(t, reg, "outbox_ledger_handled_total", "handler", "slow", "outcome", "busy"))
+	var total, distinct int
+	db.QueryRow(`SELECT count(*), count(DISTINCT event_id || '/' || handler) FROM effects`).Scan(&total, &distinct)
+	if total != 2*events || distinct != 2*events {
+		t.Fatalf("%d effects, %d distinct; want each of the %d (event, handler) pairs once", total, distinct, 2*events)
+	}
+	slowRuns.Range(func(id, n any) bool {
+		if n.(*atomic.Int64).Load() != 1 {
+			t.Errorf("the slow handler ran %d times for %v", n.(*atomic.Int64).Load(), id)
+		}
+		return true
+	})
+}
+
+// TestWorkerExhaustsMaxDeliver: a handler that always fails is delivered
+// max_deliver times on the retry schedule (scaled down here), and the last
+// failure is logged at error level exactly once, naming the event and the
+// handler.
+func TestWorkerExhaustsMaxDeliver(t *testing.T) {
+	_, js := stream(t)
+	db := appDB(t)
+	const maxDeliver = 4
+	cons := durable(t, js, time.Minute, maxDeliver)
+	var mu sync.Mutex
+	var at []time.Time
+	h := newHandlers(t, db, ledger.Options{}, nil)
+	h.Handle("Doomed", "always-fails", func(context.Context, ledger.Event) error {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+		return errors.New("refused by the payment provider")
+	})
+	core, logs := observer.New(zapcore.InfoLevel)
+	scaled := func(n int) time.Duration { return ledger.Backoff(n) / 25 } // 200 ms, 400 ms, 800 ms
+	runWorker(t, cons, h, ledger.WorkerOptions{Backoff: scaled, Log: zap.New(core)})
+	id := event.NewID()
+	publish(t, js, id, "Doomed")
+	exhausted := func() []observer.LoggedEntry {
+		return logs.FilterMessage("event exhausted max deliveries").AllUntimed()
+	}
+	testenv.Eventually(t, 30*time.Second, "the exhausted line", func() bool { return len(exhausted()) > 0 })
+	// Past the longest delay the schedule would have next: no more runs.
+	time.Sleep(2 * scaled(maxDeliver))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(at) != maxDeliver {
+		t.Fatalf("the handler ran %d times; want max_deliver = %d", len(at), maxDeliver)
+	}
+	for i := 1; i < len(at); i++ {
+		if gap, want := at[i].Sub(at[i-1]), scaled(i); gap < want {
+			t.Errorf("delivery %d came %v after delivery %d; the schedule says %v", i+1, gap, i, want)
+		}
+	}
+	lines := exhausted()
+	if len(lines) != 1 || lines[0].Level != zapcore.ErrorLevel {
+		t.Fatalf("%d exhausted lines (%+v); want one at error level", len(lines), lines)
+	}
+	f := lines[0].ContextMap()
+	if f["event_id"] != id || f["handler"] != "always-fails" || f["error"] != "refused by the payment provider" {
+		t.Fatalf("exhausted line fields %v", f)
+	}
+}
+
+// TestWorkerWaitsForABusyClaim: a delivery that finds a fresh claim held
+// elsewhere comes again when the claim's lease expires, takes it over and
+// runs the handler once.
+func TestWorkerWaitsForABusyClaim(t *testing.T) {
+	_, js := stream(t)
+	db := appDB(t)
+	const lease = 2 * time.Second
+	id := event.NewID()
+	claimed := time.Now()
+	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES (?, 'h', 'in_progress', ?)`, id, claimed.UnixMilli())
+	var ran atomic.Int64
+	var ranAt atomic.Int64
+	h := newHandlers(t, db, ledger.Options{Lease: lease}, nil)
+	h.Handle("T", "h", func(context.Context, ledger.Event) error {
+		ran.Add(1)
+		ranAt.Store(time.Now().UnixMilli())
+		return nil
+	})
+	runWorker(t, durable(t, js, time.Minute, 5), h, ledger.WorkerOptions{})
+	publish(t, js, id, "T")
+	testenv.Eventually(t, 20*time.Second, "the handler to run", func() bool { return ran.Load() > 0 })
+	if waited := time.UnixMilli(ranAt.Load()).Sub(claimed); waited < lease {
+		t.Fatalf("the handler ran %v after the other claim began; its lease is %v", waited, lease)
+	}
+	if r, _ := readRow(t, db, id, "h"); r.Status != "done" {
+		t.Fatalf("ledger row %+v", r)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if ran.Load() != 1 {
+		t.Fatalf("the handler ran %d times", ran.Load())
+	}
+}
+
+// TestWorkerNaksWhenTheLedgerIsGone: while the ledger table cannot be
+// read, no handler runs and the message comes again; once it is back, the
+// handler runs once.
+func TestWorkerNaksWhenTheLedgerIsGone(t *testing.T) {
+	_, js := stream(t)
+	db := appDB(t)
+	reg := prometheus.NewRegistry()
+	var ran atomic.Int64
+	h := newHandlers(t, db, ledger.Options{}, reg)
+	h.Handle("T", "h", func(context.Context, ledger.Event) error { ran.Add(1); return nil })
+	testenv.MustExec(t, db, `ALTER TABLE processed_events RENAME TO processed_events_away`)
+	runWorker(t, durable(t, js, time.Minute, -1), h, ledger.WorkerOptions{Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
+	publish(t, js, event.NewID(), "T")
+	testenv.Eventually(t, 20*time.Second, "two deliveries that found no ledger", func() bool {
+		return metricValue(t, reg, "outbox_ledger_handled_total", "outcome", "error") >= 2
+	})
+	if ran.Load() != 0 {
+		t.Fatal("a handler ran without the ledger")
+	}
+	testenv.MustExec(t, db, `ALTER TABLE processed_events_away RENAME TO processed_events`)
+	testenv.Eventually(t, 20*time.Second, "the handler to run", func() bool { return ran.Load() == 1 })
+}
+
+// TestKilledWorkerIsTakenOver: a worker killed (kill -9) in the middle of
+// a handler leaves its claim; another worker takes it over once the lease
+// expires, and the effect happens once.
+func TestKilledWorkerIsTakenOver(t *testing.T) {
+	n, js := stream(t)
+	path := testenv.NewDB(t)
+	db := testenv.AppDB(t, path)
+	testenv.MustExec(t, db, `CREATE TABLE effects (event_id TEXT NOT NULL, handler TEXT NOT NULL)`)
+	const lease = 2 * time.Second
+	durable(t, js, time.Second, -1)
+	id := event.NewID()
+	publish(t, js, id, "OrderPlaced")
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHangingWorker$")
+	cmd.Env = append(os.Environ(), "LEDGER_HELPER_DB="+path, "LEDGER_HELPER_NATS="+n.URL())
+	p, err := child.Start(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.WaitFor("handler started", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := readRow(t, db, id, "record"); r.Status != "in_progress" {
+		t.Fatalf("the child holds no claim: %+v", r)
+	}
+	p.Kill()
+
+	h := newHandlers(t, db, ledger.Options{Lease: lease}, nil)
+	h.HandleTx("OrderPlaced", "record", recordEffect("record"))
+	runWorker(t, durable(t, js, time.Second, -1), h, ledger.WorkerOptions{})
+	testenv.Eventually(t, 30*time.Second, "the claim taken over and done", func() bool {
+		r, _ := readRow(t, db, id, "record")
+		return r.Status == "done"
+	})
+	var effects int
+	db.QueryRow(`SELECT count(*) FROM effects WHERE event_id = ?`, id).Scan(&effects)
+	if effects != 1 {
+		t.Fatalf("%d effects; want 1", effects)
+	}
+}
+
+// TestHelperHangingWorker is the child of TestKilledWorkerIsTakenOver: a
+// worker whose handler starts and never returns.
+func TestHelperHangingWorker(t *testing.T) {
+	path, url := os.Getenv("LEDGER_HELPER_DB"), os.Getenv("LEDGER_HELPER_NATS")
+	if path == "" {
+		t.Skip("helper process only")
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(context.Background(), "EVENTS", "workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zapcore.InfoLevel))
+	h := newHandlers(t, testenv.AppDB(t, path), ledger.Options{Lease: 2 * time.Second}, nil)
+	h.HandleTx("OrderPlaced", "record", func(context.Context, *sql.Tx, ledger.Event) error {
+		log.Info("handler started")
+		syscall.Pause() // until killed
+		return nil
+	})
+	w, err := ledger.NewWorker(cons, h, ledger.WorkerOptions{SubjectPrefix: "events", Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Run(context.Background())
+}
