@@ -338,3 +338,40 @@ func TestHelperHangingWorker(t *testing.T) {
 	}
 	w.Run(context.Background())
 }
+
+// TestWorkerStopsGracefully: stopping a worker lets the running handler
+// finish and acknowledges its message; it is not delivered again.
+func TestWorkerStopsGracefully(t *testing.T) {
+	_, js := stream(t)
+	db := appDB(t)
+	cons := durable(t, js, time.Minute, -1)
+	started, release := make(chan struct{}), make(chan struct{})
+	var ran atomic.Int64
+	h := newHandlers(t, db, ledger.Options{}, nil)
+	h.Handle("T", "h", func(context.Context, ledger.Event) error {
+		if ran.Add(1) == 1 {
+			close(started)
+		}
+		<-release
+		return nil
+	})
+	stop := runWorker(t, cons, h, ledger.WorkerOptions{})
+	publish(t, js, event.NewID(), "T")
+	<-started
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("the worker stopped before its handler returned")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	<-stopped
+	testenv.Eventually(t, 10*time.Second, "the message acknowledged", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	if ran.Load() != 1 {
+		t.Fatalf("the handler ran %d times", ran.Load())
+	}
+}
