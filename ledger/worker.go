@@ -99,7 +99,13 @@ func (w *Worker) Run(ctx context.Context) error {
 			return nil
 		}
 		if err != nil {
+			// The consumer deleted, the server gone: the iterator keeps
+			// trying; say so at most once a second.
 			w.log.Warn("fetch messages", zap.Error(err))
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 			continue
 		}
 		slots <- struct{}{}
