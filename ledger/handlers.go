@@ -14,9 +14,11 @@ import (
 // Event is one event as a handler sees it.
 type Event struct {
 	// ID is the event id (the outbox row's event_id, the message's
-	// Nats-Msg-Id). It is empty when the application left event_id NULL
-	// and the relay published the row without one: such an event runs its
-	// handlers without the ledger.
+	// Nats-Msg-Id). outbox-relay gives every row one before publishing
+	// it, so it is empty only for a message another publisher sent without
+	// Nats-Msg-Id, or a row without event_id that a TableSource reads:
+	// such an event runs its handlers without the ledger, on every
+	// delivery.
 	ID string
 	// Type is the event type (the row's event_type, the subject after the
 	// relay's prefix).
@@ -132,8 +134,10 @@ type Verdict struct {
 	Failed []HandlerError
 	// BusyUntil is set when another process holds a handler's claim:
 	// deliver the event again at that time, when the claim's lease
-	// expires, whatever the other process does.
+	// expires, whatever the other process does. Busy names those
+	// handlers.
 	BusyUntil time.Time
+	Busy      []string
 }
 
 // Done reports whether every handler has handled the event.
@@ -168,8 +172,9 @@ func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (s
 		return "failed", nil
 	}
 	if ev.ID == "" {
-		// No id, no ledger row: the handler runs on every delivery.
-		if err := h.call(ctx, hd, nil, ev); err != nil {
+		// No id, no ledger row: the handler runs on every delivery (a
+		// TxHandlerFunc in a transaction of its own).
+		if err := h.callAlone(ctx, hd, ev); err != nil {
 			return fail(err)
 		}
 		return "handled", nil
@@ -181,7 +186,7 @@ func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (s
 	case state == AlreadyDone:
 		return "skipped", nil
 	case state == Busy:
-		v.busy(until)
+		v.busy(hd.name, until)
 		return "busy", nil
 	}
 	if hd.tx != nil {
@@ -230,7 +235,7 @@ func (h *Handlers) runTx(ctx context.Context, hd handler, c *Claim, ev Event, v 
 		// Rolled back: the effect did not happen. The process that took
 		// the claim over runs the handler; come again when its lease
 		// expires, in case it does not finish.
-		v.busy(h.l.now().Add(h.l.lease))
+		v.busy(hd.name, h.l.now().Add(h.l.lease))
 		return "lost", nil
 	} else if err != nil {
 		tx.Rollback()
@@ -257,7 +262,25 @@ func (h *Handlers) call(ctx context.Context, hd handler, tx *sql.Tx, ev Event) (
 	return hd.fn(ctx, ev)
 }
 
-func (v *Verdict) busy(until time.Time) {
+// callAlone runs a handler without a claim; a TxHandlerFunc gets a
+// transaction of its own, committed when it succeeds.
+func (h *Handlers) callAlone(ctx context.Context, hd handler, ev Event) error {
+	if hd.tx == nil {
+		return h.call(ctx, hd, nil, ev)
+	}
+	tx, err := h.l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin the handler's transaction: %w", err)
+	}
+	defer tx.Rollback()
+	if err := h.call(ctx, hd, tx, ev); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (v *Verdict) busy(handler string, until time.Time) {
+	v.Busy = append(v.Busy, handler)
 	if until.After(v.BusyUntil) {
 		v.BusyUntil = until
 	}

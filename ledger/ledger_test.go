@@ -301,3 +301,29 @@ func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...s
 	}
 	return sum
 }
+
+// TestTxHandlerWithoutID: a HandleTx handler of an event with no id runs in
+// a transaction of its own, committed, on every delivery.
+func TestTxHandlerWithoutID(t *testing.T) {
+	ctx := context.Background()
+	db := appDB(t)
+	testenv.MustExec(t, db, `CREATE TABLE effects (n INTEGER)`)
+	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.HandleTx("T", "h", func(ctx context.Context, tx *sql.Tx, ev ledger.Event) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (1)`)
+		return err
+	})
+	for range 2 {
+		if v, err := h.Dispatch(ctx, ledger.Event{Type: "T"}); err != nil || !v.Done() {
+			t.Fatalf("%+v (%v)", v, err)
+		}
+	}
+	var n int
+	db.QueryRow(`SELECT count(*) FROM effects`).Scan(&n)
+	if n != 2 {
+		t.Fatalf("%d effects; want one per delivery", n)
+	}
+}

@@ -40,10 +40,15 @@ type WorkerOptions struct {
 //   - a handler's claim held elsewhere: NakWithDelay until that claim's
 //     lease expires;
 //   - a handler failed, or the ledger could not be read: NakWithDelay by
-//     the retry backoff; on the consumer's last delivery (max_deliver) it
-//     logs "event exhausted max deliveries" at error level instead, with
-//     the event id, the handler and the error, and Naks: JetStream keeps
-//     the message, and outbox-relay records the server's advisory.
+//     the retry backoff;
+//   - on the consumer's last delivery (max_deliver), a failure or a busy
+//     claim is logged as "event exhausted max deliveries" at error level,
+//     with the event id, the handler and the error, and the message is
+//     Nak'ed: JetStream keeps it, and outbox-relay records the server's
+//     advisory.
+//
+// Keep handlers shorter than the consumer's ack_wait: a message not
+// acknowledged in time is delivered again, and each delivery counts.
 type Worker struct {
 	cons       jetstream.Consumer
 	h          *Handlers
@@ -79,9 +84,13 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 
 // Run handles messages until ctx ends, then stops fetching, lets the
 // handlers that are running finish, and returns nil. Messages fetched but
-// not started are redelivered after the consumer's ack_wait.
+// not started are redelivered after the consumer's ack_wait. It returns an
+// error when the messages stop without ctx ending (the consumer was
+// deleted, the connection closed for good).
 func (w *Worker) Run(ctx context.Context) error {
-	it, err := w.cons.Messages(jetstream.PullMaxMessages(2 * w.o.Concurrency))
+	// Pulls expire every 10 s with heartbeats between, so that a consumer
+	// deleted under the worker shows within seconds (see below).
+	it, err := w.cons.Messages(jetstream.PullMaxMessages(2*w.o.Concurrency), jetstream.PullExpiry(10*time.Second))
 	if err != nil {
 		return fmt.Errorf("ledger worker: %w", err)
 	}
@@ -92,15 +101,30 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer running.Wait()
 	for {
 		msg, err := it.Next()
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			if msg != nil {
 				_ = msg.Nak() // not started: deliver it elsewhere at once
 			}
 			return nil
 		}
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			// Not asked to stop: the consumer was deleted, or the
+			// connection closed for good.
+			return fmt.Errorf("ledger worker: messages stopped: %w", err)
+		}
+		if errors.Is(err, jetstream.ErrConsumerDeleted) {
+			return fmt.Errorf("ledger worker: %w", err)
+		}
+		if errors.Is(err, jetstream.ErrNoHeartbeat) {
+			// The server stopped answering the pulls: gone, or the
+			// consumer was deleted (which the server does not always say).
+			if _, ierr := w.cons.Info(ctx); errors.Is(ierr, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("ledger worker: %w", ierr)
+			}
+		}
 		if err != nil {
-			// The consumer deleted, the server gone: the iterator keeps
-			// trying; say so at most once a second.
+			// The server unreachable: the iterator keeps trying; say so
+			// at most once a second.
 			w.log.Warn("fetch messages", zap.Error(err))
 			select {
 			case <-ctx.Done():
@@ -139,6 +163,12 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		failed = []HandlerError{{Handler: "ledger", Err: err}}
 	case len(v.Failed) > 0:
 		failed = v.Failed
+	case !v.BusyUntil.IsZero() && w.last(delivery):
+		// A busy answer spends a delivery too; on the last one the
+		// handler never runs for this message unless someone acts.
+		for _, name := range v.Busy {
+			failed = append(failed, HandlerError{Handler: name, Err: fmt.Errorf("claimed by another process until %s", v.BusyUntil.Format(time.RFC3339))})
+		}
 	case !v.BusyUntil.IsZero():
 		wait := max(time.Until(v.BusyUntil), time.Second)
 		log.Info("handler busy elsewhere; delivering again when its lease expires", zap.Duration("delay", wait))
@@ -148,7 +178,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		w.ack(log, msg.Ack())
 		return
 	}
-	if w.maxDeliver > 0 && delivery >= w.maxDeliver {
+	if w.last(delivery) {
 		for _, f := range failed {
 			log.Error("event exhausted max deliveries", zap.String("handler", f.Handler), zap.Int("max_deliver", w.maxDeliver), zap.Error(f.Err))
 		}
@@ -161,6 +191,9 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	w.ack(log, msg.NakWithDelay(wait))
 }
+
+// last reports whether delivery is the consumer's last (max_deliver).
+func (w *Worker) last(delivery int) bool { return w.maxDeliver > 0 && delivery >= w.maxDeliver }
 
 func (w *Worker) ack(log *zap.Logger, err error) {
 	if err != nil {

@@ -375,3 +375,50 @@ func TestWorkerStopsGracefully(t *testing.T) {
 		t.Fatalf("the handler ran %d times", ran.Load())
 	}
 }
+
+// TestWorkerReturnsWhenItsConsumerIsDeleted: messages that stop without
+// the worker being asked to stop are an error.
+func TestWorkerReturnsWhenItsConsumerIsDeleted(t *testing.T) {
+	_, js := stream(t)
+	cons := durable(t, js, time.Minute, -1)
+	h := newHandlers(t, appDB(t), ledger.Options{}, nil)
+	w, err := ledger.NewWorker(cons, h, ledger.WorkerOptions{SubjectPrefix: "events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	if err := js.DeleteConsumer(context.Background(), "EVENTS", "workers"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run returned nil after its consumer was deleted")
+		}
+		t.Logf("Run: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run went on after its consumer was deleted")
+	}
+}
+
+// TestWorkerBusyOnTheLastDelivery: a claim held elsewhere on the
+// consumer's last delivery is logged as exhausted, naming the handler.
+func TestWorkerBusyOnTheLastDelivery(t *testing.T) {
+	_, js := stream(t)
+	db := appDB(t)
+	id := event.NewID()
+	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES (?, 'h', 'in_progress', ?)`, id, time.Now().UnixMilli())
+	h := newHandlers(t, db, ledger.Options{}, nil)
+	h.Handle("T", "h", func(context.Context, ledger.Event) error { return nil })
+	core, logs := observer.New(zapcore.InfoLevel)
+	runWorker(t, durable(t, js, time.Minute, 1), h, ledger.WorkerOptions{Log: zap.New(core)})
+	publish(t, js, id, "T")
+	testenv.Eventually(t, 20*time.Second, "the exhausted line", func() bool {
+		return logs.FilterMessage("event exhausted max deliveries").Len() > 0
+	})
+	f := logs.FilterMessage("event exhausted max deliveries").AllUntimed()[0].ContextMap()
+	if f["event_id"] != id || f["handler"] != "h" {
+		t.Fatalf("exhausted line fields %v", f)
+	}
+}

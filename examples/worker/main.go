@@ -167,11 +167,7 @@ func run(ctx context.Context, o options, reg *prometheus.Registry, log *zap.Logg
 	log.Info("worker running", zap.String("stream", o.Stream), zap.String("consumer", o.Durable),
 		zap.Strings("event_types", h.Types()), zap.String("database", o.DB))
 	if err := w.Run(ctx); err != nil {
-		return err
-	}
-	if ctx.Err() == nil {
-		// Run also returns when the messages stop for good.
-		return errors.New("the consumer's messages stopped: the consumer was deleted or the NATS connection closed")
+		return err // the consumer was deleted, or the connection closed for good
 	}
 	// Send the last acknowledgements before the connection closes; those
 	// that do not arrive are redelivered after ack_wait, and skipped.
