@@ -156,7 +156,9 @@ func (l *Ledger) Claim(ctx context.Context, eventID, handler string) (*Claim, St
 		case status == "done":
 			return nil, AlreadyDone, time.Time{}, nil
 		default:
-			return nil, Busy, time.UnixMilli(started.Int64).Add(l.lease), nil
+			// Taken over once started_at < now - lease: a millisecond
+			// after started_at + lease.
+			return nil, Busy, time.UnixMilli(started.Int64 + l.lease.Milliseconds() + 1), nil
 		}
 	}
 	return nil, 0, time.Time{}, fmt.Errorf("ledger claim %s/%s: the row keeps changing", eventID, handler)

@@ -15,24 +15,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/ledger"
 )
 
-// clock is a settable test clock.
-type clock struct{ ms atomic.Int64 }
-
-func newClock() *clock {
-	c := &clock{}
-	c.ms.Store(time.Now().UnixMilli())
-	return c
-}
-
-func (c *clock) now() time.Time          { return time.UnixMilli(c.ms.Load()) }
-func (c *clock) advance(d time.Duration) { c.ms.Add(d.Milliseconds()) }
-
-// appDB is the application's pool on a new migrated database.
-func appDB(t *testing.T) *sql.DB {
-	t.Helper()
-	return testenv.AppDB(t, testenv.NewDB(t))
-}
-
 type ledgerRow struct {
 	Status    string
 	StartedAt sql.NullInt64
@@ -55,29 +37,29 @@ func readRow(t *testing.T, db *sql.DB, eventID, handler string) (r ledgerRow, fo
 func TestClaimDoneAndRelease(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-	clk := newClock()
-	l := ledger.New(db, ledger.Options{Now: clk.now})
+	clk := newClock(time.Now())
+	l := ledger.New(db, ledger.Options{Now: clk.Now})
 
 	c, state, _, err := l.Claim(ctx, "ev-1", "mailer")
-	if err != nil || state != ledger.Claimed || c == nil || c.Token != clk.now().UnixMilli() {
+	if err != nil || state != ledger.Claimed || c == nil || c.Token != clk.Now().UnixMilli() {
 		t.Fatalf("first claim: %v %v %+v", state, err, c)
 	}
 	if r, _ := readRow(t, db, "ev-1", "mailer"); r.Status != "in_progress" || r.StartedAt.Int64 != c.Token {
 		t.Fatalf("claimed row %+v", r)
 	}
 	// Another process while the claim is fresh: busy until the lease ends.
-	clk.advance(time.Minute)
-	if _, state, until, err := l.Claim(ctx, "ev-1", "mailer"); err != nil || state != ledger.Busy || !until.Equal(time.UnixMilli(c.Token).Add(ledger.DefaultLease)) {
+	clk.Add(time.Minute)
+	if _, state, until, err := l.Claim(ctx, "ev-1", "mailer"); err != nil || state != ledger.Busy || !until.Equal(time.UnixMilli(c.Token).Add(ledger.DefaultLease+time.Millisecond)) {
 		t.Fatalf("claim of a held claim: %v until %v (%v)", state, until, err)
 	}
 	if err := c.Done(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := readRow(t, db, "ev-1", "mailer"); r.Status != "done" || r.Processed.Int64 != clk.now().UnixMilli() {
+	if r, _ := readRow(t, db, "ev-1", "mailer"); r.Status != "done" || r.Processed.Int64 != clk.Now().UnixMilli() {
 		t.Fatalf("done row %+v", r)
 	}
 	// Done is done, however old.
-	clk.advance(24 * time.Hour)
+	clk.Add(24 * time.Hour)
 	if _, state, _, err := l.Claim(ctx, "ev-1", "mailer"); err != nil || state != ledger.AlreadyDone {
 		t.Fatalf("claim after done: %v (%v)", state, err)
 	}
@@ -103,14 +85,14 @@ func TestClaimDoneAndRelease(t *testing.T) {
 func TestStaleWorkerCannotClobber(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-	clk := newClock()
+	clk := newClock(time.Now())
 	lease := 10 * time.Second
-	l := ledger.New(db, ledger.Options{Now: clk.now, Lease: lease})
+	l := ledger.New(db, ledger.Options{Now: clk.Now, Lease: lease})
 	stale, _, _, err := l.Claim(ctx, "ev-2", "h")
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk.advance(lease + time.Millisecond)
+	clk.Add(lease + time.Millisecond)
 	fresh, state, _, err := l.Claim(ctx, "ev-2", "h")
 	if err != nil || state != ledger.Claimed || fresh.Token <= stale.Token {
 		t.Fatalf("takeover: %v (%v), token %d after %d", state, err, fresh.Token, stale.Token)
@@ -143,9 +125,9 @@ func TestStaleWorkerCannotClobber(t *testing.T) {
 func TestTakeoverTokenMovesOn(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-	clk := newClock()
-	l := ledger.New(db, ledger.Options{Now: clk.now, Lease: time.Millisecond})
-	now := clk.now().UnixMilli()
+	clk := newClock(time.Now())
+	l := ledger.New(db, ledger.Options{Now: clk.Now, Lease: time.Millisecond})
+	now := clk.Now().UnixMilli()
 	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES ('a', 'h', 'in_progress', NULL), ('b', 'h', 'in_progress', ?)`, now-2)
 	for _, id := range []string{"a", "b"} {
 		c, state, _, err := l.Claim(ctx, id, "h")
@@ -153,10 +135,16 @@ func TestTakeoverTokenMovesOn(t *testing.T) {
 			t.Fatalf("%s: %v (%v) %+v", id, state, err, c)
 		}
 	}
-	// Held exactly as long as the lease: still held.
+	// Held exactly as long as the lease: still held, until a millisecond
+	// later.
 	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES ('c', 'h', 'in_progress', ?)`, now-1)
-	if _, state, _, err := l.Claim(ctx, "c", "h"); err != nil || state != ledger.Busy {
-		t.Fatalf("c: %v (%v); want busy", state, err)
+	_, state, until, err := l.Claim(ctx, "c", "h")
+	if err != nil || state != ledger.Busy || until.UnixMilli() != now+1 {
+		t.Fatalf("c: %v until %v (%v); want busy until %v", state, until, err, time.UnixMilli(now+1))
+	}
+	clk.Add(time.Millisecond)
+	if _, state, _, err := l.Claim(ctx, "c", "h"); err != nil || state != ledger.Claimed {
+		t.Fatalf("c at its expiry: %v (%v); want claimed", state, err)
 	}
 }
 
@@ -167,8 +155,7 @@ func TestTakeoverTokenMovesOn(t *testing.T) {
 func TestDispatch(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-	testenv.MustExec(t, db, `CREATE TABLE effects (event_id TEXT, handler TEXT)`)
-	reg := prometheus.NewRegistry()
+		reg := prometheus.NewRegistry()
 	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), reg)
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +164,7 @@ func TestDispatch(t *testing.T) {
 	fails.Store(true)
 	var plain atomic.Int64
 	h.HandleTx("OrderPlaced", "record", func(ctx context.Context, tx *sql.Tx, ev ledger.Event) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (?, 'record')`, ev.ID)
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects (event_id, handler) VALUES (?, 'record')`, ev.ID)
 		return err
 	})
 	h.Handle("OrderPlaced", "notify", func(ctx context.Context, ev ledger.Event) error {
@@ -307,13 +294,12 @@ func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...s
 func TestTxHandlerWithoutID(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-	testenv.MustExec(t, db, `CREATE TABLE effects (n INTEGER)`)
 	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.HandleTx("T", "h", func(ctx context.Context, tx *sql.Tx, ev ledger.Event) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO effects VALUES (1)`)
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects (handler) VALUES ('h')`)
 		return err
 	})
 	for range 2 {

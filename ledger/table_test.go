@@ -321,7 +321,7 @@ func TestTableSourceDefersARowWhoseLedgerClaimIsHeldElsewhere(t *testing.T) {
 	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES (?, 'count', 'in_progress', ?)`, *ev.EventID, started)
 	start(t, db, h, ledger.TableOptions{Now: clk.Now})
 
-	until := started + time.Minute.Milliseconds()
+	until := started + time.Minute.Milliseconds() + 1 // taken over a millisecond after the lease
 	testenv.Eventually(t, wait, "the row deferred", func() bool { return rowOf(t, db, id).AvailableAt.Int64 == until })
 	row := rowOf(t, db, id)
 	if row.Status != "pending" || row.Attempts != 0 || row.LastError.Valid || row.ClaimedBy.Valid {

@@ -88,7 +88,7 @@ func runWorker(t *testing.T, cons jetstream.Consumer, h *ledger.Handlers, o ledg
 	return stop
 }
 
-func newHandlers(t *testing.T, db *sql.DB, o ledger.Options, reg prometheus.Registerer) *ledger.Handlers {
+func handlersWith(t *testing.T, db *sql.DB, o ledger.Options, reg prometheus.Registerer) *ledger.Handlers {
 	t.Helper()
 	h, err := ledger.NewHandlers(ledger.New(db, o), reg)
 	if err != nil {
@@ -112,13 +112,12 @@ func recordEffect(handler string) ledger.TxHandlerFunc {
 func TestWorkersHandleEachEventOnce(t *testing.T) {
 	_, js := stream(t)
 	db := appDB(t)
-	testenv.MustExec(t, db, `CREATE TABLE effects (event_id TEXT NOT NULL, handler TEXT NOT NULL)`)
 	cons := durable(t, js, 300*time.Millisecond, -1)
 	reg := prometheus.NewRegistry()
 	var slowRuns sync.Map // event id -> *atomic.Int64
 	for i := range 2 {
 		r := prometheus.WrapRegistererWith(prometheus.Labels{"worker": fmt.Sprint(i)}, reg)
-		h := newHandlers(t, db, ledger.Options{}, r)
+		h := handlersWith(t, db, ledger.Options{}, r)
 		// Longer than ack_wait: the message is delivered again while it
 		// runs.
 		h.Handle("OrderPlaced", "slow", func(_ context.Context, ev ledger.Event) error {
@@ -171,7 +170,7 @@ func TestWorkerExhaustsMaxDeliver(t *testing.T) {
 	cons := durable(t, js, time.Minute, maxDeliver)
 	var mu sync.Mutex
 	var at []time.Time
-	h := newHandlers(t, db, ledger.Options{}, nil)
+	h := handlersWith(t, db, ledger.Options{}, nil)
 	h.Handle("Doomed", "always-fails", func(context.Context, ledger.Event) error {
 		mu.Lock()
 		at = append(at, time.Now())
@@ -221,7 +220,7 @@ func TestWorkerWaitsForABusyClaim(t *testing.T) {
 	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES (?, 'h', 'in_progress', ?)`, id, claimed.UnixMilli())
 	var ran atomic.Int64
 	var ranAt atomic.Int64
-	h := newHandlers(t, db, ledger.Options{Lease: lease}, nil)
+	h := handlersWith(t, db, ledger.Options{Lease: lease}, nil)
 	h.Handle("T", "h", func(context.Context, ledger.Event) error {
 		ran.Add(1)
 		ranAt.Store(time.Now().UnixMilli())
@@ -250,7 +249,7 @@ func TestWorkerNaksWhenTheLedgerIsGone(t *testing.T) {
 	db := appDB(t)
 	reg := prometheus.NewRegistry()
 	var ran atomic.Int64
-	h := newHandlers(t, db, ledger.Options{}, reg)
+	h := handlersWith(t, db, ledger.Options{}, reg)
 	h.Handle("T", "h", func(context.Context, ledger.Event) error { ran.Add(1); return nil })
 	testenv.MustExec(t, db, `ALTER TABLE processed_events RENAME TO processed_events_away`)
 	runWorker(t, durable(t, js, time.Minute, -1), h, ledger.WorkerOptions{Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
@@ -292,7 +291,7 @@ func TestKilledWorkerIsTakenOver(t *testing.T) {
 	}
 	p.Kill()
 
-	h := newHandlers(t, db, ledger.Options{Lease: lease}, nil)
+	h := handlersWith(t, db, ledger.Options{Lease: lease}, nil)
 	h.HandleTx("OrderPlaced", "record", recordEffect("record"))
 	runWorker(t, durable(t, js, time.Second, -1), h, ledger.WorkerOptions{})
 	testenv.Eventually(t, 30*time.Second, "the claim taken over and done", func() bool {
@@ -326,7 +325,7 @@ func TestHelperHangingWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zapcore.InfoLevel))
-	h := newHandlers(t, testenv.AppDB(t, path), ledger.Options{Lease: 2 * time.Second}, nil)
+	h := handlersWith(t, testenv.AppDB(t, path), ledger.Options{Lease: 2 * time.Second}, nil)
 	h.HandleTx("OrderPlaced", "record", func(context.Context, *sql.Tx, ledger.Event) error {
 		log.Info("handler started")
 		syscall.Pause() // until killed
@@ -347,7 +346,7 @@ func TestWorkerStopsGracefully(t *testing.T) {
 	cons := durable(t, js, time.Minute, -1)
 	started, release := make(chan struct{}), make(chan struct{})
 	var ran atomic.Int64
-	h := newHandlers(t, db, ledger.Options{}, nil)
+	h := handlersWith(t, db, ledger.Options{}, nil)
 	h.Handle("T", "h", func(context.Context, ledger.Event) error {
 		if ran.Add(1) == 1 {
 			close(started)
@@ -381,7 +380,7 @@ func TestWorkerStopsGracefully(t *testing.T) {
 func TestWorkerReturnsWhenItsConsumerIsDeleted(t *testing.T) {
 	_, js := stream(t)
 	cons := durable(t, js, time.Minute, -1)
-	h := newHandlers(t, appDB(t), ledger.Options{}, nil)
+	h := handlersWith(t, appDB(t), ledger.Options{}, nil)
 	w, err := ledger.NewWorker(cons, h, ledger.WorkerOptions{SubjectPrefix: "events"})
 	if err != nil {
 		t.Fatal(err)
@@ -409,7 +408,7 @@ func TestWorkerBusyOnTheLastDelivery(t *testing.T) {
 	db := appDB(t)
 	id := event.NewID()
 	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES (?, 'h', 'in_progress', ?)`, id, time.Now().UnixMilli())
-	h := newHandlers(t, db, ledger.Options{}, nil)
+	h := handlersWith(t, db, ledger.Options{}, nil)
 	h.Handle("T", "h", func(context.Context, ledger.Event) error { return nil })
 	core, logs := observer.New(zapcore.InfoLevel)
 	runWorker(t, durable(t, js, time.Minute, 1), h, ledger.WorkerOptions{Log: zap.New(core)})
