@@ -155,7 +155,7 @@ func TestTakeoverTokenMovesOn(t *testing.T) {
 func TestDispatch(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-		reg := prometheus.NewRegistry()
+	reg := prometheus.NewRegistry()
 	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), reg)
 	if err != nil {
 		t.Fatal(err)

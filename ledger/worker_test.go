@@ -52,7 +52,13 @@ func durable(t *testing.T, js jetstream.JetStream, ackWait time.Duration, maxDel
 // publish publishes an event as the relay does.
 func publish(t testing.TB, js jetstream.JetStream, id, eventType string) {
 	t.Helper()
-	msg := &nats.Msg{Subject: "events." + eventType, Header: nats.Header{}, Data: []byte(`{"id":"` + id + `"}`)}
+	publishData(t, js, id, eventType, []byte(`{"id":"`+id+`"}`))
+}
+
+// publishData publishes an event with its payload as the relay does.
+func publishData(t testing.TB, js jetstream.JetStream, id, eventType string, data []byte) {
+	t.Helper()
+	msg := &nats.Msg{Subject: "events." + eventType, Header: nats.Header{}, Data: data}
 	msg.Header.Set(jetstream.MsgIDHeader, id)
 	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
 		t.Fatal(err)

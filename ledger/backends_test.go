@@ -1,0 +1,145 @@
+package ledger_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/ledger"
+)
+
+// deliveries records when a handler ran, per event.
+type deliveries struct {
+	mu sync.Mutex
+	at map[string][]time.Time
+	n  map[string][]int
+}
+
+func (d *deliveries) add(ev ledger.Event) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.at[ev.ID] = append(d.at[ev.ID], time.Now())
+	d.n[ev.ID] = append(d.n[ev.ID], ev.Delivery)
+}
+
+func (d *deliveries) runs(id string) ([]time.Time, []int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.at[id]), slices.Clone(d.n[id])
+}
+
+// TestBothBackendsAgree runs one handler set over the same events, once
+// from JetStream and once from the outbox table: the effects are the
+// same, and a handler that always fails is run the same number of times
+// (max_deliver = MaxAttempts) on the same (scaled) schedule.
+func TestBothBackendsAgree(t *testing.T) {
+	const attempts = 3
+	scaled := func(n int) time.Duration { return ledger.Backoff(n) / 50 } // 100, 200 ms
+	var evs []testenv.Event
+	for i := range 8 {
+		typ := "OrderPlaced"
+		if i%4 == 3 {
+			typ = "OrderRefused"
+		}
+		evs = append(evs, testenv.NewEvent(typ, []byte(fmt.Sprint("order ", i))))
+	}
+	register := func(h *ledger.Handlers, failing *deliveries) {
+		h.HandleTx("OrderPlaced", "record", recordTx("record"))
+		h.HandleTx("OrderRefused", "record-refusal", recordTx("record-refusal"))
+		h.Handle("OrderRefused", "refund", func(_ context.Context, ev ledger.Event) error {
+			failing.add(ev)
+			return errors.New("the bank refuses")
+		})
+	}
+	newDeliveries := func() *deliveries { return &deliveries{at: map[string][]time.Time{}, n: map[string][]int{}} }
+	refused := func() (ids []string) {
+		for _, ev := range evs {
+			if ev.EventType == "OrderRefused" {
+				ids = append(ids, *ev.EventID)
+			}
+		}
+		return ids
+	}()
+	// allRuns waits until the failing handler ran attempts times for every
+	// refused event.
+	allRuns := func(d *deliveries) func() bool {
+		return func() bool {
+			for _, id := range refused {
+				if _, n := d.runs(id); len(n) < attempts {
+					return false
+				}
+			}
+			return true
+		}
+	}
+
+	// From JetStream, the messages published as the relay publishes them.
+	_, js := stream(t)
+	jsDB := appDB(t)
+	fromJS := newDeliveries()
+	h := newHandlers(t, jsDB, nil, 0)
+	register(h, fromJS)
+	runWorker(t, durable(t, js, time.Minute, attempts), h, ledger.WorkerOptions{Backoff: scaled})
+	for _, ev := range evs {
+		publishData(t, js, *ev.EventID, ev.EventType, ev.Payload)
+	}
+	testenv.Eventually(t, 30*time.Second, "the failing handler run max_deliver times from JetStream", allRuns(fromJS))
+
+	// From the table, the same rows.
+	tableDB := appDB(t)
+	if err := testenv.Insert(tableDB, evs...); err != nil {
+		t.Fatal(err)
+	}
+	fromTable := newDeliveries()
+	h = newHandlers(t, tableDB, nil, 0)
+	register(h, fromTable)
+	start(t, tableDB, h, ledger.TableOptions{MaxAttempts: attempts, Backoff: scaled, PollInterval: 20 * time.Millisecond})
+	testenv.Eventually(t, 30*time.Second, "the table's rows settled", func() bool {
+		return count(t, tableDB, `SELECT count(*) FROM event_queue WHERE status IN ('done', 'dead_lettered')`) == len(evs)
+	})
+	if dead := count(t, tableDB, `SELECT count(*) FROM event_queue WHERE status = 'dead_lettered' AND attempts = ?`, attempts); dead != len(refused) {
+		t.Fatalf("%d rows dead-lettered after %d attempts; want the %d refused ones", dead, attempts, len(refused))
+	}
+
+	if a, b := effects(t, jsDB), effects(t, tableDB); !slices.Equal(a, b) || len(a) != len(evs) {
+		t.Fatalf("effects from JetStream %v\nfrom the table %v\nwant the same, one per event", a, b)
+	}
+	for _, id := range refused {
+		for name, d := range map[string]*deliveries{"JetStream": fromJS, "the table": fromTable} {
+			at, n := d.runs(id)
+			if !slices.Equal(n, []int{1, 2, 3}) {
+				t.Errorf("from %s, the failing handler saw deliveries %v of %s; want [1 2 3]", name, n, id)
+			}
+			for i := 1; i < len(at); i++ {
+				if gap := at[i].Sub(at[i-1]); gap < scaled(i) {
+					t.Errorf("from %s, delivery %d of %s came %v after the one before; the schedule says %v", name, i+1, id, gap, scaled(i))
+				}
+			}
+		}
+	}
+}
+
+// effects lists a database's effects as "event_id handler", sorted.
+func effects(t *testing.T, db *sql.DB) []string {
+	t.Helper()
+	rows, err := db.Query(`SELECT event_id || ' ' || handler FROM effects ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	return out
+}
