@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // tool returns the path of an external checker; CI installs them all, a
@@ -43,28 +44,15 @@ func tool(t *testing.T, name, pkg string) string {
 }
 
 // setConfigEnv makes env the only configuration variables of the process
-// environment, which config.Load reads, until the test ends: the
-// OUTBOX_RELAY_* and alias variables of the shell running the tests are
-// unset first.
+// environment, which config.Load reads, until the test ends (see
+// testenv.ReplaceEnv).
 func setConfigEnv(t *testing.T, env []string) {
 	t.Helper()
-	aliases := map[string]bool{}
+	var aliases []string
 	for _, k := range config.Keys() {
-		aliases[k.Alias] = k.Alias != ""
+		aliases = append(aliases, k.Alias)
 	}
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, config.EnvPrefix) || aliases[name] {
-			t.Setenv(name, "")
-			if err := os.Unsetenv(name); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, kv := range env {
-		if name, val, ok := strings.Cut(kv, "="); ok {
-			t.Setenv(name, val)
-		}
-	}
+	testenv.ReplaceEnv(t, config.EnvPrefix, aliases, env)
 }
 
 // TestConfigExampleIsTheDefaults: the documented example loads, equals the

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/spf13/pflag"
 )
 
@@ -39,32 +40,15 @@ func load(t *testing.T, file string, fs *pflag.FlagSet, env []string) (Config, e
 }
 
 // setEnv makes env the only configuration variables of the process
-// environment, which is what Load reads, until the test ends: every
-// OUTBOX_RELAY_* and alias variable is unset first, whether the shell that
-// runs the tests or an earlier load of the same test set it. t.Setenv puts
-// them back afterwards, and refuses parallel tests, which would share the
-// environment.
+// environment, which is what Load reads, until the test ends (see
+// testenv.ReplaceEnv).
 func setEnv(t *testing.T, env []string) {
 	t.Helper()
-	aliases := map[string]bool{}
+	var aliases []string
 	for _, k := range Keys() {
-		if k.Alias != "" {
-			aliases[k.Alias] = true
-		}
+		aliases = append(aliases, k.Alias)
 	}
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, EnvPrefix) || aliases[name] {
-			t.Setenv(name, "")
-			if err := os.Unsetenv(name); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, kv := range env {
-		if name, val, ok := strings.Cut(kv, "="); ok {
-			t.Setenv(name, val)
-		}
-	}
+	testenv.ReplaceEnv(t, EnvPrefix, aliases, env)
 }
 
 func TestDefaultsValidate(t *testing.T) {

@@ -8,7 +8,9 @@ import (
 	"database/sql"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -427,4 +429,27 @@ func LegacyDB(t testing.TB, n int) (string, *sql.DB) {
 	MustExec(t, db, LegacyNullable)
 	LegacyRows(t, db, n)
 	return path, db
+}
+
+// ReplaceEnv makes env ("NAME=value") the only variables of the process
+// environment whose name starts with prefix or is one of names, until the
+// test ends: the others are unset first, whoever set them (the shell that
+// runs the tests, an earlier step of the same test). t.Setenv puts
+// everything back afterwards, and refuses parallel tests, which would
+// share the environment.
+func ReplaceEnv(t testing.TB, prefix string, names []string, env []string) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, prefix) || slices.Contains(names, name) {
+			t.Setenv(name, "")
+			if err := os.Unsetenv(name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, kv := range env {
+		if name, val, ok := strings.Cut(kv, "="); ok {
+			t.Setenv(name, val)
+		}
+	}
 }
