@@ -25,7 +25,9 @@ type Event struct {
 	Type string
 	// Data is the payload.
 	Data []byte
-	// Delivery counts the deliveries of this event, 1 the first time.
+	// Delivery counts the deliveries of this event, 1 the first time: on
+	// JetStream the message's delivery count (busy answers count), from
+	// the table the row's attempts + 1 (only failures count).
 	Delivery int
 }
 
@@ -115,8 +117,8 @@ func (h *Handlers) Types() []string {
 
 // HandlerError is a handler's failure.
 type HandlerError struct {
-	Handler string
-	Err     error
+	Handler string // the handler's name ("ledger" for a ledger error)
+	Err     error  // what it returned
 }
 
 // Error names the handler and its error.
@@ -134,20 +136,27 @@ type Verdict struct {
 	Failed []HandlerError
 	// BusyUntil is set when another process holds a handler's claim:
 	// deliver the event again at that time, when the claim's lease
-	// expires, whatever the other process does. Busy names those
-	// handlers.
+	// expires, whatever the other process does.
 	BusyUntil time.Time
-	Busy      []string
+	// Busy names the handlers whose claims are held elsewhere.
+	Busy []string
 }
 
 // Done reports whether every handler has handled the event.
 func (v Verdict) Done() bool { return len(v.Failed) == 0 && v.BusyUntil.IsZero() }
 
-// Dispatch runs ev's handlers one after the other, each through its own
-// claim. An error means the ledger could not be read or written: the
-// handlers from that one on did not run, and the event must come again
-// (those that ran are done and are skipped then). An event with no
-// handler is done.
+// Dispatch runs ev's handlers one after the other, in the order they were
+// registered, each through its own claim. A failed handler does not stop
+// the others. A busy one does: another delivery of the event holds its
+// claim and runs the handlers after it, so they do not run here. An error
+// means the ledger could not be read or written: the handlers from that
+// one on did not run, and the event must come again (those that ran are
+// done and are skipped then). An event with no handler is done.
+//
+// ctx is also the context of the done marks and releases: cancelled after
+// a handler ran, it leaves that handler's claim held until its lease
+// expires. Sources pass a context that outlives a graceful stop
+// (context.WithoutCancel).
 func (h *Handlers) Dispatch(ctx context.Context, ev Event) (Verdict, error) {
 	var v Verdict
 	hs := h.byType[ev.Type]
@@ -157,8 +166,15 @@ func (h *Handlers) Dispatch(ctx context.Context, ev Event) (Verdict, error) {
 	for _, hd := range hs {
 		outcome, err := h.run(ctx, hd, ev, &v)
 		h.m.handled.WithLabelValues(hd.name, outcome).Inc()
-		if outcome == "error" {
+		switch outcome {
+		case "error":
 			return v, err
+		case "busy", "lost":
+			// Another delivery of the event is running its handlers, in
+			// the same order: leave the rest to it. Running them here too
+			// would let each delivery find a claim of the other busy, and
+			// both would put the event off until a lease expires.
+			return v, nil
 		}
 	}
 	return v, nil

@@ -313,3 +313,22 @@ func TestTxHandlerWithoutID(t *testing.T) {
 		t.Fatalf("%d effects; want one per delivery", n)
 	}
 }
+
+// TestDispatchStopsAtABusyHandler: when another delivery holds a handler's
+// claim, the handlers after it are left to that delivery.
+func TestDispatchStopsAtABusyHandler(t *testing.T) {
+	ctx := context.Background()
+	db := appDB(t)
+	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var later atomic.Int64
+	h.Handle("T", "first", func(context.Context, ledger.Event) error { return nil })
+	h.Handle("T", "second", func(context.Context, ledger.Event) error { later.Add(1); return nil })
+	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES ('ev-6', 'first', 'in_progress', ?)`, time.Now().UnixMilli())
+	v, err := h.Dispatch(ctx, ledger.Event{ID: "ev-6", Type: "T"})
+	if err != nil || v.Done() || len(v.Busy) != 1 || v.Busy[0] != "first" || later.Load() != 0 {
+		t.Fatalf("verdict %+v (%v), second ran %d times; want first busy and second left alone", v, err, later.Load())
+	}
+}

@@ -160,7 +160,7 @@ func (s *TableSource) ID() string { return s.id }
 // tableQueries are the statements on the outbox table, built once for its
 // name.
 type tableQueries struct {
-	stale, reclaim, due, claim, done, later, retry, deadLetter, release string
+	stale, reclaim, due, claim, renew, done, later, retry, deadLetter, release string
 }
 
 // ownRow is the condition of every write on a claimed row: it is still
@@ -184,6 +184,10 @@ func newTableQueries(table string) tableQueries {
 WHERE id IN (SELECT id FROM ` + t + ` WHERE status = 'pending' AND ` + schema.DueSQL("?1") + ` ORDER BY id LIMIT ?3)
 	AND NOT EXISTS (SELECT 1 FROM ` + schema.InstancesTable + ` WHERE heartbeat_at >= ?4)
 RETURNING id, CAST(event_id AS TEXT), CAST(coalesce(event_type, '') AS TEXT), CAST(payload AS BLOB), CAST(coalesce(attempts, 0) AS INTEGER)`,
+		// A row's claim starts again when its handlers start: a batch that
+		// takes longer than the lease keeps its later rows, and a row taken
+		// back meanwhile is not handled.
+		renew:      `UPDATE ` + t + ` SET claimed_at = ?3 WHERE ` + ownRow,
 		done:       `UPDATE ` + t + ` SET status = 'done', processed_at = ?3, claimed_at = NULL, claimed_by = NULL WHERE ` + ownRow,
 		later:      `UPDATE ` + t + ` SET ` + free + `, available_at = ?3 WHERE ` + ownRow,
 		retry:      `UPDATE ` + t + ` SET ` + free + `, attempts = ?3, available_at = ?4, last_error = ?5 WHERE ` + ownRow,
@@ -388,6 +392,13 @@ func (s *TableSource) handleRow(ctx context.Context, r tableRow) {
 	delivery := r.attempts + 1
 	ev := Event{ID: r.eventID.String, Type: r.typ, Data: r.payload, Delivery: delivery}
 	log := s.log.With(zap.Int64("id", r.id), zap.String("event_id", ev.ID), zap.String("event_type", ev.Type), zap.Int("delivery", delivery))
+	if res, err := s.db.ExecContext(ctx, s.q.renew, r.id, s.id, s.o.Now().UnixMilli()); err != nil {
+		log.Warn("renew the row's claim; it waits for the lease to run out", zap.Error(err))
+		return
+	} else if n, _ := res.RowsAffected(); n == 0 {
+		log.Warn("the row was taken back before its handlers started; it is not handled here")
+		return
+	}
 	v, err := s.h.Dispatch(ctx, ev)
 	failed := v.Failed
 	if err != nil {

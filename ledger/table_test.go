@@ -521,3 +521,38 @@ func TestNewTableSourceRejectsWhatItCannotWorkWith(t *testing.T) {
 		t.Fatalf("Run on a table without the relay's columns = %v; want an error naming them", err)
 	}
 }
+
+// TestTableSourcesNeverHandleARowTwice: a batch that takes longer than
+// the lease loses its later rows to another source, which takes them
+// back; no row without an event id (no ledger to stop a second run) is
+// handled twice.
+func TestTableSourcesNeverHandleARowTwice(t *testing.T) {
+	db := appDB(t)
+	const rows = 8
+	for i := range rows {
+		insert(t, db, testenv.Event{EventType: "Slow", Payload: []byte(fmt.Sprint(i))})
+	}
+	var mu sync.Mutex
+	runs := map[string]int{}
+	h := newHandlers(t, db, nil, 0)
+	h.Handle("Slow", "slow", func(_ context.Context, ev ledger.Event) error {
+		mu.Lock()
+		runs[string(ev.Data)]++
+		mu.Unlock()
+		time.Sleep(150 * time.Millisecond)
+		return nil
+	})
+	o := ledger.TableOptions{Lease: 400 * time.Millisecond, Batch: rows}
+	start(t, db, h, o)
+	start(t, db, h, o)
+	testenv.Eventually(t, wait, "every row done", func() bool {
+		return count(t, db, `SELECT count(*) FROM event_queue WHERE status = 'done'`) == rows
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range rows {
+		if n := runs[fmt.Sprint(i)]; n != 1 {
+			t.Errorf("row %d handled %d times", i, n)
+		}
+	}
+}

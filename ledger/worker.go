@@ -59,7 +59,8 @@ type Worker struct {
 
 // NewWorker returns a Worker on cons, a durable pull consumer on the
 // relay's stream (outbox-relay creates it with consumer.create; its
-// max_deliver is relay.max_attempts).
+// max_deliver is relay.max_attempts). The worker reads max_deliver from
+// cons here: restart workers after changing it.
 func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, error) {
 	if o.SubjectPrefix == "" {
 		return nil, errors.New("ledger worker: SubjectPrefix is required (the relay's stream.subject_prefix)")
@@ -94,8 +95,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ledger worker: %w", err)
 	}
+	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	// Wait for the running handlers last: after the iterator stopped, so
+	// that nothing new is fetched meanwhile.
 	slots := make(chan struct{}, w.o.Concurrency)
 	var running sync.WaitGroup
 	defer running.Wait()
@@ -132,7 +136,12 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		slots <- struct{}{}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			_ = msg.Nak() // not started: deliver it elsewhere at once
+			return nil
+		}
 		running.Add(1)
 		go func() {
 			defer func() { <-slots; running.Done() }()
@@ -160,7 +169,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	var failed []HandlerError
 	switch {
 	case err != nil:
-		failed = []HandlerError{{Handler: "ledger", Err: err}}
+		failed = append(v.Failed, HandlerError{Handler: "ledger", Err: err})
 	case len(v.Failed) > 0:
 		failed = v.Failed
 	case !v.BusyUntil.IsZero() && w.last(delivery):

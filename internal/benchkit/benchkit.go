@@ -119,21 +119,40 @@ func Ceiling(ctx context.Context, nc *nats.Conn, subject string, n, size, maxPen
 	return elapsed, nil
 }
 
+// errStreamCreate is JetStream's err_code for a stream it failed to create.
+const errStreamCreate = 10049
+
 // ReplaceStream deletes the stream old (none when empty; one already gone
 // is fine) and creates the stream name empty, with file storage and the
-// given dedup window: a fresh stream per measurement. Use a new name each
-// time: a stream created again under the name just deleted can fail
-// ("error creating store for stream") while the server still removes the
-// old one's files.
+// given dedup window: a fresh stream per measurement. A new name each
+// time, and a few tries at creating it: a stream created just after
+// another was deleted can fail while the server still removes the old
+// one's files (see below).
 func ReplaceStream(ctx context.Context, js jetstream.JetStream, old, name string, subjects []string, window time.Duration) error {
 	if old != "" {
 		if err := js.DeleteStream(ctx, old); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("delete stream %s: %w", old, err)
 		}
 	}
-	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, Duplicates: window})
-	if err != nil {
-		return fmt.Errorf("create stream %s: %w", name, err)
+	cfg := jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, Duplicates: window}
+	// A stream created just after the account's last stream was deleted
+	// sometimes fails on nats-server 2.15 with "error creating store for
+	// stream" (err_code 10049; the server logs that creating its
+	// directory found "no such file or directory"): a few times in 400
+	// delete-and-create rounds here. Try again.
+	for try := 0; ; try++ {
+		_, err := js.CreateStream(ctx, cfg)
+		var api *jetstream.APIError
+		if err == nil || try == 10 || !errors.As(err, &api) || api.ErrorCode != errStreamCreate {
+			if err != nil {
+				return fmt.Errorf("create stream %s: %w", name, err)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return nil
 }

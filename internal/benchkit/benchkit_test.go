@@ -2,6 +2,7 @@ package benchkit
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -42,5 +43,21 @@ func TestSeedAndReadBack(t *testing.T) {
 	last, err := LastProcessed(ctx, db, "event_queue")
 	if err != nil || time.Since(last) > time.Hour || last.After(time.Now().Add(time.Minute)) {
 		t.Fatalf("last processed %v (%v), want about now", last, err)
+	}
+}
+
+// TestReplaceStreamRounds replaces the only stream of the account again
+// and again, as successive measurements do; the server sometimes fails to
+// create a stream right after a delete, and ReplaceStream tries again.
+func TestReplaceStreamRounds(t *testing.T) {
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := context.Background()
+	old := ""
+	for i := range 400 {
+		name := fmt.Sprint("BENCH_", i)
+		if err := ReplaceStream(ctx, js, old, name, []string{"bench.>"}, time.Minute); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		old = name
 	}
 }
