@@ -91,7 +91,9 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 func (w *Worker) Run(ctx context.Context) error {
 	// Pulls expire every 10 s with heartbeats between, so that a consumer
 	// deleted under the worker shows within seconds (see below).
-	it, err := w.cons.Messages(jetstream.PullMaxMessages(2*w.o.Concurrency), jetstream.PullExpiry(10*time.Second))
+	// A fetched message's ack_wait runs while it waits for a free slot:
+	// fetch no more than there are slots.
+	it, err := w.cons.Messages(jetstream.PullMaxMessages(w.o.Concurrency), jetstream.PullExpiry(10*time.Second))
 	if err != nil {
 		return fmt.Errorf("ledger worker: %w", err)
 	}

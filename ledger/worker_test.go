@@ -341,8 +341,9 @@ func TestKilledWorkerIsTakenOver(t *testing.T) {
 	if _, err := p.WaitFor("handler started", 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := readRow(t, db, id, "record"); r.Status != "in_progress" {
-		t.Fatalf("the child holds no claim: %+v", r)
+	childClaim, _ := readRow(t, db, id, "record")
+	if childClaim.Status != "in_progress" {
+		t.Fatalf("the child holds no claim: %+v", childClaim)
 	}
 	p.Kill()
 
@@ -357,6 +358,11 @@ func TestKilledWorkerIsTakenOver(t *testing.T) {
 	db.QueryRow(`SELECT count(*) FROM effects WHERE event_id = ?`, id).Scan(&effects)
 	if effects != 1 {
 		t.Fatalf("%d effects; want 1", effects)
+	}
+	// Taken over only once the dead child's lease had expired.
+	if r, _ := readRow(t, db, id, "record"); r.StartedAt.Int64 <= childClaim.StartedAt.Int64+lease.Milliseconds() {
+		t.Fatalf("the claim was taken over at %d, %v after the child's claim; its lease is %v",
+			r.StartedAt.Int64, time.Duration(r.StartedAt.Int64-childClaim.StartedAt.Int64)*time.Millisecond, lease)
 	}
 }
 
