@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,9 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 	"github.com/outbox-relay/outbox-relay/ledger"
 )
@@ -554,5 +558,53 @@ func TestTableSourcesNeverHandleARowTwice(t *testing.T) {
 		if n := runs[fmt.Sprint(i)]; n != 1 {
 			t.Errorf("row %d handled %d times", i, n)
 		}
+	}
+}
+
+// TestTableSourceAndARealRelay: beside a running outbox-relay the source
+// refuses to start, naming the relay's host and pid; once the relay has
+// stopped (and left), the source runs.
+func TestTableSourceAndARealRelay(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	cfg := config.Default()
+	cfg.Database.Path, cfg.NATS.URL, cfg.Metrics.Listen = path, n.URL(), ""
+	a, err := daemon.Open(context.Background(), cfg, zaptest.NewLogger(t).Named("relay"), daemon.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	relayCtx, stopRelay := context.WithCancel(context.Background())
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- a.RunRelay(relayCtx) }()
+	db := testenv.AppDB(t, path)
+	testenv.Eventually(t, wait, "the relay's heartbeat", func() bool {
+		return count(t, db, `SELECT count(*) FROM `+schema.InstancesTable) > 0
+	})
+
+	h := newHandlers(t, db, nil, 0)
+	var ran atomic.Int32
+	h.Handle("Thing", "count", func(context.Context, ledger.Event) error { ran.Add(1); return nil })
+	s, err := ledger.NewTableSource(db, h, ledger.TableOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	err = s.Run(context.Background())
+	if !errors.Is(err, ledger.ErrRelayRunning) || !strings.Contains(err.Error(), host) || !strings.Contains(err.Error(), fmt.Sprint("pid ", os.Getpid())) {
+		t.Fatalf("Run beside a relay = %v; want ErrRelayRunning naming host %s and pid %d", err, host, os.Getpid())
+	}
+
+	stopRelay()
+	if err := <-relayDone; err != nil {
+		t.Fatal(err)
+	}
+	// The relay stopped and sent everything; the source takes what comes
+	// after it.
+	id := insert(t, db, testenv.NewEvent("Thing", []byte("x")))
+	start(t, db, h, ledger.TableOptions{})
+	testenv.Eventually(t, wait, "the row done by the source", func() bool { return rowOf(t, db, id).Status == "done" })
+	if ran.Load() != 1 {
+		t.Fatalf("the handler ran %d times", ran.Load())
 	}
 }
