@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -53,14 +54,18 @@ type Worker struct {
 	cons       jetstream.Consumer
 	h          *Handlers
 	o          WorkerOptions
-	maxDeliver int
+	maxDeliver atomic.Int64 // the consumer's max_deliver (see followMaxDeliver)
 	log        *zap.Logger
 }
 
+// maxDeliverRefresh is how often a running worker reads the consumer's
+// max_deliver again.
+const maxDeliverRefresh = 30 * time.Second
+
 // NewWorker returns a Worker on cons, a durable pull consumer on the
 // relay's stream (outbox-relay creates it with consumer.create; its
-// max_deliver is relay.max_attempts). The worker reads max_deliver from
-// cons here: restart workers after changing it.
+// max_deliver is relay.max_attempts). A running worker follows a change of
+// max_deliver within 30 s.
 func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, error) {
 	if o.SubjectPrefix == "" {
 		return nil, errors.New("ledger worker: SubjectPrefix is required (the relay's stream.subject_prefix)")
@@ -75,7 +80,8 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 	if info == nil {
 		return nil, errors.New("ledger worker: the consumer has no info; get it with jetstream.Stream.Consumer")
 	}
-	w := &Worker{cons: cons, h: h, o: o, maxDeliver: info.Config.MaxDeliver, log: o.Log}
+	w := &Worker{cons: cons, h: h, o: o, log: o.Log}
+	w.maxDeliver.Store(int64(info.Config.MaxDeliver))
 	if w.log == nil {
 		w.log = zap.NewNop()
 	}
@@ -100,6 +106,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer it.Stop()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
+	followCtx, stopFollowing := context.WithCancel(ctx)
+	followed := make(chan struct{})
+	go func() { defer close(followed); w.followMaxDeliver(followCtx, maxDeliverRefresh) }()
+	defer func() { stopFollowing(); <-followed }()
 	// Wait for the running handlers last: after the iterator stopped, so
 	// that nothing new is fetched meanwhile.
 	slots := make(chan struct{}, w.o.Concurrency)
@@ -191,7 +201,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	if w.last(delivery) {
 		for _, f := range failed {
-			log.Error("event exhausted max deliveries", zap.String("handler", f.Handler), zap.Int("max_deliver", w.maxDeliver), zap.Error(f.Err))
+			log.Error("event exhausted max deliveries", zap.String("handler", f.Handler), zap.Int64("max_deliver", w.maxDeliver.Load()), zap.Error(f.Err))
 		}
 		w.ack(log, msg.Nak())
 		return
@@ -204,7 +214,28 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 }
 
 // last reports whether delivery is the consumer's last (max_deliver).
-func (w *Worker) last(delivery int) bool { return w.maxDeliver > 0 && delivery >= w.maxDeliver }
+func (w *Worker) last(delivery int) bool {
+	n := w.maxDeliver.Load()
+	return n > 0 && int64(delivery) >= n
+}
+
+// followMaxDeliver reads the consumer's max_deliver every interval until
+// ctx ends: outbox-relay reconciles it with relay.max_attempts at its
+// start, and the last delivery is the one that reports an exhausted event.
+func (w *Worker) followMaxDeliver(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if info, err := w.cons.Info(ctx); err == nil {
+			w.maxDeliver.Store(int64(info.Config.MaxDeliver))
+		}
+	}
+}
 
 func (w *Worker) ack(log *zap.Logger, err error) {
 	if err != nil {
