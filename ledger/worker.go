@@ -95,10 +95,10 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 // error when the messages stop without ctx ending (the consumer was
 // deleted, the connection closed for good).
 func (w *Worker) Run(ctx context.Context) error {
-	// Pulls expire every 10 s with heartbeats between, so that a consumer
-	// deleted under the worker shows within seconds (see below).
-	// A fetched message's ack_wait runs while it waits for a free slot:
-	// fetch no more than there are slots.
+	// No more messages fetched than there are slots: a fetched message's
+	// ack_wait runs while it waits for one. Pulls expire every 10 s, with
+	// heartbeats between, so that a consumer deleted under the worker
+	// shows within seconds (see below).
 	it, err := w.cons.Messages(jetstream.PullMaxMessages(w.o.Concurrency), jetstream.PullExpiry(10*time.Second))
 	if err != nil {
 		return fmt.Errorf("ledger worker: %w", err)
@@ -110,8 +110,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	followed := make(chan struct{})
 	go func() { defer close(followed); w.followMaxDeliver(followCtx, maxDeliverRefresh) }()
 	defer func() { stopFollowing(); <-followed }()
-	// Wait for the running handlers last: after the iterator stopped, so
-	// that nothing new is fetched meanwhile.
+	// Deferred last, so run first: the handlers that are running finish
+	// (and acknowledge) before the iterator is stopped for good; when ctx
+	// ends, it has stopped fetching already.
 	slots := make(chan struct{}, w.o.Concurrency)
 	var running sync.WaitGroup
 	defer running.Wait()
