@@ -82,12 +82,25 @@ func TestMigrateCommand(t *testing.T) {
 	}
 }
 
+// binDir holds the binary that binary builds; TestMain removes it.
+var binDir string
+
+// TestMain removes the built binary once every test has run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
 // binary builds the outbox-relay binary once per test run.
 var binary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "outbox-relay-bin-")
 	if err != nil {
 		return "", err
 	}
+	binDir = dir
 	bin := filepath.Join(dir, "outbox-relay")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	if err != nil {
