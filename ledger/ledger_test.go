@@ -156,10 +156,7 @@ func TestDispatch(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
 	reg := prometheus.NewRegistry()
-	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := handlersWith(t, db, ledger.Options{}, reg)
 	var fails atomic.Bool
 	fails.Store(true)
 	var plain atomic.Int64
@@ -206,6 +203,12 @@ func TestDispatch(t *testing.T) {
 			}
 		}
 	}
+	// Every run is timed: record ran once, notify twice.
+	for handler, want := range map[string]uint64{"record": 1, "notify": 2} {
+		if got := durationSamples(t, reg, handler); got != want {
+			t.Errorf("%s duration samples = %d; want %d", handler, got, want)
+		}
+	}
 	// An event of a type nobody handles is done at once.
 	if v, err := h.Dispatch(ctx, ledger.Event{ID: "ev-4", Type: "Unknown"}); err != nil || !v.Done() {
 		t.Fatalf("unhandled type: %+v (%v)", v, err)
@@ -217,10 +220,7 @@ func TestDispatch(t *testing.T) {
 func TestLedgerErrorRunsNoHandler(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := handlersWith(t, db, ledger.Options{}, nil)
 	var ran atomic.Int64
 	h.Handle("T", "h", func(context.Context, ledger.Event) error { ran.Add(1); return nil })
 	testenv.MustExec(t, db, `ALTER TABLE processed_events RENAME TO processed_events_away`)
@@ -238,10 +238,7 @@ func TestEventWithoutIDSkipsTheLedger(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
 	reg := prometheus.NewRegistry()
-	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := handlersWith(t, db, ledger.Options{}, reg)
 	var ran atomic.Int64
 	h.Handle("T", "h", func(context.Context, ledger.Event) error { ran.Add(1); return nil })
 	for range 2 {
@@ -294,10 +291,7 @@ func metricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...s
 func TestTxHandlerWithoutID(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := handlersWith(t, db, ledger.Options{}, nil)
 	h.HandleTx("T", "h", func(ctx context.Context, tx *sql.Tx, ev ledger.Event) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO effects (handler) VALUES ('h')`)
 		return err
@@ -319,10 +313,7 @@ func TestTxHandlerWithoutID(t *testing.T) {
 func TestDispatchStopsAtABusyHandler(t *testing.T) {
 	ctx := context.Background()
 	db := appDB(t)
-	h, err := ledger.NewHandlers(ledger.New(db, ledger.Options{}), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := handlersWith(t, db, ledger.Options{}, nil)
 	var later atomic.Int64
 	h.Handle("T", "first", func(context.Context, ledger.Event) error { return nil })
 	h.Handle("T", "second", func(context.Context, ledger.Event) error { later.Add(1); return nil })
@@ -331,4 +322,27 @@ func TestDispatchStopsAtABusyHandler(t *testing.T) {
 	if err != nil || v.Done() || len(v.Busy) != 1 || v.Busy[0] != "first" || later.Load() != 0 {
 		t.Fatalf("verdict %+v (%v), second ran %d times; want first busy and second left alone", v, err, later.Load())
 	}
+}
+
+// durationSamples counts outbox_ledger_handler_duration_seconds samples
+// of handler in reg.
+func durationSamples(t testing.TB, reg prometheus.Gatherer, handler string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "outbox_ledger_handler_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "handler" && l.GetValue() == handler {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
 }

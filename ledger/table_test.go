@@ -45,8 +45,14 @@ func (c *clock) After(d time.Duration) int64 { return c.Now().Add(d).UnixMilli()
 func appDB(t *testing.T) *sql.DB {
 	t.Helper()
 	db := testenv.AppDB(t, testenv.NewDB(t))
-	testenv.MustExec(t, db, `CREATE TABLE effects (event_id TEXT, handler TEXT, payload BLOB, delivery INTEGER)`)
+	effectsTable(t, db)
 	return db
+}
+
+// effectsTable creates the table recordTx writes handlers' effects to.
+func effectsTable(t *testing.T, db *sql.DB) {
+	t.Helper()
+	testenv.MustExec(t, db, `CREATE TABLE effects (event_id TEXT, handler TEXT, payload BLOB, delivery INTEGER)`)
 }
 
 // newHandlers returns Handlers on db, the ledger on clk (time.Now when nil).
@@ -56,11 +62,7 @@ func newHandlers(t *testing.T, db *sql.DB, clk *clock, lease time.Duration) *led
 	if clk != nil {
 		o.Now = clk.Now
 	}
-	h, err := ledger.NewHandlers(ledger.New(db, o), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
+	return handlersWith(t, db, o, nil)
 }
 
 // recordTx is a HandleTx handler that writes its effect in the ledger's

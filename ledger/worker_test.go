@@ -102,14 +102,6 @@ func handlersWith(t *testing.T, db *sql.DB, o ledger.Options, reg prometheus.Reg
 	return h
 }
 
-// recordEffect is a HandleTx handler that writes one effects row.
-func recordEffect(handler string) ledger.TxHandlerFunc {
-	return func(ctx context.Context, tx *sql.Tx, ev ledger.Event) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO effects (event_id, handler) VALUES (?, ?)`, ev.ID, handler)
-		return err
-	}
-}
-
 // watched is a consumer whose deliveries a test sees as the worker takes
 // them.
 type watched struct {
@@ -166,7 +158,7 @@ func TestWorkersHandleEachEventOnce(t *testing.T) {
 	_, js := stream(t)
 	path := testenv.NewDB(t)
 	db := testenv.AppDB(t, path)
-	testenv.MustExec(t, db, `CREATE TABLE effects (event_id TEXT NOT NULL, handler TEXT NOT NULL)`)
+	effectsTable(t, db)
 	cons := durable(t, js, 300*time.Millisecond, -1)
 	const events = 24
 	again := &redeliveries{again: map[string]chan struct{}{}}
@@ -183,8 +175,8 @@ func TestWorkersHandleEachEventOnce(t *testing.T) {
 				return errors.New("the message was not delivered again while its handler ran")
 			}
 		})
-		h.HandleTx("OrderPlaced", "record", recordEffect("record"))
-		h.HandleTx("OrderPlaced", "bill", recordEffect("bill"))
+		h.HandleTx("OrderPlaced", "record", recordTx("record"))
+		h.HandleTx("OrderPlaced", "bill", recordTx("bill"))
 		// Room for every message and its second delivery at once.
 		runWorker(t, watched{cons, again.seen}, h, ledger.WorkerOptions{Concurrency: 2 * events})
 	}
@@ -326,7 +318,7 @@ func TestKilledWorkerIsTakenOver(t *testing.T) {
 	n, js := stream(t)
 	path := testenv.NewDB(t)
 	db := testenv.AppDB(t, path)
-	testenv.MustExec(t, db, `CREATE TABLE effects (event_id TEXT NOT NULL, handler TEXT NOT NULL)`)
+	effectsTable(t, db)
 	const lease = 2 * time.Second
 	durable(t, js, time.Second, -1)
 	id := event.NewID()
@@ -348,7 +340,7 @@ func TestKilledWorkerIsTakenOver(t *testing.T) {
 	p.Kill()
 
 	h := handlersWith(t, db, ledger.Options{Lease: lease}, nil)
-	h.HandleTx("OrderPlaced", "record", recordEffect("record"))
+	h.HandleTx("OrderPlaced", "record", recordTx("record"))
 	runWorker(t, durable(t, js, time.Second, -1), h, ledger.WorkerOptions{})
 	testenv.Eventually(t, 30*time.Second, "the claim taken over and done", func() bool {
 		r, _ := readRow(t, db, id, "record")
