@@ -183,15 +183,11 @@ func (h *Handlers) Dispatch(ctx context.Context, ev Event) (Verdict, error) {
 // run runs one handler for ev and returns its outcome label; failures and
 // busy claims go into v.
 func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (string, error) {
-	fail := func(err error) (string, error) {
-		v.Failed = append(v.Failed, HandlerError{Handler: hd.name, Err: err})
-		return "failed", nil
-	}
 	if ev.ID == "" {
 		// No id, no ledger row: the handler runs on every delivery (a
 		// TxHandlerFunc in a transaction of its own).
 		if err := h.callAlone(ctx, hd, ev); err != nil {
-			return fail(err)
+			return h.failed(ctx, hd, nil, v, err)
 		}
 		return "handled", nil
 	}
@@ -209,12 +205,7 @@ func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (s
 		return h.runTx(ctx, hd, c, ev, v)
 	}
 	if err := h.call(ctx, hd, nil, ev); err != nil {
-		if rerr := c.Release(ctx); rerr != nil && !errors.Is(rerr, ErrClaimLost) {
-			// The claim stays until its lease expires; the event comes
-			// again and finds it busy until then.
-			err = errors.Join(err, rerr)
-		}
-		return fail(err)
+		return h.failed(ctx, hd, c, v, err)
 	}
 	if err := c.Done(ctx); errors.Is(err, ErrClaimLost) {
 		// The handler's effect happened, and the process that took the
@@ -231,36 +222,55 @@ func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (s
 
 // runTx runs a TxHandlerFunc and the done mark in one transaction.
 func (h *Handlers) runTx(ctx context.Context, hd handler, c *Claim, ev Event, v *Verdict) (string, error) {
-	release := func(err error) (string, error) {
-		if rerr := c.Release(ctx); rerr != nil && !errors.Is(rerr, ErrClaimLost) {
-			err = errors.Join(err, rerr)
-		}
-		v.Failed = append(v.Failed, HandlerError{Handler: hd.name, Err: err})
-		return "failed", nil
-	}
-	tx, err := h.l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return release(fmt.Errorf("begin the handler's transaction: %w", err))
-	}
-	defer tx.Rollback()
-	if err := h.call(ctx, hd, tx, ev); err != nil {
-		tx.Rollback()
-		return release(err)
-	}
-	if err := c.DoneTx(ctx, tx); errors.Is(err, ErrClaimLost) {
+	err := h.callInTx(ctx, hd, ev, func(tx *sql.Tx) error { return c.DoneTx(ctx, tx) })
+	switch {
+	case errors.Is(err, ErrClaimLost):
 		// Rolled back: the effect did not happen. The process that took
 		// the claim over runs the handler; come again when its lease
 		// expires, in case it does not finish.
 		v.busy(hd.name, h.l.now().Add(h.l.lease))
 		return "lost", nil
-	} else if err != nil {
-		tx.Rollback()
-		return release(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return release(fmt.Errorf("commit the handler's transaction: %w", err))
+	case err != nil:
+		return h.failed(ctx, hd, c, v, err)
 	}
 	return "handled", nil
+}
+
+// failed records hd's failure in v, after releasing its claim c (nil:
+// none) so that the next delivery claims it at once. A claim that cannot
+// be released stays until its lease expires: the event comes again and
+// finds it busy until then.
+func (h *Handlers) failed(ctx context.Context, hd handler, c *Claim, v *Verdict, err error) (string, error) {
+	if c != nil {
+		if rerr := c.Release(ctx); rerr != nil && !errors.Is(rerr, ErrClaimLost) {
+			err = errors.Join(err, rerr)
+		}
+	}
+	v.Failed = append(v.Failed, HandlerError{Handler: hd.name, Err: err})
+	return "failed", nil
+}
+
+// callInTx runs a TxHandlerFunc in a transaction of its own, then mark (if
+// not nil) in the same transaction, and commits. The transaction has ended
+// when it returns, so the caller may write on the pool's connection.
+func (h *Handlers) callInTx(ctx context.Context, hd handler, ev Event, mark func(*sql.Tx) error) error {
+	tx, err := h.l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin the handler's transaction: %w", err)
+	}
+	defer tx.Rollback()
+	if err := h.call(ctx, hd, tx, ev); err != nil {
+		return err
+	}
+	if mark != nil {
+		if err := mark(tx); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit the handler's transaction: %w", err)
+	}
+	return nil
 }
 
 // call runs the handler, timing it; a panic is the handler's failure.
@@ -284,15 +294,17 @@ func (h *Handlers) callAlone(ctx context.Context, hd handler, ev Event) error {
 	if hd.tx == nil {
 		return h.call(ctx, hd, nil, ev)
 	}
-	tx, err := h.l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin the handler's transaction: %w", err)
+	return h.callInTx(ctx, hd, ev, nil)
+}
+
+// failures lists v's failed handlers and, when Dispatch returned err, the
+// ledger's error under the name "ledger": what a source reports and
+// retries.
+func (v Verdict) failures(err error) []HandlerError {
+	if err == nil {
+		return v.Failed
 	}
-	defer tx.Rollback()
-	if err := h.call(ctx, hd, tx, ev); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return append(slices.Clip(v.Failed), HandlerError{Handler: "ledger", Err: err})
 }
 
 func (v *Verdict) busy(handler string, until time.Time) {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -113,8 +112,6 @@ type TableSource struct {
 	q   tableQueries
 }
 
-var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
 // NewTableSource returns a TableSource on db, a pool on the application's
 // SQLite file (usually the one its Handlers' Ledger writes), that runs h.
 func NewTableSource(db *sql.DB, h *Handlers, o TableOptions) (*TableSource, error) {
@@ -124,7 +121,7 @@ func NewTableSource(db *sql.DB, h *Handlers, o TableOptions) (*TableSource, erro
 	if o.Table == "" {
 		o.Table = DefaultTable
 	}
-	if !identRe.MatchString(o.Table) {
+	if !schema.PlainIdentifier(o.Table) {
 		return nil, fmt.Errorf("ledger table source: table %q is not a plain SQL identifier (letters, digits, underscore)", o.Table)
 	}
 	if o.MaxAttempts <= 0 {
@@ -400,10 +397,7 @@ func (s *TableSource) handleRow(ctx context.Context, r tableRow) {
 		return
 	}
 	v, err := s.h.Dispatch(ctx, ev)
-	failed := v.Failed
-	if err != nil {
-		failed = append(failed, HandlerError{Handler: "ledger", Err: err})
-	}
+	failed := v.failures(err)
 	now := s.o.Now()
 	switch {
 	case len(failed) > 0:

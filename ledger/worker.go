@@ -179,24 +179,21 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	log := w.log.With(zap.String("event_id", ev.ID), zap.String("event_type", ev.Type), zap.Int("delivery", delivery))
 	v, err := w.h.Dispatch(ctx, ev)
-	var failed []HandlerError
-	switch {
-	case err != nil:
-		failed = append(v.Failed, HandlerError{Handler: "ledger", Err: err})
-	case len(v.Failed) > 0:
-		failed = v.Failed
-	case !v.BusyUntil.IsZero() && w.last(delivery):
+	failed := v.failures(err)
+	if len(failed) == 0 && !v.BusyUntil.IsZero() {
+		if !w.last(delivery) {
+			wait := max(time.Until(v.BusyUntil), time.Second)
+			log.Info("handler busy elsewhere; delivering again when its lease expires", zap.Duration("delay", wait))
+			w.ack(log, msg.NakWithDelay(wait))
+			return
+		}
 		// A busy answer spends a delivery too; on the last one the
 		// handler never runs for this message unless someone acts.
 		for _, name := range v.Busy {
 			failed = append(failed, HandlerError{Handler: name, Err: fmt.Errorf("claimed by another process until %s", v.BusyUntil.Format(time.RFC3339))})
 		}
-	case !v.BusyUntil.IsZero():
-		wait := max(time.Until(v.BusyUntil), time.Second)
-		log.Info("handler busy elsewhere; delivering again when its lease expires", zap.Duration("delay", wait))
-		w.ack(log, msg.NakWithDelay(wait))
-		return
-	default:
+	}
+	if len(failed) == 0 {
 		w.ack(log, msg.Ack())
 		return
 	}

@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
 // EnvPrefix starts the environment variable of every key.
@@ -653,7 +654,6 @@ func oneLine(msg string) string {
 }
 
 var (
-	identRe      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	streamNameRe = regexp.MustCompile(`^[^\s.*>/\\]+$`)
 )
 
@@ -666,7 +666,7 @@ func (c *Config) Validate() error {
 	if c.Database.Path == "" {
 		bad("database.path", "must not be empty")
 	}
-	if !identRe.MatchString(c.Database.Table) {
+	if !schema.PlainIdentifier(c.Database.Table) {
 		bad("database.table", "%q is not a plain SQL identifier (letters, digits, underscore)", c.Database.Table)
 	} else if sqlKeyword(c.Database.Table) {
 		bad("database.table", "%q is an SQL keyword, and the table name goes into SQL unquoted: choose another name", c.Database.Table)

@@ -1,6 +1,9 @@
 package schema
 
-import "fmt"
+import (
+	"fmt"
+	"regexp"
+)
 
 // MsSQL reads a time column as Unix milliseconds, or NULL: integers as
 // they are, REALs truncated, text of digits as its number, and text that
@@ -60,3 +63,12 @@ func OldestDueSQL(table string) string {
 	SELECT %s AS c, %s AS a FROM %s WHERE %s ORDER BY id LIMIT %d)`,
 		MsSQL("created_at"), MsSQL("available_at"), table, DueRow, oldestDueWindow)
 }
+
+// identRe is a plain SQL identifier: the outbox table's name is built into
+// statements, so nothing else is accepted.
+var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// PlainIdentifier reports whether name can be an outbox table's name: a
+// plain SQL identifier (letters, digits and underscores, not starting with
+// a digit).
+func PlainIdentifier(name string) bool { return identRe.MatchString(name) }
