@@ -8,6 +8,7 @@ package claim
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -30,6 +31,15 @@ type Options struct {
 	// Rescan is how often, at least, a claim reads the whole pending index
 	// while rows are in flight (see Store.Claim); DefaultRescan when 0.
 	Rescan time.Duration
+	// SkipDeadLetters lets the rows of an ordering key go on past a
+	// dead-lettered row of the key (ordering.on_dead_letter: skip); by
+	// default a dead letter holds its key's later rows until it is retried
+	// or deleted.
+	SkipDeadLetters bool
+	// KeyDepth is how many rows of one ordering key are held in flight at
+	// most (0: no limit), so that a busy key cannot fill the pipeline that
+	// the other keys share.
+	KeyDepth int
 }
 
 // DefaultRescan is Options.Rescan's default.
@@ -47,6 +57,7 @@ type Store struct {
 
 	registered atomic.Bool   // a heartbeat committed: settles are fenced by the lead
 	rescan     time.Duration // a claim reads the whole pending index at least this often
+	keyDepth   int           // rows of one ordering key held at most; 0: no limit
 
 	mu   sync.Mutex
 	held held // the rows in flight (see Claim)
@@ -55,8 +66,10 @@ type Store struct {
 // New returns a Store on db, with a new instance id. It does not touch the
 // schema; closing db is the caller's.
 func New(db *sqlitedb.DB, opts Options) *Store {
-	s := &Store{db: db, instance: event.NewID(), q: newQueries(db.Table()), rescan: opts.Rescan}
+	s := &Store{db: db, instance: event.NewID(), q: newQueries(db.Table(), opts.SkipDeadLetters), rescan: opts.Rescan, keyDepth: opts.KeyDepth}
 	s.held.ids = map[int64]struct{}{}
+	s.held.keys = map[string]int{}
+	s.held.overflow = map[string]bool{}
 	if s.rescan <= 0 {
 		s.rescan = DefaultRescan
 	}
@@ -77,23 +90,48 @@ const pendingRow = `id = ? AND status = 'pending'`
 // ?3 rows and, past the first, those that begin within ?4 bytes of
 // payload. The innermost subquery walks the pending index in id order and
 // stops at the limit, so payloads past the budget are never read.
-func takeSQL(t, cond string) string {
+//
+// A row with an ordering key is taken only when no row of the same key
+// before it waits for something else (orderedSQL), and not while its key
+// already holds as many rows in flight as it may (?7, a JSON array).
+func takeSQL(t, cond, blocking string) string {
 	return fmt.Sprintf(`SELECT id, event_id, event_type, payload, CAST(attempts AS INTEGER),
-	%[3]s, created_at IS NOT NULL, %[4]s, available_at IS NOT NULL FROM %[1]s
+	%[3]s, created_at IS NOT NULL, %[4]s, available_at IS NOT NULL, ordering_key FROM %[1]s
 WHERE id IN (SELECT id FROM (
 	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
-		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s WHERE status = 'pending' AND %[5]s AND %[2]s ORDER BY id LIMIT ?3))
+		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s AS o
+		WHERE status = 'pending' AND %[5]s AND %[2]s AND %[6]s ORDER BY id LIMIT ?3))
 	WHERE before < ?4)
-ORDER BY id`, t, schema.DueSQL("?2"), schema.MsSQL("created_at"), schema.MsSQL("available_at"), cond)
+ORDER BY id`, t, schema.DueSQL("?2"), schema.MsSQL("created_at"), schema.MsSQL("available_at"), cond, orderedSQL(t, blocking))
 }
 
-func newQueries(t string) queries {
+// orderedSQL is the condition on a row o that it is not ordered, or that
+// every row of its ordering key before it is done, dead-lettered (when
+// dead letters do not hold their key: blocking lists the statuses that
+// do), held in flight by this store (?5, a JSON array), or due and pending
+// within the range this claim reads (past ?6): such a row comes first in
+// the same claim. A row before o that is scheduled for later, retried,
+// marked processing, dead-lettered (by default), or due but outside the
+// range read, keeps o and the rest of the key waiting.
+func orderedSQL(t, blocking string) string {
+	return fmt.Sprintf(`(coalesce(o.ordering_key, '') = '' OR (
+	o.ordering_key NOT IN (SELECT value FROM json_each(?7))
+	AND NOT EXISTS (SELECT 1 FROM %[1]s AS e WHERE e.ordering_key = o.ordering_key AND e.status <> 'done' AND e.id < o.id
+		AND e.status IN (%[2]s) AND e.id NOT IN (SELECT value FROM json_each(?5))
+		AND NOT (e.status = 'pending' AND e.id > ?6 AND %[3]s))))`, t, blocking, schema.DueSQL("?2"))
+}
+
+func newQueries(t string, skipDeadLetters bool) queries {
+	blocking := `'pending', 'processing', 'dead_lettered'`
+	if skipDeadLetters {
+		blocking = `'pending', 'processing'`
+	}
 	return queries{
 		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND %s)`, t, schema.DueSQL("?1")),
 		// Past the highest row in flight (the pending index's range).
-		takeAfter: takeSQL(t, `id > ?1`),
+		takeAfter: takeSQL(t, `id > ?1`, blocking),
 		// Anywhere, except the rows in flight (a JSON array of ids).
-		takeRescan: takeSQL(t, `id NOT IN (SELECT value FROM json_each(?1))`),
+		takeRescan: takeSQL(t, `id NOT IN (SELECT value FROM json_each(?1))`, blocking),
 		assignID:   fmt.Sprintf(`UPDATE %s SET event_id = coalesce(event_id, ?) WHERE id = ? RETURNING event_id`, t),
 		settledAt:  fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
 		done:       fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'`, t),
@@ -118,9 +156,11 @@ WHERE status = 'processing' AND (
 // times the rows it deferred become due again.
 type held struct {
 	ids        map[int64]struct{}
-	max        int64     // the highest id in ids
-	deferred   []int64   // due times (Unix ms, Options.Clock) of rows this store deferred
-	nextRescan time.Time // when a claim next reads the whole pending index
+	max        int64           // the highest id in ids
+	keys       map[string]int  // rows in ids per ordering key
+	overflow   map[string]bool // keys whose due rows were left for lack of room
+	deferred   []int64         // due times (Unix ms, Options.Clock) of rows this store deferred
+	nextRescan time.Time       // when a claim next reads the whole pending index
 }
 
 // Claim takes due pending rows in id order, up to limit rows and, past the
@@ -150,18 +190,20 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		return nil, err
 	}
 	now := s.db.DueMs()
-	query, after := s.q.takeAfter, any(nil)
+	query, after, cursor := s.q.takeAfter, any(nil), int64(0)
 	s.mu.Lock()
+	heldIDs := jsonIDs(maps.Keys(s.held.ids))
 	if rescan := s.rescanDue(now); rescan {
-		query, after = s.q.takeRescan, jsonIDs(maps.Keys(s.held.ids))
+		query, after = s.q.takeRescan, heldIDs
 		s.held.nextRescan = time.Now().Add(s.rescan)
 	} else {
-		after = s.held.max
+		after, cursor = s.held.max, s.held.max
 	}
+	full := s.fullKeys()
 	s.mu.Unlock()
 	// A context that cannot be cancelled lets go-sqlite3 read each row in
 	// one cgo call; the read is short and holds no lock.
-	rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, limit, maxBytes)
+	rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, limit, maxBytes, heldIDs, cursor, full)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
@@ -169,6 +211,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
+	out, noID = s.makeRoom(out, noID)
 	if len(noID) > 0 {
 		if err := s.assignIDs(ctx, out, noID); err != nil {
 			return nil, err
@@ -178,9 +221,69 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	for _, r := range out {
 		s.held.ids[r.ID] = struct{}{}
 		s.held.max = max(s.held.max, r.ID)
+		if r.OrderingKey != "" {
+			s.held.keys[r.OrderingKey]++
+		}
 	}
 	s.mu.Unlock()
 	return out, nil
+}
+
+// fullKeys returns, as a JSON array, the ordering keys that hold
+// Options.KeyDepth rows in flight; s.mu is held.
+func (s *Store) fullKeys() string {
+	var full []string
+	if s.keyDepth > 0 {
+		for k, n := range s.held.keys {
+			if n >= s.keyDepth {
+				full = append(full, k)
+			}
+		}
+	}
+	b, _ := json.Marshal(full)
+	if full == nil {
+		return "[]"
+	}
+	return string(b)
+}
+
+// makeRoom drops the rows of an ordering key past Options.KeyDepth rows in
+// flight (the last ones of the key: its order is kept), and notes the key
+// so that a claim reads them again once the key has room (see letGo). It
+// returns the rows kept, and the indexes among them of those without
+// event_id.
+func (s *Store) makeRoom(rows []event.Row, noID []int) ([]event.Row, []int) {
+	if s.keyDepth <= 0 {
+		return rows, noID
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	taken := map[string]int{}
+	kept, keptNoID := rows[:0], noID[:0]
+	for i, r := range rows {
+		if k := r.OrderingKey; k != "" {
+			if s.held.keys[k]+taken[k] >= s.keyDepth {
+				s.held.overflow[k] = true
+				continue
+			}
+			taken[k]++
+		}
+		if len(noID) > 0 && noID[0] == i {
+			noID = noID[1:]
+			keptNoID = append(keptNoID, len(kept))
+		}
+		kept = append(kept, r)
+	}
+	return kept, keptNoID
+}
+
+// Waiting reports whether due rows were left unclaimed because their
+// ordering key held Options.KeyDepth rows in flight: the relay claims
+// again as rows settle, without waiting for a commit.
+func (s *Store) Waiting() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held.overflow) > 0
 }
 
 // rescanDue reports whether the next claim reads the whole pending index
@@ -226,17 +329,18 @@ func readRows(rows *sql.Rows, now int64) (out []event.Row, noID []int, err error
 		var (
 			r                           event.Row
 			eventID, eventType, payload any
+			orderingKey                 any
 			attempts                    sql.NullInt64
 			created, availAt            sql.NullInt64
 			hasCreated, hasAvailAt      bool
 		)
-		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt); err != nil {
+		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt, &orderingKey); err != nil {
 			return nil, nil, err
 		}
 		if eventID == nil {
 			noID = append(noID, len(out))
 		}
-		r.EventID, r.EventType, r.Payload = text(eventID), text(eventType), blob(payload)
+		r.EventID, r.EventType, r.Payload, r.OrderingKey = text(eventID), text(eventType), blob(payload), text(orderingKey)
 		r.Attempts = int(max(0, min(attempts.Int64, math.MaxInt32)))
 		// A NULL created_at leaves the claim as the earliest time known.
 		r.CreatedAt = now
@@ -432,6 +536,16 @@ func (s *Store) letGo(outs []event.Outcome, stale []int) {
 	h := &s.held
 	for i, o := range outs {
 		delete(h.ids, o.Row.ID)
+		if k := o.Row.OrderingKey; k != "" {
+			if h.keys[k]--; h.keys[k] <= 0 {
+				delete(h.keys, k)
+			}
+			// Read the rows left behind once half the room is free.
+			if h.overflow[k] && h.keys[k] <= s.keyDepth/2 {
+				delete(h.overflow, k)
+				h.nextRescan = time.Time{}
+			}
+		}
 		if len(stale) > 0 && stale[0] == i {
 			stale = stale[1:]
 			continue

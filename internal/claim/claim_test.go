@@ -197,9 +197,14 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	testenv.MustExec(t, db, `ANALYZE`)
 	now := time.Now().UnixMilli()
 	claimSub := regexp.MustCompile(`(?s)SELECT id, coalesce\(octet_length\(payload\), 0\) AS len FROM .*? LIMIT \?3`).FindString(s.q.takeAfter)
-	plan := queryPlan(t, s, claimSub, 0, now, 100)
+	plan := queryPlan(t, s, claimSub, 0, now, 100, 0, "[]", 0, "[]")
 	if !strings.Contains(plan, "INDEX event_queue_pending") || strings.Contains(plan, "TEMP B-TREE") {
 		t.Errorf("claim plan %q: want the pending index and no sort", plan)
+	}
+	// The rows of a row's ordering key before it: the ordering index, which
+	// holds no done rows.
+	if !strings.Contains(plan, "USING COVERING INDEX event_queue_ordering (ordering_key=? AND id<?)") {
+		t.Errorf("claim plan %q: want the ordering index for the rows of a key", plan)
 	}
 	plan = queryPlan(t, s, s.q.reclaim, now, "x", now)
 	if !strings.Contains(plan, "USING INDEX event_queue_processing") || strings.Contains(plan, "SCAN event_queue\x00") {

@@ -43,6 +43,7 @@ type Config struct {
 	Stream    Stream    `mapstructure:"stream"`
 	Consumer  Consumer  `mapstructure:"consumer"`
 	Relay     Relay     `mapstructure:"relay"`
+	Ordering  Ordering  `mapstructure:"ordering"`
 	Retention Retention `mapstructure:"retention"`
 	Metrics   Metrics   `mapstructure:"metrics"`
 	Log       Log       `mapstructure:"log"`
@@ -129,6 +130,18 @@ type Relay struct {
 	AckTimeout      time.Duration `mapstructure:"ack_timeout"`
 }
 
+// Ordering says what happens to the rows of an ordering key when one of
+// them is dead-lettered.
+type Ordering struct {
+	OnDeadLetter string `mapstructure:"on_dead_letter"` // hold, skip
+}
+
+// What a dead letter does to the later rows of its ordering key.
+const (
+	OnDeadLetterHold = "hold" // they wait until it is retried or deleted
+	OnDeadLetterSkip = "skip" // they go on
+)
+
 // Retention says how long finished rows are kept.
 type Retention struct {
 	Done            time.Duration `mapstructure:"done"`
@@ -174,6 +187,7 @@ func Default() Config {
 			ShutdownTimeout: 10 * time.Second,
 			AckTimeout:      10 * time.Second,
 		},
+		Ordering:  Ordering{OnDeadLetter: OnDeadLetterHold},
 		Retention: Retention{Done: 7 * 24 * time.Hour, ProcessedEvents: 30 * 24 * time.Hour},
 		Metrics:   Metrics{Listen: ":9108"},
 		Log:       Log{Level: "info", Format: "json"},
@@ -676,6 +690,9 @@ func (c *Config) Validate() error {
 	}
 	if !slices.Contains([]string{SchemaAuto, SchemaVerify, SchemaOff}, c.Schema.Mode) {
 		bad("schema.mode", "%q is not one of auto, verify, off", c.Schema.Mode)
+	}
+	if !slices.Contains([]string{OnDeadLetterHold, OnDeadLetterSkip}, c.Ordering.OnDeadLetter) {
+		bad("ordering.on_dead_letter", "%q is not one of hold, skip", c.Ordering.OnDeadLetter)
 	}
 	c.validateNATS(bad)
 	if !streamNameRe.MatchString(c.Stream.Name) {

@@ -115,7 +115,12 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if err = applySchema(ctx, a.db, cfg.Schema.Mode, log); err != nil {
 		return nil, sqlitedb.NotWritable(cfg.Database.Path, err)
 	}
-	a.claims = claim.New(a.db, claim.Options{Rescan: cfg.Relay.PollInterval})
+	a.claims = claim.New(a.db, claim.Options{
+		Rescan:          cfg.Relay.PollInterval,
+		SkipDeadLetters: cfg.Ordering.OnDeadLetter == config.OnDeadLetterSkip,
+		// A busy key may fill half the pipeline; the other keys share the rest.
+		KeyDepth: max(1, cfg.Relay.MaxInFlight/2),
+	})
 	if a.conn, err = publish.Connect(ctx, a.natsURL, cfg.NATS, "outbox-relay", log.Named("nats")); err != nil {
 		return nil, err
 	}

@@ -50,6 +50,9 @@ type Row struct {
 	Payload   []byte
 	Attempts  int
 	CreatedAt int64 // Unix milliseconds
+	// OrderingKey is the row's ordering_key: rows with the same key are
+	// published in id order, one at a time. Empty: the row is not ordered.
+	OrderingKey string
 	// Problem says why the row could not be read as the relay needs it (a
 	// created_at that is no time, say): it is dead-lettered with this reason
 	// instead of being published.
@@ -189,25 +192,39 @@ func Subject(prefix, eventType string) (string, error) {
 }
 
 // ValidateEventID reports why id cannot be a Nats-Msg-Id as it is stored:
-// empty (no dedup), invalid UTF-8, surrounding whitespace (a header value
-// loses it), control characters (a header value cannot hold them) or longer
-// than 255 bytes.
+// empty (no dedup), or not a header value NATS carries unchanged (see
+// validateHeaderValue).
 func ValidateEventID(id string) error {
-	switch {
-	case id == "":
+	if id == "" {
 		return fmt.Errorf("event_id is empty: the broker could not deduplicate it")
-	case len(id) > 255:
-		return fmt.Errorf("event_id is %d bytes, more than 255", len(id))
-	case !utf8.ValidString(id):
-		return fmt.Errorf("event_id is not valid UTF-8 text (a BLOB?)")
-	case strings.TrimSpace(id) != id:
+	}
+	return validateHeaderValue("event_id", id, "it would be deduplicated against")
+}
+
+// ValidateOrderingKey reports why a non-empty ordering key cannot be the
+// Outbox-Ordering-Key header as it is stored (see validateHeaderValue).
+func ValidateOrderingKey(key string) error {
+	return validateHeaderValue("ordering_key", key, "it would arrive as")
+}
+
+// validateHeaderValue reports why the value of column cannot be a NATS
+// header value as it is stored: invalid UTF-8, surrounding whitespace (a
+// header value loses it; trimmed says what that would do), control
+// characters (a header value cannot hold them) or longer than 255 bytes.
+func validateHeaderValue(column, v, trimmed string) error {
+	switch {
+	case len(v) > 255:
+		return fmt.Errorf("%s is %d bytes, more than 255", column, len(v))
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%s is not valid UTF-8 text (a BLOB?)", column)
+	case strings.TrimSpace(v) != v:
 		// NATS trims a header value's surrounding whitespace, so "a " would
 		// be deduplicated against "a": one of the two events would be lost.
-		return fmt.Errorf("event_id %q begins or ends with whitespace, which NATS headers drop: it would be deduplicated against %q", id, strings.TrimSpace(id))
+		return fmt.Errorf("%s %q begins or ends with whitespace, which NATS headers drop: %s %q", column, v, trimmed, strings.TrimSpace(v))
 	}
-	for _, c := range id {
+	for _, c := range v {
 		if unicode.IsControl(c) {
-			return fmt.Errorf("event_id %q contains a control character", id)
+			return fmt.Errorf("%s %q contains a control character", column, v)
 		}
 	}
 	return nil

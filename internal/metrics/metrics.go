@@ -26,6 +26,7 @@ const Namespace = "outbox_relay"
 const (
 	DeferOutage   = "outage"   // broker unreachable: released without spending an attempt
 	DeferShutdown = "shutdown" // released at shutdown
+	DeferOrdering = "ordering" // behind a row of the same ordering key that was not stored
 )
 
 // Metrics holds every metric of the relay.
@@ -100,7 +101,7 @@ func New(version, commit string) *Metrics {
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.BuildInfo.WithLabelValues(version, commit, runtime.Version()).Set(1)
 	// Known label values start at 0, so rate() and alerts see them at once.
-	for _, reason := range []string{DeferOutage, DeferShutdown} {
+	for _, reason := range []string{DeferOutage, DeferShutdown, DeferOrdering} {
 		m.Deferred.WithLabelValues(reason)
 	}
 	for _, table := range []string{event.PruneOutbox, event.PruneProcessedEvents} {

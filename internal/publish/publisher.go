@@ -24,6 +24,8 @@ const (
 	HeaderEventType = "Outbox-Event-Type"
 	HeaderRowID     = "Outbox-Row-Id"
 	HeaderCreatedAt = "Outbox-Created-At"
+	// HeaderOrderingKey is set when the row has an ordering key.
+	HeaderOrderingKey = "Outbox-Ordering-Key"
 )
 
 // createdAtLayout is RFC 3339 in UTC with milliseconds.
@@ -38,7 +40,7 @@ type Message struct {
 // NewMsg builds the NATS message for a row: the payload byte for byte and
 // the relay's headers.
 func NewMsg(m Message) *nats.Msg {
-	return &nats.Msg{
+	msg := &nats.Msg{
 		Subject: m.Subject,
 		Data:    m.Row.Payload,
 		Header: nats.Header{
@@ -48,6 +50,10 @@ func NewMsg(m Message) *nats.Msg {
 			HeaderCreatedAt: {time.UnixMilli(m.Row.CreatedAt).UTC().Format(createdAtLayout)},
 		},
 	}
+	if m.Row.OrderingKey != "" {
+		msg.Header[HeaderOrderingKey] = []string{m.Row.OrderingKey}
+	}
+	return msg
 }
 
 // Kind is the class of a publish outcome.
@@ -64,6 +70,9 @@ const (
 	Transport
 	// Rejected: the broker refused this message; an attempt is spent.
 	Rejected
+	// Withheld: not sent, because the message before it with the same
+	// ordering key was not stored; no attempt is spent.
+	Withheld
 )
 
 // String names the kind for logs and metric labels.
@@ -77,6 +86,8 @@ func (k Kind) String() string {
 		return "transport"
 	case Rejected:
 		return "rejected"
+	case Withheld:
+		return "withheld"
 	}
 	return "kind(" + strconv.Itoa(int(k)) + ")"
 }

@@ -32,6 +32,9 @@ type Store interface {
 	// relay per database file claims, the others stand by.
 	Leads() bool
 	Leave(ctx context.Context) error
+	// Waiting reports whether due rows were left unclaimed for lack of
+	// room in their ordering key: claim again as rows settle.
+	Waiting() bool
 }
 
 // Publisher is the NATS side (implemented by *publish.JetStream and *publish.Core).
@@ -86,6 +89,7 @@ type Relay struct {
 	leading  atomic.Bool
 	roleSaid atomic.Bool // the role was logged once
 	pipeline chan *batch // claimer -> settler, in publish order
+	lanes    *lanes      // rows with an ordering key (set by Run)
 	inflight atomic.Int64
 	// inflightBytes is the payload held by rows in flight.
 	inflightBytes atomic.Int64
@@ -230,6 +234,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	claimCtx, stopClaiming := context.WithCancelCause(ctx)
 	defer stopClaiming(nil)
 	r.halt = stopClaiming
+	r.lanes = newLanes(r.pub, claimCtx, ackCtx)
 	var loops, heartbeat sync.WaitGroup
 	hbCtx, stopHeartbeat := context.WithCancel(writeCtx)
 	defer stopHeartbeat()
@@ -402,7 +407,8 @@ func payloadBytes(rows []event.Row) (n int64) {
 	return n
 }
 
-// idle waits for a wake-up, the poll timer or the end.
+// idle waits for a wake-up, the poll timer or the end; and for rows to
+// settle when due rows wait for room in their ordering key.
 func (r *Relay) idle(ctx context.Context) {
 	var timer <-chan time.Time
 	if r.o.PollInterval > 0 {
@@ -410,33 +416,69 @@ func (r *Relay) idle(ctx context.Context) {
 		defer t.Stop()
 		timer = t.C
 	}
-	wait(ctx, r.wake, timer)
+	var settled chan struct{}
+	if r.store.Waiting() {
+		settled = r.settled
+	}
+	select {
+	case <-ctx.Done():
+	case <-r.wake:
+	case <-settled:
+	case <-timer:
+	}
 }
 
-// publish starts publishing rows; rows whose event type cannot form a
-// subject are dead-lettered without publishing.
+// publish starts publishing rows: those without an ordering key in one
+// go, those with one through their key's lane. A row that cannot be
+// published (an event type that cannot form a subject, say) is
+// dead-lettered without publishing, and stops its key's lane.
 func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
-	b := &batch{msgs: make([]publish.Message, 0, len(rows))}
+	b := &batch{msgs: make([]publish.Message, 0, len(rows)), published: time.Now()}
+	b.acks = make([]publish.Ack, 0, len(rows))
+	var plain []publish.Message
+	var plainAt []int // indexes in b.msgs of plain
 	for _, row := range rows {
-		if row.Problem != "" {
-			b.outcomes = append(b.outcomes, event.Invalid(row, row.Problem))
-			continue
-		}
-		subject, err := event.Subject(r.o.SubjectPrefix, row.EventType)
-		if err == nil {
-			err = event.ValidateEventID(row.EventID)
-		}
-		if err != nil {
+		if err := r.check(row); err != nil {
 			b.outcomes = append(b.outcomes, event.Invalid(row, err.Error()))
+			if row.OrderingKey != "" {
+				r.lanes.barrier(row, err.Error())
+			}
 			continue
 		}
-		b.msgs = append(b.msgs, publish.Message{Row: row, Subject: subject})
+		subject, _ := event.Subject(r.o.SubjectPrefix, row.EventType)
+		m := publish.Message{Row: row, Subject: subject}
+		b.msgs = append(b.msgs, m)
+		if row.OrderingKey != "" {
+			b.acks = append(b.acks, r.lanes.send(m))
+			continue
+		}
+		plainAt = append(plainAt, len(b.acks))
+		plain = append(plain, m)
+		b.acks = append(b.acks, nil)
 	}
-	b.published = time.Now()
-	if len(b.msgs) > 0 {
-		b.acks = r.pub.Publish(ctx, b.msgs)
+	if len(plain) > 0 {
+		for i, a := range r.pub.Publish(ctx, plain) {
+			b.acks[plainAt[i]] = a
+		}
 	}
 	return b
+}
+
+// check reports why row cannot be published as it is.
+func (r *Relay) check(row event.Row) error {
+	if row.Problem != "" {
+		return errors.New(row.Problem)
+	}
+	if _, err := event.Subject(r.o.SubjectPrefix, row.EventType); err != nil {
+		return err
+	}
+	if err := event.ValidateEventID(row.EventID); err != nil {
+		return err
+	}
+	if row.OrderingKey != "" {
+		return event.ValidateOrderingKey(row.OrderingKey)
+	}
+	return nil
 }
 
 // settleLoop waits for each batch's acknowledgements in order (until
@@ -533,6 +575,11 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 			delay := r.outage.deferRow(res.Err, r.log, r.m)
 			r.Wake() // the claimer may be idle: let it see the outage now
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
+		case publish.Withheld:
+			// It waits behind its key's row that was not stored; the claim
+			// takes it again once that row is published (or skipped).
+			r.log.Debug("row withheld", zap.Int64("row_id", row.ID), zap.Error(res.Err))
+			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now, Reason: metrics.DeferOrdering})
 		default:
 			panic(fmt.Sprintf("unknown publish result %v", res.Kind))
 		}
@@ -562,6 +609,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 		r.settleTrouble.Fail(err)
 		sleep(writeCtx, retry.next())
 	}
+	r.lanes.settled(outs)
 	r.m.InFlight.Set(float64(r.inflight.Add(-int64(len(outs)))))
 	var bytes int64
 	for _, o := range outs {

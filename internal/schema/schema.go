@@ -48,6 +48,34 @@ var migrations = []migration{
 	{102, "relay_claims", migrateClaims},
 	{103, "consumer_exhausted", migrateExhausted},
 	{104, "relay_in_flight", migrateInFlight},
+	{105, "ordering_key", migrateOrderingKey},
+}
+
+// migrateOrderingKey adds the optional ordering_key column (NULL: the row
+// is not ordered) and the index a claim uses to find, for a row with a
+// key, the rows of the same key before it that are not done. Each step is
+// a transaction of its own: the index is built by reading the whole table
+// under the lock.
+func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
+	t := s.Table()
+	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		cols, err := sqlitedb.Columns(ctx, tx, t)
+		if err != nil || cols["ordering_key"] {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN ordering_key TEXT`, t))
+		return err
+	})
+	if err == nil {
+		err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_ordering ON %[1]s (ordering_key, id, status, available_at) WHERE status <> 'done'`, t))
+			return err
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", t, err)
+	}
+	return nil
 }
 
 // migrateInFlight adds the count of rows a relay holds in flight to its
@@ -346,8 +374,8 @@ func migrationTx(ctx context.Context, s *sqlitedb.DB, minPause time.Duration, he
 
 // Required lists what the relay needs of the schema, for Verify.
 var (
-	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by"}
-	requiredIndexes = []string{"_pending", "_processing", "_dead_lettered"}
+	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by", "ordering_key"}
+	requiredIndexes = []string{"_pending", "_processing", "_dead_lettered", "_ordering"}
 	requiredTables  = []string{"processed_events", InstancesTable, ExhaustedTable}
 )
 

@@ -346,7 +346,7 @@ func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 func assertMigrated(t *testing.T, s *sqlitedb.DB) {
 	t.Helper()
 	ctx := context.Background()
-	if got, err := schema.Applied(ctx, s); err != nil || fmt.Sprint(got) != "[101 102 103 104]" {
+	if got, err := schema.Applied(ctx, s); err != nil || fmt.Sprint(got) != "[101 102 103 104 105]" {
 		t.Fatalf("recorded %v, %v", got, err)
 	}
 	if err := schema.Verify(ctx, s); err != nil {
@@ -448,7 +448,7 @@ func TestMigrateFreshAndIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(applied) != "[101 102 103 104]" {
+	if fmt.Sprint(applied) != "[101 102 103 104 105]" {
 		t.Fatalf("applied %v", applied)
 	}
 	if err := schema.Verify(ctx, s); err != nil {
@@ -608,7 +608,7 @@ func assertMigratedOnce(t *testing.T, path string) {
 	t.Helper()
 	s := testenv.OpenDB(t, path)
 	got, err := schema.Applied(context.Background(), s)
-	if err != nil || fmt.Sprint(got) != "[101 102 103 104]" {
+	if err != nil || fmt.Sprint(got) != "[101 102 103 104 105]" {
 		t.Fatalf("migrations recorded %v, %v", got, err)
 	}
 	if err := schema.Verify(context.Background(), s); err != nil {

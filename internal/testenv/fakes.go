@@ -24,6 +24,9 @@ func (NopStore) Heartbeat(context.Context, string, time.Duration, time.Duration)
 // Leave does nothing.
 func (NopStore) Leave(context.Context) error { return nil }
 
+// Waiting reports false: a fake holds no ordering keys back.
+func (NopStore) Waiting() bool { return false }
+
 // InsertN inserts n events of eventType in one transaction, the way an
 // application does; each payload names its type and index.
 func InsertN(t testing.TB, db *sql.DB, n int, eventType string) {
