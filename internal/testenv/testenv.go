@@ -217,9 +217,10 @@ func AppDB(t testing.TB, path string) *sql.DB {
 // Event is a row as the application inserts it; a nil EventID leaves the
 // column NULL.
 type Event struct {
-	EventID   *string
-	EventType string
-	Payload   []byte
+	EventID     *string
+	EventType   string
+	Payload     []byte
+	OrderingKey string // empty: NULL
 }
 
 // NewEvent returns an event with a fresh id.
@@ -240,7 +241,13 @@ func Insert(db *sql.DB, evs ...Event) error {
 		if e.EventID != nil {
 			id = *e.EventID
 		}
-		if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, ?, ?)`, id, e.EventType, e.Payload); err != nil {
+		q := `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, ?, ?)`
+		args := []any{id, e.EventType, e.Payload}
+		if e.OrderingKey != "" { // a table from before ordering keys has no such column
+			q = `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, ?, ?, ?)`
+			args = append(args, e.OrderingKey)
+		}
+		if _, err := tx.Exec(q, args...); err != nil {
 			return err
 		}
 	}

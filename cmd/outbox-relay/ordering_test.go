@@ -1,0 +1,272 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// checkKeyOrder reads the stream back and fails unless it holds exactly
+// one message per event id, want in all, and the messages of each
+// ordering key are in row-id order. It returns the messages per key.
+func checkKeyOrder(t *testing.T, js jetstream.JetStream, want int) map[string]int {
+	t.Helper()
+	msgs := testenv.StreamMessages(t, js, "EVENTS")
+	seen := map[string]bool{}
+	last := map[string]int64{}
+	perKey := map[string]int{}
+	for _, m := range msgs {
+		id := m.Header.Get(publish.HeaderMsgID)
+		if seen[id] {
+			t.Fatalf("event %s stored twice (sequence %d)", id, m.Sequence)
+		}
+		seen[id] = true
+		key := m.Header.Get(publish.HeaderOrderingKey)
+		if key == "" {
+			continue
+		}
+		row, err := strconv.ParseInt(m.Header.Get(publish.HeaderRowID), 10, 64)
+		if err != nil {
+			t.Fatalf("sequence %d: %s %q", m.Sequence, publish.HeaderRowID, m.Header.Get(publish.HeaderRowID))
+		}
+		if row <= last[key] {
+			t.Fatalf("key %s: row %d stored at sequence %d, after row %d", key, row, m.Sequence, last[key])
+		}
+		last[key] = row
+		perKey[key]++
+	}
+	if len(msgs) != want {
+		t.Fatalf("stream holds %d messages, want %d", len(msgs), want)
+	}
+	return perKey
+}
+
+// createStream creates the stream the relay publishes to, refusing
+// messages over maxMsgSize bytes.
+func createStream(t *testing.T, js jetstream.JetStream, maxMsgSize int32) jetstream.Stream {
+	t.Helper()
+	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
+		Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: maxMsgSize,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// setMaxMsgSize changes the stream's message size limit.
+func setMaxMsgSize(t *testing.T, js jetstream.JetStream, s jetstream.Stream, size int32) {
+	t.Helper()
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.MaxMsgSize = size
+	if _, err := js.UpdateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOrderedKeysSurviveChaos: 20,000 rows, most of them over 50 ordering
+// keys, the rest unordered, written while the relay is killed (kill -9)
+// twice, the broker goes away and comes back, and the stream refuses some
+// rows (too large) for a while and then takes them. At the end every row
+// is done, the stream holds one message per event, and each key's
+// messages are in row-id order.
+func TestOrderedKeysSurviveChaos(t *testing.T) {
+	const (
+		total   = 20_000
+		keys    = 50
+		batches = 100
+		limit   = 1024 // the stream's message size limit until it is raised
+	)
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	stream := createStream(t, js, limit)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	env := []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_LOG_LEVEL=info", "OUTBOX_RELAY_METRICS_LISTEN=",
+		"OUTBOX_RELAY_RELAY_MAX_ATTEMPTS=100", "OUTBOX_RELAY_RELAY_ACK_TIMEOUT=2s", "OUTBOX_RELAY_RELAY_POLL_INTERVAL=200ms"}
+	relay := func() *process {
+		return startDaemon(t, env, "run", "--database-path", path)
+	}
+
+	// The application writes for about 10 s: 100 transactions of 200 rows.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var big int
+	written := make(chan struct{})
+	var writeErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(written)
+		for b := 0; b < batches; b++ {
+			evs := make([]testenv.Event, 0, total/batches)
+			for range total / batches {
+				ev := testenv.NewEvent("Thing", []byte("small"))
+				if rng.IntN(10) < 7 {
+					ev.OrderingKey = fmt.Sprintf("order-%d", rng.IntN(keys))
+				}
+				if rng.IntN(100) < 2 {
+					ev.Payload = []byte(strings.Repeat("x", 2*limit))
+					big++
+				}
+				evs = append(evs, ev)
+			}
+			if writeErr = testenv.Insert(app, evs...); writeErr != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	done := func() int { return testenv.Counts(t, app)["done"] }
+
+	first := relay()
+	first.waitFor("leading: this relay claims and publishes the rows")
+	testenv.Eventually(t, 30*time.Second, "rows flowing", func() bool { return done() > 2000 })
+	first.Kill()
+	second := relay()
+	second.waitFor("leading: this relay claims and publishes the rows")
+	// An outage of 2 s.
+	n.Stop()
+	second.waitFor("broker unavailable; pausing without spending attempts")
+	time.Sleep(2 * time.Second)
+	n.Restart()
+	second.waitFor("broker recovered; resuming")
+	second.Kill()
+	if d := done(); d == total {
+		t.Fatal("every row was done before the second kill: the chaos came too late")
+	}
+	third := relay()
+	// The large rows were refused meanwhile; now the stream takes them.
+	var refused int
+	testenv.Eventually(t, 30*time.Second, "the large rows refused", func() bool {
+		app.QueryRow(`SELECT count(*) FROM event_queue WHERE attempts > 0`).Scan(&refused)
+		return refused > 0
+	})
+	setMaxMsgSize(t, js, stream, 1<<20)
+	<-written
+	wg.Wait()
+	if writeErr != nil {
+		t.Fatal(writeErr)
+	}
+	testenv.Eventually(t, 90*time.Second, "every row done", func() bool { return done() == total })
+	third.stop()
+	perKey := checkKeyOrder(t, js, total)
+	if len(perKey) != keys {
+		t.Fatalf("%d keys in the stream, want %d", len(perKey), keys)
+	}
+	var retried, keyedRetried int
+	app.QueryRow(`SELECT count(*), count(ordering_key) FROM event_queue WHERE attempts > 0`).Scan(&retried, &keyedRetried)
+	if keyedRetried == 0 {
+		t.Fatalf("no row with a key was refused (%d refused in all): nothing tested the order across rejections", retried)
+	}
+	t.Logf("%d large rows, %d rows refused at least once (%d of them with a key)", big, retried, keyedRetried)
+}
+
+// parkedKeyRun writes three keys of three rows each, the first row of key
+// "a" too large for the stream, and runs the relay with the given
+// on_dead_letter until nothing is pending but what waits behind a parked
+// key. It returns the app's connection, the stream and the relay.
+func parkedKeyRun(t *testing.T, onDeadLetter string) (*sql.DB, jetstream.JetStream, jetstream.Stream, *process, string) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	stream := createStream(t, js, 1024)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	var evs []testenv.Event
+	for i := range 3 {
+		for _, key := range []string{"a", "b", "c"} {
+			ev := testenv.NewEvent("Thing", []byte(fmt.Sprintf("%s-%d", key, i)))
+			ev.OrderingKey = key
+			if key == "a" && i == 0 {
+				ev.Payload = []byte(strings.Repeat("x", 2048))
+			}
+			evs = append(evs, ev)
+		}
+	}
+	if err := testenv.Insert(app, evs...); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_RELAY_MAX_ATTEMPTS=2",
+		"OUTBOX_RELAY_RELAY_POLL_INTERVAL=200ms", "OUTBOX_RELAY_ORDERING_ON_DEAD_LETTER=" + onDeadLetter}, "run", "--database-path", path)
+	testenv.Eventually(t, 30*time.Second, "the large row dead-lettered", func() bool {
+		return testenv.Counts(t, app)["dead_lettered"] == 1
+	})
+	return app, js, stream, d, path
+}
+
+// keyStatus returns the status of each row of key, in id order.
+func keyStatus(t *testing.T, app *sql.DB, key string) string {
+	t.Helper()
+	rows, err := app.Query(`SELECT status FROM event_queue WHERE ordering_key = ? ORDER BY id`, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		rows.Scan(&s)
+		out = append(out, s)
+	}
+	return strings.Join(out, " ")
+}
+
+// TestDeadLetterParksItsKey: by default (hold) a dead-lettered row parks
+// its key: the key's later rows stay pending, spending no attempts, while
+// the other keys are published; once the cause is fixed, dead-letters
+// retry un-parks it and its rows follow in order.
+func TestDeadLetterParksItsKey(t *testing.T) {
+	app, js, stream, d, path := parkedKeyRun(t, "hold")
+	testenv.Eventually(t, 30*time.Second, "the other keys done", func() bool {
+		return keyStatus(t, app, "b") == "done done done" && keyStatus(t, app, "c") == "done done done"
+	})
+	// The parked key's rows wait (the relay's rescans come every 200 ms).
+	time.Sleep(time.Second)
+	if got := keyStatus(t, app, "a"); got != "dead_lettered pending pending" {
+		t.Fatalf("key a: %s, want dead_lettered pending pending", got)
+	}
+	var spent int
+	app.QueryRow(`SELECT coalesce(sum(attempts), 0) FROM event_queue WHERE ordering_key = 'a' AND status = 'pending'`).Scan(&spent)
+	if spent != 0 {
+		t.Fatalf("the rows behind the parked row spent %d attempts", spent)
+	}
+	setMaxMsgSize(t, js, stream, 1<<20)
+	if code, out, errOut := runCLI(t, "dead-letters", "retry", "--all", "--database-path", path); code != 0 {
+		t.Fatalf("dead-letters retry: %d %s %s", code, out, errOut)
+	}
+	testenv.Eventually(t, 30*time.Second, "key a done", func() bool { return keyStatus(t, app, "a") == "done done done" })
+	d.stop()
+	perKey := checkKeyOrder(t, js, 9)
+	if perKey["a"] != 3 {
+		t.Fatalf("key a has %d messages in the stream, want 3", perKey["a"])
+	}
+}
+
+// TestSkipMovesOn: with ordering.on_dead_letter skip, the key's later rows
+// are published past its dead letter.
+func TestSkipMovesOn(t *testing.T) {
+	app, js, _, d, _ := parkedKeyRun(t, "skip")
+	testenv.Eventually(t, 30*time.Second, "every key done past the dead letter", func() bool {
+		return keyStatus(t, app, "a") == "dead_lettered done done" && keyStatus(t, app, "b") == "done done done" && keyStatus(t, app, "c") == "done done done"
+	})
+	d.stop()
+	if perKey := checkKeyOrder(t, js, 8); perKey["a"] != 2 {
+		t.Fatalf("key a has %d messages in the stream, want 2", perKey["a"])
+	}
+}

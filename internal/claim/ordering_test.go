@@ -1,0 +1,184 @@
+package claim
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// insertKeyed inserts one row per key in keys ("" for none) and returns
+// their ids.
+func insertKeyed(t *testing.T, db *sql.DB, keys ...string) []int64 {
+	t.Helper()
+	var ids []int64
+	for _, k := range keys {
+		ev := testenv.NewEvent("Keyed", []byte(k))
+		ev.OrderingKey = k
+		if err := testenv.Insert(db, ev); err != nil {
+			t.Fatal(err)
+		}
+		var id int64
+		if err := db.QueryRow(`SELECT max(id) FROM event_queue`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// claimIDs claims up to 100 rows and returns their ids.
+func claimIDs(t *testing.T, s *Store) []int64 {
+	t.Helper()
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []int64{}
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+func wantIDs(t *testing.T, what string, got []int64, want ...int64) {
+	t.Helper()
+	if want == nil {
+		want = []int64{}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%s: claimed %v, want %v", what, got, want)
+	}
+}
+
+// settleAll settles rows: done unless outs says otherwise.
+func settleAll(t *testing.T, s *Store, rows []event.Row, outs map[int64]event.Outcome) {
+	t.Helper()
+	var all []event.Outcome
+	for _, r := range rows {
+		o, ok := outs[r.ID]
+		if !ok {
+			o = event.Outcome{Settlement: event.Done}
+		}
+		o.Row = r
+		all = append(all, o)
+	}
+	if stale, err := s.Settle(context.Background(), all); err != nil || len(stale) > 0 {
+		t.Fatalf("settle: stale %v, %v", stale, err)
+	}
+}
+
+// TestKeyWaitsBehindItsRetriedRow: the rows of a key come in id order in
+// one claim; after its first row is retried, the rest of the key waits
+// (also rows written later) while other keys and unordered rows go on,
+// and once the row is due the key comes back in order.
+func TestKeyWaitsBehindItsRetriedRow(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertKeyed(t, db, "a", "b", "a", "", "a")
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil || len(rows) != 5 || rows[0].OrderingKey != "a" || rows[1].OrderingKey != "b" || rows[3].OrderingKey != "" {
+		t.Fatalf("first claim %+v %v", rows, err)
+	}
+	later := time.Now().Add(time.Hour)
+	settleAll(t, s, rows, map[int64]event.Outcome{
+		ids[0]: {Settlement: event.Retry, Attempts: 1, AvailableAt: later, Error: "denied"},
+		ids[2]: {Settlement: event.Release, AvailableAt: time.Now(), Reason: "ordering"},
+		ids[4]: {Settlement: event.Release, AvailableAt: time.Now(), Reason: "ordering"},
+	})
+	more := insertKeyed(t, db, "b", "a", "")
+	wantIDs(t, "behind the retried row", claimIDs(t, s), more[0], more[2])
+	// The retried row becomes due: its key follows in order.
+	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = 0 WHERE id = ?`, ids[0])
+	s.Rescan()
+	wantIDs(t, "once the retried row is due", claimIDs(t, s), ids[0], ids[2], ids[4], more[1])
+}
+
+// TestDeadLetterHoldsItsKey: by default a dead letter keeps its key's
+// later rows waiting until it is retried; with SkipDeadLetters they go on.
+func TestDeadLetterHoldsItsKey(t *testing.T) {
+	for _, skip := range []bool{false, true} {
+		t.Run(fmt.Sprintf("skip=%v", skip), func(t *testing.T) {
+			s := New(testenv.MigratedDB(t), Options{SkipDeadLetters: skip})
+			db := testenv.AppDB(t, s.db.Path())
+			ids := insertKeyed(t, db, "a", "a", "b")
+			rows, err := s.Claim(context.Background(), 100, 0)
+			if err != nil || len(rows) != 3 {
+				t.Fatal(rows, err)
+			}
+			settleAll(t, s, rows, map[int64]event.Outcome{
+				ids[0]: {Settlement: event.DeadLetter, Attempts: 10, Error: "rejected"},
+				ids[1]: {Settlement: event.Release, AvailableAt: time.Now(), Reason: "ordering"},
+			})
+			more := insertKeyed(t, db, "a")
+			if skip {
+				wantIDs(t, "past a skipped dead letter", claimIDs(t, s), ids[1], more[0])
+				return
+			}
+			wantIDs(t, "behind a held dead letter", claimIDs(t, s))
+			// An operator's retry: the row is pending again, and first.
+			testenv.MustExec(t, db, `UPDATE event_queue SET status = 'pending', attempts = 0, processed_at = NULL WHERE id = ?`, ids[0])
+			s.Rescan()
+			wantIDs(t, "after the retry", claimIDs(t, s), ids[0], ids[1], more[0])
+		})
+	}
+}
+
+// TestDueRowBelowTheCursorKeepsItsKey: a row of a key that became due
+// below the rows in flight is not read by a claim past them, so a later
+// row of its key waits for the claim that reads it (which takes both, in
+// order).
+func TestDueRowBelowTheCursorKeepsItsKey(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertKeyed(t, db, "a", "", "a", "")
+	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = ? WHERE id = ?`, time.Now().Add(time.Hour).UnixMilli(), ids[2])
+	wantIDs(t, "first claim", claimIDs(t, s), ids[0], ids[1], ids[3])
+	// Still in flight; the scheduled row becomes due, and a new row of its
+	// key arrives past the rows in flight.
+	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = 0 WHERE id = ?`, ids[2])
+	more := insertKeyed(t, db, "a", "")
+	wantIDs(t, "past the rows in flight", claimIDs(t, s), more[1])
+	s.Rescan()
+	wantIDs(t, "the whole index", claimIDs(t, s), ids[2], more[0])
+}
+
+// TestKeyDepthLeavesRoom: a key holds at most KeyDepth rows in flight;
+// the rows left behind (and later rows of the key) wait, other rows do
+// not, and the claim takes them again once the key has drained to half.
+func TestKeyDepthLeavesRoom(t *testing.T) {
+	s := New(testenv.MigratedDB(t), Options{KeyDepth: 2})
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertKeyed(t, db, "a", "a", "a", "a", "", "a")
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []int64{}
+	for _, r := range rows {
+		got = append(got, r.ID)
+	}
+	wantIDs(t, "a key of depth 2", got, ids[0], ids[1], ids[4])
+	if !s.Waiting() {
+		t.Fatal("rows left behind, but not Waiting")
+	}
+	more := insertKeyed(t, db, "a", "b")
+	// The full key's rows do not use up the claim's limit, even in a
+	// claim that reads the whole index.
+	s.Rescan()
+	if next, err := s.Claim(context.Background(), 1, 0); err != nil || len(next) != 1 || next[0].ID != more[1] {
+		t.Fatalf("claim of 1 while the key is full: %+v %v, want row %d", next, err, more[1])
+	}
+	settleAll(t, s, rows[:1], nil) // one of the key settles: half the room is free
+	if s.Waiting() {
+		t.Fatal("still Waiting after the key drained to half")
+	}
+	wantIDs(t, "once the key has room", claimIDs(t, s), ids[2])
+	if !s.Waiting() {
+		t.Fatal("rows left behind again, but not Waiting")
+	}
+}
