@@ -1,0 +1,124 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// scriptedPublisher records the rows it is given and holds each ack until
+// the test answers it.
+type scriptedPublisher struct {
+	mu      sync.Mutex
+	sent    []int64
+	answers map[int64]chan publish.Result
+}
+
+type scriptedAck chan publish.Result
+
+func (a scriptedAck) Wait(ctx context.Context) publish.Result {
+	select {
+	case r := <-a:
+		return r
+	case <-ctx.Done():
+		return publish.Result{Kind: publish.Transport, Err: ctx.Err()}
+	}
+}
+
+func (p *scriptedPublisher) Publish(_ context.Context, msgs []publish.Message) []publish.Ack {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	acks := make([]publish.Ack, len(msgs))
+	for i, m := range msgs {
+		p.sent = append(p.sent, m.Row.ID)
+		ch := make(chan publish.Result, 1)
+		p.answers[m.Row.ID] = ch
+		acks[i] = scriptedAck(ch)
+	}
+	return acks
+}
+
+func (p *scriptedPublisher) Ready(context.Context) error { return nil }
+
+func (p *scriptedPublisher) sentIDs() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.sent)
+}
+
+func (p *scriptedPublisher) answer(id int64, r publish.Result) {
+	p.mu.Lock()
+	ch := p.answers[id]
+	p.mu.Unlock()
+	ch <- r
+}
+
+// TestKeyRowsGoOneAtATime: a key's next row is sent only after the broker
+// stored the one before it; rows of other keys and unordered rows go at
+// once. When a key's row is refused, the rows behind it are not sent but
+// released (no attempt spent, deferred for ordering); once they are all
+// settled the key sends again.
+func TestKeyRowsGoOneAtATime(t *testing.T) {
+	store := &fakeStore{}
+	for i, key := range []string{"a", "b", "a", "a", ""} {
+		store.pending = append(store.pending, event.Row{ID: int64(i + 1), EventID: event.NewID(), EventType: "T", OrderingKey: key})
+	}
+	pub := &scriptedPublisher{answers: map[int64]chan publish.Result{}}
+	m := metrics.New("", "")
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: 10 * time.Millisecond,
+		MaxAttempts: 3, ShutdownTimeout: time.Second, Metrics: m})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	sent := func(want ...int64) {
+		t.Helper()
+		testenv.Eventually(t, 5*time.Second, fmt.Sprintf("rows %v sent", want), func() bool {
+			got := pub.sentIDs()
+			slices.Sort(got)
+			return slices.Equal(got, want)
+		})
+	}
+	sent(1, 2, 5)
+	time.Sleep(50 * time.Millisecond) // row 3 must wait for row 1's ack
+	sent(1, 2, 5)
+	pub.answer(2, publish.Result{Kind: publish.Stored})
+	pub.answer(5, publish.Result{Kind: publish.Stored})
+	pub.answer(1, publish.Result{Kind: publish.Stored})
+	sent(1, 2, 3, 5)
+	pub.answer(3, publish.Result{Kind: publish.Rejected, Err: errors.New("message size exceeds maximum allowed")})
+	testenv.Eventually(t, 5*time.Second, "five rows settled", func() bool { return len(store.outcomes()) == 5 })
+	got := map[int64]event.Outcome{}
+	for _, o := range store.outcomes() {
+		got[o.Row.ID] = o
+	}
+	if got[3].Settlement != event.Retry || got[4].Settlement != event.Release || got[4].Reason != metrics.DeferOrdering {
+		t.Fatalf("row 3 %v, row 4 %v (%s): want retry, and release for ordering", got[3].Settlement, got[4].Settlement, got[4].Reason)
+	}
+	if slices.Contains(pub.sentIDs(), 4) {
+		t.Fatal("row 4 was sent although row 3 before it was refused")
+	}
+	// Counted right after the settle.
+	testenv.Eventually(t, 5*time.Second, "deferred_total{reason=ordering} 1", func() bool {
+		return metrics.Value(m.Deferred.WithLabelValues(metrics.DeferOrdering)) == 1
+	})
+	// Everything of key a is settled: a new row of it is sent (in the
+	// relay, the claim decides whether it may come).
+	store.mu.Lock()
+	store.pending = append(store.pending, event.Row{ID: 6, EventID: event.NewID(), EventType: "T", OrderingKey: "a"})
+	store.mu.Unlock()
+	r.Wake()
+	sent(1, 2, 3, 5, 6)
+}
