@@ -20,8 +20,11 @@ import (
 // Once a row of a key was not stored (or was dead-lettered without
 // publishing), the lane sends nothing more of that key (Withheld: the row
 // stays pending, no attempt spent) until every row of the key it was given
-// is settled. From then on the table keeps the key waiting behind that row
-// (see claim.Store.Claim), or lets it go on past a skipped dead letter.
+// is settled, and then only rows of claims that began after that: from
+// then on the table keeps the key waiting behind that row (see
+// claim.Store.Claim), or lets it go on past a skipped dead letter. A claim
+// that began earlier may have read the failed row as in flight, and taken
+// the rows behind it. Claims are numbered by the relay (the seq arguments).
 // Rows of different keys, and rows without a key (which do not pass
 // through here), are sent side by side.
 type lanes struct {
@@ -29,8 +32,9 @@ type lanes struct {
 	ctx    context.Context // ends at shutdown: rows not yet sent are not sent
 	ackCtx context.Context // how long a sent row's acknowledgement is awaited
 
-	mu   sync.Mutex
-	keys map[string]*lane
+	mu      sync.Mutex
+	keys    map[string]*lane
+	blocked map[string]*lane // the lanes in keys that are blocked
 }
 
 // lane is one ordering key's rows given to lanes and not yet settled.
@@ -42,6 +46,9 @@ type lane struct {
 	unsettled int
 	// blocked says why nothing more is sent (nil: sending).
 	blocked error
+	// clearAt, once every row given is settled, is the first claim whose
+	// rows the table decides (0: not yet).
+	clearAt uint64
 }
 
 // laneAck is the pending outcome of a row given to lanes.
@@ -67,23 +74,25 @@ func (a *laneAck) resolve(res publish.Result) {
 }
 
 func newLanes(pub Publisher, ctx, ackCtx context.Context) *lanes {
-	return &lanes{pub: pub, ctx: ctx, ackCtx: ackCtx, keys: map[string]*lane{}}
+	return &lanes{pub: pub, ctx: ctx, ackCtx: ackCtx, keys: map[string]*lane{}, blocked: map[string]*lane{}}
 }
 
-// send queues m behind the rows of its key given before it.
-func (l *lanes) send(m publish.Message) publish.Ack {
+// send queues m, a row of claim seq, behind the rows of its key given
+// before it.
+func (l *lanes) send(m publish.Message, seq uint64) publish.Ack {
 	a := &laneAck{msg: m, done: make(chan struct{})}
-	l.enqueue(m.Row.OrderingKey, a)
+	l.enqueue(m.Row.OrderingKey, seq, a)
 	return a
 }
 
-// barrier stops the key of row, which is dead-lettered without being
-// published (reason), at its place among the rows of its key.
-func (l *lanes) barrier(row event.Row, reason string) {
-	l.enqueue(row.OrderingKey, &laneAck{barrier: fmt.Errorf("row %d was dead-lettered: %s", row.ID, reason), done: make(chan struct{})})
+// barrier stops the key of row (of claim seq), which is dead-lettered
+// without being published (reason), at its place among the rows of its
+// key.
+func (l *lanes) barrier(row event.Row, reason string, seq uint64) {
+	l.enqueue(row.OrderingKey, seq, &laneAck{barrier: fmt.Errorf("row %d was dead-lettered: %s", row.ID, reason), done: make(chan struct{})})
 }
 
-func (l *lanes) enqueue(key string, a *laneAck) {
+func (l *lanes) enqueue(key string, seq uint64, a *laneAck) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ln := l.keys[key]
@@ -92,6 +101,10 @@ func (l *lanes) enqueue(key string, a *laneAck) {
 		l.keys[key] = ln
 	}
 	ln.unsettled++
+	if ln.blocked != nil && ln.clearAt != 0 && seq >= ln.clearAt {
+		ln.blocked, ln.clearAt = nil, 0
+		delete(l.blocked, key)
+	}
 	if ln.blocked != nil {
 		if a.barrier == nil {
 			a.resolve(withheld(key, ln.blocked))
@@ -112,7 +125,7 @@ func (l *lanes) run(key string, ln *lane) {
 		l.mu.Lock()
 		if len(ln.queue) == 0 {
 			ln.running = false
-			if ln.unsettled <= 0 {
+			if ln.unsettled <= 0 && ln.blocked == nil {
 				delete(l.keys, key)
 			}
 			l.mu.Unlock()
@@ -138,14 +151,15 @@ func (l *lanes) run(key string, ln *lane) {
 	}
 }
 
-// block withholds ln's queue and whatever its key is given next, until
-// every row given is settled.
+// block withholds ln's queue and whatever its key is given next (see
+// lanes).
 func (l *lanes) block(key string, ln *lane, why error) {
 	l.mu.Lock()
 	queue := ln.queue
 	ln.queue = nil
 	if ln.blocked == nil {
 		ln.blocked = why
+		l.blocked[key] = ln
 	}
 	l.mu.Unlock()
 	for _, a := range queue {
@@ -159,20 +173,32 @@ func withheld(key string, why error) publish.Result {
 	return publish.Result{Kind: publish.Withheld, Err: fmt.Errorf("ordering key %q waits: %w", key, why)}
 }
 
-// settled lets go of settled rows; a key whose rows are all settled sends
-// again (the claim decides what of it comes next).
-func (l *lanes) settled(outs []event.Outcome) {
+// settled lets go of settled rows, seq being the latest claim begun. A
+// key whose rows are all settled sends again: at once if nothing of it
+// failed, else the rows of claims after seq (see lanes).
+func (l *lanes) settled(outs []event.Outcome, seq uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, o := range outs {
-		key := o.Row.OrderingKey
-		if key == "" {
+		if ln := l.keys[o.Row.OrderingKey]; ln != nil && o.Row.OrderingKey != "" {
+			ln.unsettled--
+			if ln.unsettled <= 0 && !ln.running && ln.blocked == nil {
+				delete(l.keys, o.Row.OrderingKey)
+			}
+		}
+	}
+	// A blocked lane whose rows are all settled goes once no claim that
+	// began before that can still hand it rows.
+	for key, ln := range l.blocked {
+		if ln.unsettled > 0 || ln.running {
 			continue
 		}
-		if ln := l.keys[key]; ln != nil {
-			if ln.unsettled--; ln.unsettled <= 0 && !ln.running {
-				delete(l.keys, key)
-			}
+		switch {
+		case ln.clearAt == 0:
+			ln.clearAt = seq + 1
+		case seq >= ln.clearAt:
+			delete(l.blocked, key)
+			delete(l.keys, key)
 		}
 	}
 }

@@ -87,9 +87,10 @@ type Relay struct {
 	settled  chan struct{} // in-flight rows were settled: room to claim
 	led      chan struct{} // this relay became the leader
 	leading  atomic.Bool
-	roleSaid atomic.Bool // the role was logged once
-	pipeline chan *batch // claimer -> settler, in publish order
-	lanes    *lanes      // rows with an ordering key (set by Run)
+	roleSaid atomic.Bool   // the role was logged once
+	pipeline chan *batch   // claimer -> settler, in publish order
+	lanes    *lanes        // rows with an ordering key (set by Run)
+	claimSeq atomic.Uint64 // claims begun, for lanes
 	inflight atomic.Int64
 	// inflightBytes is the payload held by rows in flight.
 	inflightBytes atomic.Int64
@@ -365,6 +366,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		if r.o.MaxInFlightBytes > 0 {
 			maxBytes = freeBytes
 		}
+		seq := r.claimSeq.Add(1)
 		rows, err := r.store.Claim(ctx, int(limit), maxBytes)
 		if r.stopIfReplaced(err) {
 			return nil
@@ -390,7 +392,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		r.m.InFlight.Set(float64(r.inflight.Add(int64(len(rows)))))
 		bytes := payloadBytes(rows)
 		r.inflightBytes.Add(bytes)
-		r.pipeline <- r.publish(ctx, rows)
+		r.pipeline <- r.publish(ctx, rows, seq)
 		if int64(len(rows)) < limit && (maxBytes == 0 || bytes < maxBytes) {
 			// Caught up: wait for the next commit rather than spinning.
 			r.idle(ctx)
@@ -428,11 +430,11 @@ func (r *Relay) idle(ctx context.Context) {
 	}
 }
 
-// publish starts publishing rows: those without an ordering key in one
-// go, those with one through their key's lane. A row that cannot be
+// publish starts publishing rows of claim seq: those without an ordering
+// key in one go, those with one through their key's lane. A row that cannot be
 // published (an event type that cannot form a subject, say) is
 // dead-lettered without publishing, and stops its key's lane.
-func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
+func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batch {
 	b := &batch{msgs: make([]publish.Message, 0, len(rows)), published: time.Now()}
 	b.acks = make([]publish.Ack, 0, len(rows))
 	var plain []publish.Message
@@ -441,7 +443,7 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
 		if err := r.check(row); err != nil {
 			b.outcomes = append(b.outcomes, event.Invalid(row, err.Error()))
 			if row.OrderingKey != "" {
-				r.lanes.barrier(row, err.Error())
+				r.lanes.barrier(row, err.Error(), seq)
 			}
 			continue
 		}
@@ -449,7 +451,7 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row) *batch {
 		m := publish.Message{Row: row, Subject: subject}
 		b.msgs = append(b.msgs, m)
 		if row.OrderingKey != "" {
-			b.acks = append(b.acks, r.lanes.send(m))
+			b.acks = append(b.acks, r.lanes.send(m, seq))
 			continue
 		}
 		plainAt = append(plainAt, len(b.acks))
@@ -609,7 +611,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 		r.settleTrouble.Fail(err)
 		sleep(writeCtx, retry.next())
 	}
-	r.lanes.settled(outs)
+	r.lanes.settled(outs, r.claimSeq.Load())
 	r.m.InFlight.Set(float64(r.inflight.Add(-int64(len(outs)))))
 	var bytes int64
 	for _, o := range outs {

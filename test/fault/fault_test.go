@@ -252,6 +252,7 @@ type writerSummary struct {
 	PoisonType int     `json:"poison_type"`
 	Holds      int     `json:"holds"`
 	MaxWaitMs  float64 `json:"max_commit_wait_ms"`
+	Keyed      int     `json:"keyed"`
 }
 
 func (e *env) waitWriter(w *writer) writerSummary {
@@ -295,7 +296,8 @@ func (e *env) waitSettled(db *sql.DB, timeout time.Duration) {
 
 // verify checks the end state: every row done or dead_lettered (the number
 // expected), one stream message per done row's event_id, none without a
-// row. It returns lost and duplicate counts for the summary.
+// row, and the messages of each ordering key in row-id order. It returns
+// lost and duplicate counts for the summary.
 func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
 	e.t.Helper()
 	c := testenv.Counts(e.t, db)
@@ -329,6 +331,7 @@ func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
 	}
 	info, _ := s.Info(ctx)
 	seen := map[string]int{}
+	lastRow := map[string]int64{} // per ordering key
 	for n := uint64(0); n < info.State.Msgs; {
 		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
@@ -337,6 +340,13 @@ func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
 		for m := range batch.Messages() {
 			seen[m.Headers().Get("Nats-Msg-Id")]++
 			n++
+			if key := m.Headers().Get("Outbox-Ordering-Key"); key != "" {
+				row, _ := strconv.ParseInt(m.Headers().Get("Outbox-Row-Id"), 10, 64)
+				if row <= lastRow[key] {
+					e.t.Errorf("ordering key %s: row %d stored after row %d", key, row, lastRow[key])
+				}
+				lastRow[key] = row
+			}
 		}
 		if batch.Error() != nil {
 			e.t.Fatal(batch.Error())
@@ -581,6 +591,99 @@ func TestPoisonRows(t *testing.T) {
 		}
 	}
 	summaries = append(summaries, summary{name: "poison rows (5 too big, 5 bad types)", rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started)})
+}
+
+// TestOrderedKeys: 70% of 20,000 rows carry one of 50 ordering keys, and
+// three rows are too large for the stream. The relay is killed twice and
+// the broker stopped for 5 s meanwhile. Each large row with a key parks
+// its key (ordering.on_dead_letter: hold): exactly those keys' later rows
+// wait, everything else is published. Once the stream takes large
+// messages, dead-letters retry un-parks them, and at the end each key's
+// messages are in row-id order.
+func TestOrderedKeys(t *testing.T) {
+	e := newEnv(t)
+	db := e.open()
+	nc, err := nats.Connect(e.natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: 16 << 10}
+	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	e.startRelay("relay", "EVENT_QUEUE_MAX_ATTEMPTS=2")
+	w := e.writer("-rows", "20000", "-rate", "1000", "-keys", "50", "-poison-big", "3", "-big-size", "65536")
+	kills := 0
+	for _, step := range []string{"kill", "outage", "kill"} {
+		time.Sleep(4 * time.Second)
+		switch step {
+		case "kill":
+			e.killRelay("relay")
+			e.startRelay("relay", "EVENT_QUEUE_MAX_ATTEMPTS=2")
+			kills++
+		case "outage":
+			e.stopNATS()
+			time.Sleep(5 * time.Second)
+			e.startNATS()
+		}
+	}
+	s := e.waitWriter(w)
+	// Everything settles but the rows behind a parked key.
+	parked := func() (keys []string, waiting int) {
+		rows, err := db.Query(`SELECT DISTINCT ordering_key FROM event_queue WHERE status = 'dead_lettered' AND ordering_key IS NOT NULL ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k string
+			rows.Scan(&k)
+			keys = append(keys, k)
+		}
+		db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'pending' AND ordering_key IN
+			(SELECT ordering_key FROM event_queue WHERE status = 'dead_lettered')`).Scan(&waiting)
+		return keys, waiting
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		c := testenv.Counts(t, db)
+		keys, waiting := parked()
+		if c["pending"] == waiting && c["dead_lettered"] == 3 {
+			t.Logf("parked keys %v hold %d rows; counts %v", keys, waiting, c)
+			var passed int
+			db.QueryRow(`SELECT count(*) FROM event_queue AS r JOIN event_queue AS d ON r.ordering_key = d.ordering_key
+				WHERE d.status = 'dead_lettered' AND r.status = 'done' AND r.id > d.id`).Scan(&passed)
+			if passed != 0 {
+				t.Errorf("%d rows were published past the dead letter that parks their key", passed)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 90 s: counts %v, parked keys %v holding %d rows", c, keys, waiting)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Let the stream take large messages, and put the dead letters back.
+	nc, err = nats.Connect(e.natsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ = jetstream.New(nc)
+	cfg.MaxMsgSize = 1 << 20
+	if _, err := js.UpdateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin.relay, "dead-letters", "retry", "--all", "--database-path", e.db).CombinedOutput(); err != nil {
+		t.Fatalf("dead-letters retry: %v %s", err, out)
+	}
+	e.waitSettled(db, 60*time.Second)
+	e.stopRelay("relay")
+	lost, dups, dead := e.verify(db, 0)
+	summaries = append(summaries, summary{name: "ordering keys (50 keys, 3 parked, then retried)", rows: s.Written, kills: kills, outage: 5 * time.Second,
+		lost: lost, duplicates: dups, deadLettered: dead, elapsed: time.Since(e.started), notes: fmt.Sprintf("%d keyed", s.Keyed)})
 }
 
 // TestSignals: SIGTERM drains and exits 0, leaving no heartbeat; with the

@@ -27,10 +27,11 @@ func main() {
 		poisonBig  = flag.Int("poison-big", 0, "rows with a payload of -big-size bytes")
 		bigSize    = flag.Int("big-size", 64<<10, "size of a big poison payload")
 		poisonType = flag.Int("poison-type", 0, "rows with an invalid event type")
+		keys       = flag.Int("keys", 0, "give 70% of the rows one of this many ordering keys (0: none)")
 		seed       = flag.Uint64("seed", 1, "random seed")
 	)
 	flag.Parse()
-	if err := run(*db, *rows, *rate, *holdEvery, *holdFor, *poisonBig, *bigSize, *poisonType, *seed); err != nil {
+	if err := run(*db, *rows, *rate, *holdEvery, *holdFor, *poisonBig, *bigSize, *poisonType, *keys, *seed); err != nil {
 		fmt.Fprintln(os.Stderr, "writer:", err)
 		os.Exit(1)
 	}
@@ -43,12 +44,13 @@ type summary struct {
 	PoisonType int     `json:"poison_type"`
 	Holds      int     `json:"holds"`
 	MaxWaitMs  float64 `json:"max_commit_wait_ms"`
+	Keyed      int     `json:"keyed"`
 }
 
 var types = []string{"ReviewLogged", "ReviewEdited", "WatchlistItemAdded", "MovieDiscovered", "movie.deleted"}
 var badTypes = []string{"has space", "wild.*", "trailing.", "", "a..b"}
 
-func run(path string, rows, rate int, holdEvery, holdFor time.Duration, poisonBig, bigSize, poisonType int, seed uint64) error {
+func run(path string, rows, rate int, holdEvery, holdFor time.Duration, poisonBig, bigSize, poisonType, keys int, seed uint64) error {
 	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=30000&_journal_mode=WAL&_txlock=immediate")
 	if err != nil {
 		return err
@@ -104,7 +106,12 @@ func run(path string, rows, rate int, holdEvery, holdFor time.Duration, poisonBi
 				tx.Rollback()
 				return err
 			}
-			if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, ?, ?)`, event.NewID(), typ, payload); err != nil {
+			var key any // NULL: not ordered
+			if keys > 0 && rng.IntN(10) < 7 {
+				key = fmt.Sprintf("key-%d", rng.IntN(keys))
+				s.Keyed++
+			}
+			if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, ?, ?, ?)`, event.NewID(), typ, payload, key); err != nil {
 				tx.Rollback()
 				return err
 			}
