@@ -179,6 +179,27 @@ func MustExec(t testing.TB, db *sql.DB, q string, args ...any) {
 	}
 }
 
+// QueryPlan returns EXPLAIN QUERY PLAN's details for q on db's reader,
+// joined by "; ".
+func QueryPlan(t testing.TB, db *sqlitedb.DB, q string, args ...any) string {
+	t.Helper()
+	rows, err := db.Reader().Query(`EXPLAIN QUERY PLAN `+q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	return strings.Join(plan, "; ")
+}
+
 // InsertRows inserts n rows with the given status (and a fresh event id
 // each) in one transaction.
 func InsertRows(t testing.TB, db *sql.DB, n int, status string) {
