@@ -117,7 +117,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	}
 	a.claims = claim.New(a.db, claim.Options{
 		Rescan:          cfg.Relay.PollInterval,
-		SkipDeadLetters: cfg.Ordering.OnDeadLetter == config.OnDeadLetterSkip,
+		SkipDeadLetters: !cfg.Ordering.Parks(),
 		// A busy key may fill half the pipeline; the other keys share the rest.
 		KeyDepth: max(1, cfg.Relay.MaxInFlight/2),
 	})
