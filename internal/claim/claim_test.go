@@ -190,7 +190,7 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	if !strings.Contains(plan, "USING INDEX event_queue_processing") || strings.Contains(plan, "SCAN event_queue\x00") {
 		t.Errorf("reclaim plan %q: want the processing index", plan)
 	}
-	b, err := housekeeping.Backlog(context.Background(), s.db)
+	b, err := housekeeping.Backlog(context.Background(), s.db, true)
 	if err != nil || b.Pending != 1000 {
 		t.Fatalf("backlog %+v %v", b, err)
 	}

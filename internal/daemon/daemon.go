@@ -175,7 +175,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	}
 	a.relay = relay.New(store, pub, ro)
 	ko.Commits, ko.Watching = a.relay.Commits(), a.relay.Watching
-	a.keeper = housekeeping.New(housekeeping.OnFile(a.db), ko)
+	a.keeper = housekeeping.New(housekeeping.OnFile(a.db, cfg.Ordering.Parks()), ko)
 	return a, nil
 }
 
