@@ -118,7 +118,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 	}
 	checkExprs(t, "alerts.yml", exprs)
 	sort.Strings(alerts)
-	for _, want := range []string{"OutboxRelayBacklogTooOld", "OutboxRelayBrokerDisconnected", "OutboxRelayDeadLettersGrowing", "OutboxRelayDown"} {
+	for _, want := range []string{"OutboxRelayBacklogTooOld", "OutboxRelayBrokerDisconnected", "OutboxRelayDeadLettersGrowing", "OutboxRelayDown", "OutboxRelayParkedKeys"} {
 		if sort.SearchStrings(alerts, want) == len(alerts) || alerts[sort.SearchStrings(alerts, want)] != want {
 			t.Errorf("alert %s missing", want)
 		}
