@@ -264,10 +264,15 @@ func scrapeTargets(t *testing.T) []string {
 	return out
 }
 
+// TestPrometheusConfig: the configuration and the alert rules it loads are
+// valid, and the rules' unit tests (prometheus/alerts_test.yml: an alert
+// fires when it should, saying what it should) pass.
 func TestPrometheusConfig(t *testing.T) {
 	promtool := tool(t, "promtool", "prometheus")
-	if out, err := exec.Command(promtool, "check", "config", "prometheus/prometheus.yml").CombinedOutput(); err != nil {
-		t.Fatalf("promtool check config: %v\n%s", err, out)
+	for _, args := range [][]string{{"check", "config", "prometheus/prometheus.yml"}, {"test", "rules", "prometheus/alerts_test.yml"}} {
+		if out, err := exec.Command(promtool, args...).CombinedOutput(); err != nil {
+			t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }
 

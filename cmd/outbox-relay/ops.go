@@ -47,12 +47,16 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// parkedListed is how many parked keys status lists, longest parked
+// first; it counts them all.
+const parkedListed = 100
+
 func (c *cli) statusCommand() *cobra.Command {
 	var asJSON bool
 	var last int
 	cmd := &cobra.Command{
 		Use:   "status [--json]",
-		Short: "Rows per status, oldest pending age, relays, last dead letters (read-only)",
+		Short: "Rows per status, oldest pending age, relays, parked keys, last dead letters (read-only)",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			ctx := context.Background()
@@ -61,7 +65,7 @@ func (c *cli) statusCommand() *cobra.Command {
 				return err
 			}
 			defer s.Close()
-			st, err := admin.ReadStatus(ctx, s, last)
+			st, err := admin.ReadStatus(ctx, s, admin.StatusOptions{LastDead: last, ParkedKeys: parkedListed, Parks: cfg.Ordering.Parks()})
 			if err != nil {
 				return err
 			}
@@ -75,8 +79,9 @@ func (c *cli) statusCommand() *cobra.Command {
 					Database      string  `json:"database"`
 					Table         string  `json:"table"`
 					OldestPending float64 `json:"oldest_pending_age_seconds"`
+					OnDeadLetter  string  `json:"ordering_on_dead_letter"`
 					admin.Status
-				}{cfg.Database.Path, cfg.Database.Table, age, st})
+				}{cfg.Database.Path, cfg.Database.Table, age, cfg.Ordering.OnDeadLetter, st})
 			}
 			w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "database\t%s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
@@ -97,7 +102,22 @@ func (c *cli) statusCommand() *cobra.Command {
 					role, r.InFlight, r.StartedAt.UTC().Format(time.RFC3339), roundAge(now.Sub(r.HeartbeatAt).Seconds()))
 			}
 			fmt.Fprintf(w, "consumer exhausted\t%d message(s) (dead-letters list --consumer)\n", st.ConsumerExhausted)
+			switch {
+			case !cfg.Ordering.Parks():
+				fmt.Fprintf(w, "parked keys\tnone (ordering.on_dead_letter: %s)\n", cfg.Ordering.OnDeadLetter)
+			case st.ParkedKeyCount == 0:
+				fmt.Fprintf(w, "parked keys\tnone\n")
+			default:
+				fmt.Fprintf(w, "parked keys\t%d: their rows wait until the dead letter is retried (dead-letters retry ID) or deleted\n", st.ParkedKeyCount)
+			}
 			w.Flush()
+			if len(st.ParkedKeys) > 0 {
+				fmt.Fprintf(c.stdout, "parked keys, longest parked first:\n")
+				printParkedKeys(c.stdout, st.ParkedKeys)
+				if more := st.ParkedKeyCount - int64(len(st.ParkedKeys)); more > 0 {
+					fmt.Fprintf(c.stdout, "and %d more parked key(s)\n", more)
+				}
+			}
 			if len(st.LastDeadLetters) > 0 {
 				fmt.Fprintf(c.stdout, "last dead letters (dead-letters list for more):\n")
 				printDeadLetters(c.stdout, st.LastDeadLetters)
@@ -152,6 +172,17 @@ func printDeadLetters(w io.Writer, dls []admin.DeadLetter) {
 	fmt.Fprintln(tw, "ID\tEVENT_ID\tEVENT_TYPE\tATTEMPTS\tPROCESSED_AT\tLAST_ERROR")
 	for _, d := range dls {
 		fmt.Fprintf(tw, "%d\t%s\t%q\t%d\t%s\t%s\n", d.ID, d.EventID, d.EventType, d.Attempts, d.ProcessedAt.UTC().Format(time.RFC3339), oneLine(d.LastError))
+	}
+	tw.Flush()
+}
+
+// printParkedKeys lists parked keys, each with the dead letter its rows
+// wait behind (ROW_ID, dead-lettered at SINCE) and how many rows wait.
+func printParkedKeys(w io.Writer, keys []admin.ParkedKey) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ORDERING_KEY\tSINCE\tROW_ID\tWAITING\tEVENT_TYPE\tLAST_ERROR")
+	for _, p := range keys {
+		fmt.Fprintf(tw, "%q\t%s\t%d\t%d\t%q\t%s\n", p.OrderingKey, p.ProcessedAt.UTC().Format(time.RFC3339), p.ID, p.WaitingRows, p.EventType, oneLine(p.LastError))
 	}
 	tw.Flush()
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +14,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// statusJSON runs status --json and decodes what the tests look at.
-func statusJSON(t *testing.T, path string) (st struct {
+// statusJSON runs status --json (with args) and decodes what the tests
+// look at.
+func statusJSON(t *testing.T, path string, args ...string) (st struct {
 	Rows      map[string]int64 `json:"rows"`
 	Due       int64            `json:"pending_due"`
 	Scheduled int64            `json:"pending_scheduled"`
@@ -23,9 +25,19 @@ func statusJSON(t *testing.T, path string) (st struct {
 		ID        int64  `json:"id"`
 		Processed string `json:"processed_at"`
 	} `json:"last_dead_letters"`
+	OnDeadLetter string `json:"ordering_on_dead_letter"`
+	ParkedCount  int64  `json:"parked_key_count"`
+	Parked       []struct {
+		Key       string    `json:"ordering_key"`
+		ID        int64     `json:"id"`
+		EventType string    `json:"event_type"`
+		LastError string    `json:"last_error"`
+		Since     time.Time `json:"processed_at"`
+		Waiting   int64     `json:"waiting_rows"`
+	} `json:"parked_keys"`
 }) {
 	t.Helper()
-	code, out, errOut := runCLI(t, "status", "--database-path", path, "--json")
+	code, out, errOut := runCLI(t, append([]string{"status", "--database-path", path, "--json"}, args...)...)
 	if code != 0 {
 		t.Fatalf("status --json: exit %d\n%s", code, errOut)
 	}
@@ -35,10 +47,10 @@ func statusJSON(t *testing.T, path string) (st struct {
 	return st
 }
 
-// statusText runs status and returns its output.
-func statusText(t *testing.T, path string) string {
+// statusText runs status (with args) and returns its output.
+func statusText(t *testing.T, path string, args ...string) string {
 	t.Helper()
-	code, out, errOut := runCLI(t, "status", "--database-path", path)
+	code, out, errOut := runCLI(t, append([]string{"status", "--database-path", path}, args...)...)
 	if code != 0 {
 		t.Fatalf("status: exit %d\n%s", code, errOut)
 	}
@@ -85,6 +97,76 @@ func TestStatusAgesFromWhenRowsBecameDue(t *testing.T) {
 	}
 	if out := statusText(t, path); !strings.Contains(out, "none due") {
 		t.Errorf("only a scheduled row:\n%s", out)
+	}
+}
+
+// statusLines returns status's lines with their runs of spaces (the
+// columns' padding) made one.
+func statusLines(out string) []string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		lines = append(lines, strings.Join(strings.Fields(l), " "))
+	}
+	return lines
+}
+
+// TestStatusShowsParkedKeys: with ordering.on_dead_letter: hold (the
+// default), status names each key a dead letter parks, longest parked
+// first, with that row (its id, event type and error, and since when it is
+// dead-lettered) and how many rows of the key wait after it; it lists 100
+// and says how many more there are. With skip it shows none.
+func TestStatusShowsParkedKeys(t *testing.T) {
+	path := testenv.NewDB(t)
+	db := testenv.AppDB(t, path)
+	testenv.InsertParkedKeys(t, db)
+
+	st := statusJSON(t, path)
+	if st.OnDeadLetter != "hold" || st.ParkedCount != 2 || len(st.Parked) != 2 {
+		t.Fatalf("status --json: on_dead_letter %q, %d parked keys %+v; want hold, keys b and a", st.OnDeadLetter, st.ParkedCount, st.Parked)
+	}
+	for i, want := range []struct {
+		key, eventType, lastError string
+		id, since, waiting        int64
+	}{
+		{"b", "T8", "message size exceeds maximum allowed", 8, 1000, 1},
+		{"a", "T2", "nats: permission denied", 2, 2000, 2},
+	} {
+		p := st.Parked[i]
+		if p.Key != want.key || p.ID != want.id || p.EventType != want.eventType || p.LastError != want.lastError ||
+			!p.Since.Equal(time.UnixMilli(want.since)) || p.Waiting != want.waiting {
+			t.Errorf("parked key %d: %+v, want %+v", i, p, want)
+		}
+	}
+	out := statusText(t, path)
+	lines := statusLines(out)
+	want := []string{
+		"parked keys 2: their rows wait until the dead letter is retried (dead-letters retry ID) or deleted",
+		"parked keys, longest parked first:",
+		"ORDERING_KEY SINCE ROW_ID WAITING EVENT_TYPE LAST_ERROR",
+		`"b" 1970-01-01T00:00:01Z 8 1 "T8" message size exceeds maximum allowed`,
+		`"a" 1970-01-01T00:00:02Z 2 2 "T2" nats: permission denied`,
+	}
+	if i := slices.Index(lines, want[0]); i < 0 || !slices.Equal(lines[i+1:i+1+len(want)-1], want[1:]) {
+		t.Errorf("status does not say:\n%s\nit says:\n%s", strings.Join(want, "\n"), out)
+	}
+
+	// More keys than status lists: all are counted.
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 101)
+		INSERT INTO event_queue (event_id, event_type, payload, status, processed_at, last_error, ordering_key)
+		SELECT 'more-' || i, 'T', 'x', 'dead_lettered', 3000 + i, 'no', 'more-' || i FROM n`)
+	if st := statusJSON(t, path); st.ParkedCount != 103 || len(st.Parked) != 100 || st.Parked[0].Key != "b" || st.Parked[99].Key != "more-98" {
+		t.Errorf("status --json with 103 parked keys: count %d, %d listed; want 103, the 100 longest parked", st.ParkedCount, len(st.Parked))
+	}
+	if out := statusText(t, path); !strings.Contains(out, "\nand 3 more parked key(s)\n") {
+		t.Errorf("status with 103 parked keys does not say how many more:\n%s", out)
+	}
+
+	skip := []string{"--ordering-on-dead-letter", "skip"}
+	if st := statusJSON(t, path, skip...); st.OnDeadLetter != "skip" || st.ParkedCount != 0 || st.Parked == nil || len(st.Parked) != 0 {
+		t.Errorf("status --json with skip: on_dead_letter %q, %d parked keys, %d listed; want none", st.OnDeadLetter, st.ParkedCount, len(st.Parked))
+	}
+	if out := statusText(t, path, skip...); !slices.Contains(statusLines(out), "parked keys none (ordering.on_dead_letter: skip)") || strings.Contains(out, "ORDERING_KEY") {
+		t.Errorf("status with skip lists parked keys:\n%s", out)
 	}
 }
 

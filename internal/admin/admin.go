@@ -27,6 +27,17 @@ type DeadLetter struct {
 	ProcessedAt time.Time `json:"processed_at"`
 }
 
+// ParkedKey is an ordering key a dead letter parks: its later rows wait
+// until the dead letter is retried or deleted.
+type ParkedKey struct {
+	OrderingKey string `json:"ordering_key"`
+	// WaitingRows counts the key's pending rows after the dead letter.
+	WaitingRows int64 `json:"waiting_rows"`
+	// DeadLetter is the key's earliest dead-lettered row, which the rest
+	// wait behind; its ProcessedAt is when the key parked.
+	DeadLetter
+}
+
 // Instance is a relay's heartbeat row.
 type Instance struct {
 	ID          string    `json:"instance"`
@@ -69,6 +80,19 @@ type Status struct {
 	LastDeadLetters   []DeadLetter `json:"last_dead_letters"`
 	Relays            []Instance   `json:"relays"`
 	ConsumerExhausted int64        `json:"consumer_exhausted"`
+	// ParkedKeyCount counts every parked ordering key; ParkedKeys lists the
+	// longest parked of them (StatusOptions.ParkedKeys).
+	ParkedKeyCount int64       `json:"parked_key_count"`
+	ParkedKeys     []ParkedKey `json:"parked_keys"`
+}
+
+// StatusOptions say what ReadStatus lists besides the counts.
+type StatusOptions struct {
+	LastDead   int // the latest dead letters listed
+	ParkedKeys int // parked keys listed at most; all are counted
+	// Parks: dead letters park their ordering keys (ordering.on_dead_letter:
+	// hold). Without it no key is parked.
+	Parks bool
 }
 
 // NullStatus is the key Status.Rows counts rows with a NULL status under.
@@ -78,8 +102,8 @@ const NullStatus event.Status = "(null)"
 // consistent and safe while relays and the application write. Values of a
 // foreign shape (a text created_at, a NULL status) are counted or read as
 // well as they can be, never an error.
-func ReadStatus(ctx context.Context, s *sqlitedb.DB, lastDead int) (Status, error) {
-	st := Status{Rows: map[event.Status]int64{}}
+func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, error) {
+	st := Status{Rows: map[event.Status]int64{}, ParkedKeys: []ParkedKey{}}
 	tx, err := s.Reader().BeginTx(ctx, nil)
 	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
@@ -121,8 +145,13 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, lastDead int) (Status, erro
 	if oldest.Valid {
 		st.OldestPending = time.UnixMilli(oldest.Int64)
 	}
-	if st.LastDeadLetters, err = deadLetters(ctx, tx, s.Table(), lastDead); err != nil {
+	if st.LastDeadLetters, err = deadLetters(ctx, tx, s.Table(), o.LastDead); err != nil {
 		return st, err
+	}
+	if o.Parks {
+		if st.ParkedKeyCount, st.ParkedKeys, err = parkedKeys(ctx, tx, s.Table(), o.ParkedKeys); err != nil {
+			return st, err
+		}
 	}
 	if st.Relays, err = instances(ctx, tx); err != nil {
 		return st, err
@@ -138,11 +167,25 @@ func DeadLetters(ctx context.Context, s *sqlitedb.DB, limit int) ([]DeadLetter, 
 	return deadLetters(ctx, s.Reader(), s.Table(), limit)
 }
 
+// deadLetterColumns are a dead letter's columns as scanDeadLetter reads
+// them. A foreign writer's values (a text processed_at, a NULL event_type)
+// are read as well as they can be rather than failing the listing.
+var deadLetterColumns = `id, coalesce(CAST(event_id AS TEXT), ''), coalesce(CAST(event_type AS TEXT), ''), coalesce(CAST(attempts AS INTEGER), 0),
+	coalesce(CAST(last_error AS TEXT), ''), coalesce(` + schema.MsSQL("processed_at") + `, 0)`
+
+// scanDeadLetter reads the deadLetterColumns of a row into d, and the
+// columns after them into more.
+func scanDeadLetter(rows *sql.Rows, d *DeadLetter, more ...any) error {
+	var processed int64
+	if err := rows.Scan(append([]any{&d.ID, &d.EventID, &d.EventType, &d.Attempts, &d.LastError, &processed}, more...)...); err != nil {
+		return err
+	}
+	d.ProcessedAt = time.UnixMilli(processed)
+	return nil
+}
+
 func deadLetters(ctx context.Context, q sqlitedb.Querier, table string, limit int) ([]DeadLetter, error) {
-	// A foreign writer's values (a text processed_at, a NULL event_type) are
-	// read as well as they can be rather than failing the listing.
-	rows, err := q.QueryContext(ctx, `SELECT id, coalesce(CAST(event_id AS TEXT), ''), coalesce(CAST(event_type AS TEXT), ''), coalesce(CAST(attempts AS INTEGER), 0),
-	coalesce(CAST(last_error AS TEXT), ''), coalesce(`+schema.MsSQL("processed_at")+`, 0)
+	rows, err := q.QueryContext(ctx, `SELECT `+deadLetterColumns+`
 FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DESC LIMIT ?`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -151,14 +194,51 @@ FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DES
 	out := []DeadLetter{}
 	for rows.Next() {
 		var d DeadLetter
-		var processed int64
-		if err := rows.Scan(&d.ID, &d.EventID, &d.EventType, &d.Attempts, &d.LastError, &processed); err != nil {
+		if err := scanDeadLetter(rows, &d); err != nil {
 			return nil, fmt.Errorf("list dead letters: %w", err)
 		}
-		d.ProcessedAt = time.UnixMilli(processed)
 		out = append(out, d)
 	}
 	return out, rows.Err()
+}
+
+// parkedSQL lists the parked keys of table t, longest parked first (up to
+// ?1): each key's earliest dead letter, and how many pending rows of the
+// key come after it, counted on the ordering index too.
+func parkedSQL(t string) string {
+	return `SELECT ` + deadLetterColumns + `, p.parked_key,
+	(SELECT count(*) FROM ` + t + ` AS w WHERE w.ordering_key = p.parked_key AND w.id > p.parked_id AND w.status <> 'done' AND w.status = 'pending')
+FROM (` + schema.ParkedKeysSQL(t) + `) AS p JOIN ` + t + ` ON id = p.parked_id
+ORDER BY 6, 1 LIMIT ?1`
+}
+
+// parkedKeys counts the parked keys of table and lists up to limit of
+// them, longest parked first. A table from before the ordering_key column
+// has none.
+func parkedKeys(ctx context.Context, q sqlitedb.Querier, table string, limit int) (int64, []ParkedKey, error) {
+	out := []ParkedKey{}
+	if cols, err := sqlitedb.Columns(ctx, q, table); err != nil {
+		return 0, nil, fmt.Errorf("list parked keys: %w", err)
+	} else if !cols["ordering_key"] {
+		return 0, out, nil
+	}
+	var n int64
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM (`+schema.ParkedKeysSQL(table)+`)`).Scan(&n); err != nil {
+		return 0, nil, fmt.Errorf("list parked keys: %w", err)
+	}
+	rows, err := q.QueryContext(ctx, parkedSQL(table), limit)
+	if err != nil {
+		return 0, nil, fmt.Errorf("list parked keys: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p ParkedKey
+		if err := scanDeadLetter(rows, &p.DeadLetter, &p.OrderingKey, &p.WaitingRows); err != nil {
+			return 0, nil, fmt.Errorf("list parked keys: %w", err)
+		}
+		out = append(out, p)
+	}
+	return n, out, rows.Err()
 }
 
 func instances(ctx context.Context, q sqlitedb.Querier) ([]Instance, error) {

@@ -2,10 +2,14 @@ package admin
 
 import (
 	"context"
+	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -29,7 +33,7 @@ func TestOneRelayLeads(t *testing.T) {
 	if !first.Leads() || second.Leads() {
 		t.Fatalf("first leads %v, second leads %v; want the first only", first.Leads(), second.Leads())
 	}
-	st, err := ReadStatus(ctx, db, 1)
+	st, err := ReadStatus(ctx, db, StatusOptions{LastDead: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,5 +48,84 @@ func TestOneRelayLeads(t *testing.T) {
 	}
 	if _, err := second.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil || !second.Leads() {
 		t.Fatalf("after the leader left, the second leads %v (%v)", second.Leads(), err)
+	}
+}
+
+// parked returns a ParkedKey as testenv.InsertParkedKeys writes them.
+func parked(key string, id, processed int64, lastError string, waiting int64) ParkedKey {
+	return ParkedKey{OrderingKey: key, WaitingRows: waiting, DeadLetter: DeadLetter{ID: id, EventID: fmt.Sprint("e", id), EventType: fmt.Sprint("T", id),
+		LastError: lastError, ProcessedAt: time.UnixMilli(processed)}}
+}
+
+// TestStatusListsParkedKeys: status counts and lists the keys a dead
+// letter parks, longest parked first, each with its earliest dead letter
+// and the pending rows after it; none when dead letters park nothing
+// (skip) or no ordering_key column. A retried or deleted dead letter
+// releases its key, and the key's next dead letter, if any, parks it.
+func TestStatusListsParkedKeys(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MigratedDB(t)
+	app := testenv.AppDB(t, db.Path())
+	testenv.InsertParkedKeys(t, app)
+	check := func(o StatusOptions, count int64, want ...ParkedKey) {
+		t.Helper()
+		st, err := ReadStatus(ctx, db, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.ParkedKeyCount != count || st.ParkedKeys == nil || !reflect.DeepEqual(st.ParkedKeys, append([]ParkedKey{}, want...)) {
+			t.Errorf("with %+v: %d parked keys %+v; want %d, listed %+v", o, st.ParkedKeyCount, st.ParkedKeys, count, want)
+		}
+	}
+	a := parked("a", 2, 2000, "nats: permission denied", 2)
+	b := parked("b", 8, 1000, "message size exceeds maximum allowed", 1)
+	check(StatusOptions{Parks: true, ParkedKeys: 10}, 2, b, a)
+	check(StatusOptions{Parks: true, ParkedKeys: 1}, 2, b)
+	check(StatusOptions{ParkedKeys: 10}, 0)
+
+	if n, err := Requeue(ctx, db, false, []int64{8}); err != nil || n != 1 {
+		t.Fatalf("retry row 8: %d %v", n, err)
+	}
+	check(StatusOptions{Parks: true, ParkedKeys: 10}, 1, a)
+	testenv.MustExec(t, app, `DELETE FROM event_queue WHERE id = 2`)
+	check(StatusOptions{Parks: true, ParkedKeys: 10}, 1, parked("a", 4, 4000, "a later one", 1))
+
+	// A file from before ordering keys (migration 105) has none parked.
+	testenv.MustExec(t, app, `DROP INDEX event_queue_ordering`)
+	testenv.MustExec(t, app, `ALTER TABLE event_queue DROP COLUMN ordering_key`)
+	check(StatusOptions{Parks: true, ParkedKeys: 10}, 0)
+}
+
+// TestParkedKeysReadTheOrderingIndex: on a table of many done rows,
+// unordered dead letters and pending rows with keys (and statistics
+// gathered), the parked keys are found and their waiting rows counted
+// through the ordering index, without a sort by key and without a scan
+// of the table.
+func TestParkedKeysReadTheOrderingIndex(t *testing.T) {
+	db := testenv.MigratedDB(t)
+	app := testenv.AppDB(t, db.Path())
+	testenv.MustExec(t, app, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
+		INSERT INTO event_queue (event_id, event_type, payload, status, processed_at, ordering_key) SELECT 'done-' || i, 'T', 'x', 'done', 1, 'k' || (i % 500) FROM n`)
+	testenv.MustExec(t, app, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+		INSERT INTO event_queue (event_id, event_type, payload, status, processed_at) SELECT 'dead-' || i, 'T', 'x', 'dead_lettered', 1 FROM n`)
+	testenv.MustExec(t, app, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20)
+		INSERT INTO event_queue (event_id, event_type, payload, status, processed_at, ordering_key) SELECT 'parked-' || i, 'T', 'x', 'dead_lettered', 1, 'k' || i FROM n`)
+	testenv.MustExec(t, app, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 10000)
+		INSERT INTO event_queue (event_id, event_type, payload, ordering_key) SELECT 'pending-' || i, 'T', 'x', 'k' || (i % 500) FROM n`)
+	testenv.MustExec(t, app, `ANALYZE`)
+
+	n, keys, err := parkedKeys(context.Background(), db.Reader(), "event_queue", 5)
+	if err != nil || n != 20 || len(keys) != 5 || keys[0].WaitingRows != 20 {
+		t.Fatalf("%d parked keys, listed %+v (%v); want 20, 5 listed, 20 rows waiting behind each", n, keys, err)
+	}
+	for _, q := range []string{`SELECT count(*) FROM (` + schema.ParkedKeysSQL("event_queue") + `)`, parkedSQL("event_queue")} {
+		plan := testenv.QueryPlan(t, db, q, 5)
+		if !strings.Contains(plan, "USING COVERING INDEX event_queue_ordering (ordering_key>?)") ||
+			strings.Contains(plan, "TEMP B-TREE FOR GROUP BY") || strings.Contains(plan, "SCAN event_queue") {
+			t.Errorf("parked keys plan %q: want the ordering index in key order, no scan of the table", plan)
+		}
+	}
+	if plan := testenv.QueryPlan(t, db, parkedSQL("event_queue"), 5); !strings.Contains(plan, "SEARCH w USING COVERING INDEX event_queue_ordering (ordering_key=? AND id>?)") {
+		t.Errorf("parked keys plan %q: want the waiting rows counted on the ordering index", plan)
 	}
 }

@@ -165,26 +165,6 @@ func TestClaimDueRowsInOrder(t *testing.T) {
 	}
 }
 
-// queryPlan returns EXPLAIN QUERY PLAN's details for q.
-func queryPlan(t testing.TB, s *Store, q string, args ...any) string {
-	t.Helper()
-	rows, err := s.db.Reader().Query(`EXPLAIN QUERY PLAN `+q, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var plan []string
-	for rows.Next() {
-		var id, parent, unused int
-		var detail string
-		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, detail)
-	}
-	return strings.Join(plan, "; ")
-}
-
 // TestClaimCostFollowsTheBatch: with many done rows (and statistics
 // gathered), the claim walks the pending index in id order without a sort,
 // and the reclaim walks the processing index: neither touches done rows.
@@ -197,7 +177,7 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	testenv.MustExec(t, db, `ANALYZE`)
 	now := time.Now().UnixMilli()
 	claimSub := regexp.MustCompile(`(?s)SELECT id, coalesce\(octet_length\(payload\), 0\) AS len FROM .*? LIMIT \?3`).FindString(s.q.takeAfter)
-	plan := queryPlan(t, s, claimSub, 0, now, 100, 0, "[]", 0, "[]")
+	plan := testenv.QueryPlan(t, s.db, claimSub, 0, now, 100, 0, "[]", 0, "[]")
 	if !strings.Contains(plan, "INDEX event_queue_pending") || strings.Contains(plan, "TEMP B-TREE") {
 		t.Errorf("claim plan %q: want the pending index and no sort", plan)
 	}
@@ -206,15 +186,15 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	if !strings.Contains(plan, "USING COVERING INDEX event_queue_ordering (ordering_key=? AND id<?)") {
 		t.Errorf("claim plan %q: want the ordering index for the rows of a key", plan)
 	}
-	plan = queryPlan(t, s, s.q.reclaim, now, "x", now)
+	plan = testenv.QueryPlan(t, s.db, s.q.reclaim, now, "x", now)
 	if !strings.Contains(plan, "USING INDEX event_queue_processing") || strings.Contains(plan, "SCAN event_queue\x00") {
 		t.Errorf("reclaim plan %q: want the processing index", plan)
 	}
-	b, err := housekeeping.Backlog(context.Background(), s.db)
+	b, err := housekeeping.Backlog(context.Background(), s.db, true)
 	if err != nil || b.Pending != 1000 {
 		t.Fatalf("backlog %+v %v", b, err)
 	}
-	plan = queryPlan(t, s, `SELECT count(*) FROM event_queue WHERE status = 'dead_lettered'`)
+	plan = testenv.QueryPlan(t, s.db, `SELECT count(*) FROM event_queue WHERE status = 'dead_lettered'`)
 	if !strings.Contains(plan, "event_queue_dead_lettered") {
 		t.Errorf("dead-letter count plan %q", plan)
 	}

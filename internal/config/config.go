@@ -142,6 +142,11 @@ const (
 	OnDeadLetterSkip = "skip" // they go on
 )
 
+// Parks reports whether a dead-lettered row parks its ordering key: the
+// key's later rows wait until it is retried or deleted (on_dead_letter:
+// hold).
+func (o Ordering) Parks() bool { return o.OnDeadLetter != OnDeadLetterSkip }
+
 // Retention says how long finished rows are kept.
 type Retention struct {
 	Done            time.Duration `mapstructure:"done"`

@@ -117,7 +117,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	}
 	a.claims = claim.New(a.db, claim.Options{
 		Rescan:          cfg.Relay.PollInterval,
-		SkipDeadLetters: cfg.Ordering.OnDeadLetter == config.OnDeadLetterSkip,
+		SkipDeadLetters: !cfg.Ordering.Parks(),
 		// A busy key may fill half the pipeline; the other keys share the rest.
 		KeyDepth: max(1, cfg.Relay.MaxInFlight/2),
 	})
@@ -175,7 +175,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	}
 	a.relay = relay.New(store, pub, ro)
 	ko.Commits, ko.Watching = a.relay.Commits(), a.relay.Watching
-	a.keeper = housekeeping.New(housekeeping.OnFile(a.db), ko)
+	a.keeper = housekeeping.New(housekeeping.OnFile(a.db, cfg.Ordering.Parks()), ko)
 	return a, nil
 }
 

@@ -71,7 +71,7 @@ func Run(ctx context.Context, a *daemon.App, cfg config.Config, rate int, dir st
 	<-writerDone
 	drainDeadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(drainDeadline) {
-		if b, err := housekeeping.Backlog(context.Background(), a.DB()); err == nil && b.Pending+b.Processing == 0 {
+		if b, err := housekeeping.Backlog(context.Background(), a.DB(), false); err == nil && b.Pending+b.Processing == 0 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -79,7 +79,7 @@ func Run(ctx context.Context, a *daemon.App, cfg config.Config, rate int, dir st
 	stopRelay()
 	err = <-relayErr
 	fmt.Fprintln(out)
-	b, _ := housekeeping.Backlog(context.Background(), a.DB())
+	b, _ := housekeeping.Backlog(context.Background(), a.DB(), false)
 	fmt.Fprintf(out, "demo stopped: the application wrote %d events, the relay published %.0f, %d not yet published, %d dead-lettered; data kept in %s\n",
 		written, metrics.Value(a.Metrics().Published), b.Pending+b.Processing, b.DeadLettered, dir)
 	return err
@@ -103,7 +103,7 @@ func progress(ctx context.Context, out io.Writer, a *daemon.App) {
 		if n := lagCount - lastLagCount; n > 0 {
 			lag = (time.Duration((lagSum - lastLagSum) / n * float64(time.Second))).Round(100 * time.Microsecond).String()
 		}
-		b, err := housekeeping.Backlog(ctx, a.DB())
+		b, err := housekeeping.Backlog(ctx, a.DB(), false)
 		if err != nil {
 			continue
 		}

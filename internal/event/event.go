@@ -65,6 +65,7 @@ type Backlog struct {
 	Processing    int64
 	DeadLettered  int64
 	OldestPending time.Time // when the longest-waiting due row became due (the later of created_at and available_at); zero if none is due
+	ParkedKeys    int64     // ordering keys whose later rows wait behind a dead letter (ordering.on_dead_letter: hold)
 }
 
 // What retention prunes (also the values of pruned_rows_total's label).

@@ -15,18 +15,26 @@ import (
 // partial indexes: its cost follows the backlog, not the table. Its
 // OldestPending is when the longest-waiting due row became due (see
 // schema.OldestDueSQL); rows scheduled for later do not age the backlog.
-func Backlog(ctx context.Context, s *sqlitedb.DB) (event.Backlog, error) {
+// With parks (ordering.on_dead_letter: hold) it counts the ordering keys
+// dead letters park (schema.ParkedKeysSQL); without, none is parked and
+// ParkedKeys is 0.
+func Backlog(ctx context.Context, s *sqlitedb.DB, parks bool) (event.Backlog, error) {
 	var b event.Backlog
 	if err := s.SameFile(); err != nil {
 		return b, err
+	}
+	parked := "0"
+	if parks {
+		parked = "SELECT count(*) FROM (" + schema.ParkedKeysSQL(s.Table()) + ")"
 	}
 	var oldest sql.NullInt64
 	err := s.Reader().QueryRowContext(ctx, fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
 	(SELECT count(*) FROM %[1]s WHERE status = 'processing'),
 	(SELECT count(*) FROM %[1]s WHERE status = 'dead_lettered'),
-	(%[2]s)`, s.Table(), schema.OldestDueSQL(s.Table())), s.DueMs()).
-		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &oldest)
+	(%[2]s),
+	(%[3]s)`, s.Table(), schema.OldestDueSQL(s.Table()), parked), s.DueMs()).
+		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &oldest, &b.ParkedKeys)
 	if err != nil {
 		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -22,7 +23,7 @@ func TestBacklog(t *testing.T) {
 	if n := testenv.LegacyClaim(t, db, "an-older-relay", 2); n != 2 {
 		t.Fatal(n)
 	}
-	b, err := Backlog(ctx, s)
+	b, err := Backlog(ctx, s, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func TestBacklogAgesFromWhenRowsBecameDue(t *testing.T) {
 		testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, created_at, available_at) VALUES (?, ?, 'T', 'x', ?, ?, ?)`,
 			r.id, r.id, status, r.created, r.available)
 	}
-	b, err := Backlog(context.Background(), s)
+	b, err := Backlog(context.Background(), s, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestBacklogAgesFromWhenRowsBecameDue(t *testing.T) {
 
 	// Nothing due: no age, however old the scheduled rows are.
 	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE id IN (2, 3, 4)`)
-	if b, err = Backlog(context.Background(), s); err != nil || !b.OldestPending.IsZero() || b.Pending != 2 {
+	if b, err = Backlog(context.Background(), s, true); err != nil || !b.OldestPending.IsZero() || b.Pending != 2 {
 		t.Errorf("only scheduled rows: backlog %+v (%v), want 2 pending and no oldest", b, err)
 	}
 }
@@ -224,7 +225,7 @@ func TestBacklogReadsForeignTimes(t *testing.T) {
 	testenv.MustExec(t, db, ins, 6, []byte{0}, ago)                      // created when?
 	testenv.MustExec(t, db, ins, 7, now.Add(time.Hour).UnixMilli(), ago) // due in an hour
 	s := testenv.OpenDB(t, path)
-	b, err := Backlog(context.Background(), s)
+	b, err := Backlog(context.Background(), s, false) // no ordering_key: nothing parks
 	if err != nil {
 		t.Fatalf("backlog: %v", err)
 	}
@@ -236,7 +237,32 @@ func TestBacklogReadsForeignTimes(t *testing.T) {
 	// Without the text rows, the oldest due rows are those whose created_at
 	// is no time, counted from their available_at.
 	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE id IN (1, 5)`)
-	if b, err = Backlog(context.Background(), s); err != nil || b.OldestPending.UnixMilli() != now.Add(-time.Minute).UnixMilli() {
+	if b, err = Backlog(context.Background(), s, false); err != nil || b.OldestPending.UnixMilli() != now.Add(-time.Minute).UnixMilli() {
 		t.Fatalf("backlog %+v (%v), want the oldest due a minute ago", b, err)
 	}
+}
+
+// TestParkedKeysGauge: on a file where dead letters park two ordering keys
+// (testenv.InsertParkedKeys), the gauge reads 2; it drops as a key's dead
+// letter is deleted, and reads 0 where dead letters park nothing (skip),
+// whatever it read before.
+func TestParkedKeysGauge(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.InsertParkedKeys(t, db)
+	m := metrics.New("", "")
+	refresh := func(parks bool, want float64) {
+		t.Helper()
+		if err := New(OnFile(s, parks), Options{Metrics: m}).RefreshBacklog(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := metrics.Value(m.ParkedKeys); got != want {
+			t.Errorf("parks %v: parked keys gauge %v, want %v", parks, got, want)
+		}
+	}
+	refresh(true, 2)
+	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE id = 8`) // key b's only dead letter
+	refresh(true, 1)
+	refresh(false, 0)
 }

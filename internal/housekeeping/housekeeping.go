@@ -25,16 +25,18 @@ type Store interface {
 	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
 }
 
-// OnFile returns the Store of the database file db.
-func OnFile(db *sqlitedb.DB) Store { return file{db, NewPruner(db)} }
+// OnFile returns the Store of the database file db; parks says whether
+// dead letters park their ordering keys there (see Backlog).
+func OnFile(db *sqlitedb.DB, parks bool) Store { return file{db, NewPruner(db), parks} }
 
 // file is a database file's Store: its checkpoints are sqlitedb's.
 type file struct {
 	*sqlitedb.DB
 	*Pruner
+	parks bool
 }
 
-func (f file) Backlog(ctx context.Context) (event.Backlog, error) { return Backlog(ctx, f.DB) }
+func (f file) Backlog(ctx context.Context) (event.Backlog, error) { return Backlog(ctx, f.DB, f.parks) }
 
 // Options say what to keep and how often. A zero interval turns its loop
 // off.
@@ -129,6 +131,7 @@ func (k *Keeper) RefreshBacklog(ctx context.Context) error {
 		age = max(0, time.Since(b.OldestPending).Seconds())
 	}
 	k.m.OldestPendingAge.Set(age)
+	k.m.ParkedKeys.Set(float64(b.ParkedKeys))
 	return nil
 }
 

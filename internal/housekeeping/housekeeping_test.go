@@ -91,7 +91,7 @@ func TestCheckpointGap(t *testing.T) {
 // TestRefreshBacklog: one pass sets the backlog gauges from the store.
 func TestRefreshBacklog(t *testing.T) {
 	m := metrics.New("", "")
-	k := New(backlogStore{event.Backlog{Pending: 4, Processing: 1, DeadLettered: 2, OldestPending: time.Now().Add(-time.Minute)}}, Options{Metrics: m})
+	k := New(backlogStore{event.Backlog{Pending: 4, Processing: 1, DeadLettered: 2, OldestPending: time.Now().Add(-time.Minute), ParkedKeys: 3}}, Options{Metrics: m})
 	if err := k.RefreshBacklog(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +100,9 @@ func TestRefreshBacklog(t *testing.T) {
 	}
 	if age := metrics.Value(m.OldestPendingAge); age < 59 {
 		t.Fatalf("oldest pending age %v s, want about 60", age)
+	}
+	if n := metrics.Value(m.ParkedKeys); n != 3 {
+		t.Fatalf("parked keys gauge %v, want 3", n)
 	}
 }
 

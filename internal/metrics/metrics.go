@@ -41,6 +41,7 @@ type Metrics struct {
 	LeasesReclaimed     prometheus.Counter
 	Backlog             *prometheus.GaugeVec
 	OldestPendingAge    prometheus.Gauge
+	ParkedKeys          prometheus.Gauge
 	BrokerConnected     prometheus.Gauge
 	Leader              prometheus.Gauge
 	InFlight            prometheus.Gauge
@@ -75,6 +76,8 @@ func New(version, commit string) *Metrics {
 		Help: "Unfinished outbox rows by status (pending, processing, dead_lettered)."}, []string{"status"})
 	m.OldestPendingAge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "oldest_pending_age_seconds",
 		Help: "Seconds the longest-waiting due pending row has waited since it became due; 0 when none is due."})
+	m.ParkedKeys = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "parked_keys",
+		Help: "Ordering keys parked by a dead-lettered row: their later rows wait until it is retried or deleted (ordering.on_dead_letter: hold); 0 with skip."})
 	m.Leader = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "leader",
 		Help: "1 while this relay leads (claims and publishes), 0 while it stands by."})
 	m.InFlight = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "in_flight_rows",
@@ -93,7 +96,7 @@ func New(version, commit string) *Metrics {
 		Help: "Rows deleted by retention, by table."}, []string{"table"})
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
-	for _, c := range []prometheus.Collector{m.Deferred, m.Backlog, m.OldestPendingAge, m.BrokerConnected, m.Leader, m.InFlight,
+	for _, c := range []prometheus.Collector{m.Deferred, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.BrokerConnected, m.Leader, m.InFlight,
 		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.PrunedRows, m.BuildInfo} {
 		f(c)
 	}

@@ -20,7 +20,7 @@ import (
 // specNames are the metric names the contract lists (docs/contract.md).
 var specNames = []string{
 	"published_total", "duplicates_total", "deferred_total", "retries_total", "dead_lettered_total",
-	"leases_reclaimed_total", "backlog_rows", "oldest_pending_age_seconds", "broker_connected",
+	"leases_reclaimed_total", "backlog_rows", "oldest_pending_age_seconds", "parked_keys", "broker_connected",
 	"publish_duration_seconds", "delivery_lag_seconds", "stream_config_patched_total",
 	"consumer_exhausted_total", "pruned_rows_total", "build_info",
 }
@@ -118,7 +118,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 	}
 	checkExprs(t, "alerts.yml", exprs)
 	sort.Strings(alerts)
-	for _, want := range []string{"OutboxRelayBacklogTooOld", "OutboxRelayBrokerDisconnected", "OutboxRelayDeadLettersGrowing", "OutboxRelayDown"} {
+	for _, want := range []string{"OutboxRelayBacklogTooOld", "OutboxRelayBrokerDisconnected", "OutboxRelayDeadLettersGrowing", "OutboxRelayDown", "OutboxRelayParkedKeys"} {
 		if sort.SearchStrings(alerts, want) == len(alerts) || alerts[sort.SearchStrings(alerts, want)] != want {
 			t.Errorf("alert %s missing", want)
 		}

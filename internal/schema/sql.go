@@ -64,6 +64,19 @@ func OldestDueSQL(table string) string {
 		MsSQL("created_at"), MsSQL("available_at"), table, DueRow, oldestDueWindow)
 }
 
+// ParkedKeysSQL is a query for the ordering keys a dead letter parks
+// (ordering.on_dead_letter: hold), one row per key: the key (parked_key)
+// and its earliest dead-lettered row (parked_id), which the key's later
+// rows wait behind. An empty or NULL key orders nothing and parks nothing.
+// It reads the ordering index (status <> 'done' is its WHERE clause, which
+// lets SQLite use it) in key order, without a sort and without the done
+// rows: its cost follows the unfinished rows that have a key.
+func ParkedKeysSQL(table string) string {
+	return fmt.Sprintf(`SELECT ordering_key AS parked_key, min(id) AS parked_id FROM %s
+	WHERE ordering_key > '' AND status <> 'done' AND status = 'dead_lettered'
+	GROUP BY ordering_key`, table)
+}
+
 // identRe is a plain SQL identifier: the outbox table's name is built into
 // statements, so nothing else is accepted.
 var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

@@ -179,6 +179,27 @@ func MustExec(t testing.TB, db *sql.DB, q string, args ...any) {
 	}
 }
 
+// QueryPlan returns EXPLAIN QUERY PLAN's details for q on db's reader,
+// joined by "; ".
+func QueryPlan(t testing.TB, db *sqlitedb.DB, q string, args ...any) string {
+	t.Helper()
+	rows, err := db.Reader().Query(`EXPLAIN QUERY PLAN `+q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	return strings.Join(plan, "; ")
+}
+
 // InsertRows inserts n rows with the given status (and a fresh event id
 // each) in one transaction.
 func InsertRows(t testing.TB, db *sql.DB, n int, status string) {
@@ -200,6 +221,41 @@ func InsertRows(t testing.TB, db *sql.DB, n int, status string) {
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// InsertParkedKeys writes rows (ids 1 to 12) of ordering keys that dead
+// letters park, and rows that park nothing. Key a's earliest dead letter
+// is row 2, event_type T2, dead-lettered at 2000 (Unix ms) with
+// "nats: permission denied", and rows 3 and 5 are pending after it (row 4
+// is a later dead letter, row 6 processing). Key b's is row 8, T8, at 1000
+// with "message size exceeds maximum allowed", with row 12 pending after
+// it and row 7 before it. Key c has no dead letter, and dead letters
+// without a key (NULL or empty) order nothing. Row n's event_id is "en".
+func InsertParkedKeys(t testing.TB, db *sql.DB) {
+	t.Helper()
+	for _, r := range []struct {
+		id        int
+		key       any
+		status    string
+		processed any
+		lastError any
+	}{
+		{1, "a", "done", 500, nil},
+		{2, "a", "dead_lettered", 2000, "nats: permission denied"},
+		{3, "a", "pending", nil, nil},
+		{4, "a", "dead_lettered", 4000, "a later one"},
+		{5, "a", "pending", nil, nil},
+		{6, "a", "processing", nil, nil},
+		{7, "b", "pending", nil, nil},
+		{8, "b", "dead_lettered", 1000, "message size exceeds maximum allowed"},
+		{9, "c", "pending", nil, nil},
+		{10, nil, "dead_lettered", 100, "unordered"},
+		{11, "", "dead_lettered", 100, "unordered too"},
+		{12, "b", "pending", nil, nil},
+	} {
+		MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, processed_at, last_error, ordering_key)
+			VALUES (?1, 'e' || ?1, 'T' || ?1, 'x', ?2, ?3, ?4, ?5)`, r.id, r.status, r.processed, r.lastError, r.key)
 	}
 }
 
