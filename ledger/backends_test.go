@@ -128,18 +128,5 @@ func TestBothBackendsAgree(t *testing.T) {
 // effects lists a database's effects as "event_id handler", sorted.
 func effects(t *testing.T, db *sql.DB) []string {
 	t.Helper()
-	rows, err := db.Query(`SELECT event_id || ' ' || handler FROM effects ORDER BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	return out
+	return testenv.Strings(t, db, `SELECT event_id || ' ' || handler FROM effects ORDER BY 1`)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
@@ -52,33 +51,6 @@ func checkKeyOrder(t *testing.T, js jetstream.JetStream, want int) map[string]in
 	return perKey
 }
 
-// createStream creates the stream the relay publishes to, refusing
-// messages over maxMsgSize bytes.
-func createStream(t *testing.T, js jetstream.JetStream, maxMsgSize int32) jetstream.Stream {
-	t.Helper()
-	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
-		Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: maxMsgSize,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// setMaxMsgSize changes the stream's message size limit.
-func setMaxMsgSize(t *testing.T, js jetstream.JetStream, s jetstream.Stream, size int32) {
-	t.Helper()
-	info, err := s.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := info.Config
-	cfg.MaxMsgSize = size
-	if _, err := js.UpdateStream(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestOrderedKeysSurviveChaos: 20,000 rows, most of them over 50 ordering
 // keys, the rest unordered, written while the relay is killed (kill -9)
 // twice, the broker goes away and comes back, and the stream refuses some
@@ -94,7 +66,7 @@ func TestOrderedKeysSurviveChaos(t *testing.T) {
 	)
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
-	stream := createStream(t, js, limit)
+	testenv.EventsStream(t, js, limit)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	env := []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_LOG_LEVEL=info", "OUTBOX_RELAY_METRICS_LISTEN=",
@@ -157,7 +129,7 @@ func TestOrderedKeysSurviveChaos(t *testing.T) {
 		app.QueryRow(`SELECT count(*) FROM event_queue WHERE attempts > 0`).Scan(&refused)
 		return refused > 0
 	})
-	setMaxMsgSize(t, js, stream, 1<<20)
+	testenv.EventsStream(t, js, 1<<20)
 	<-written
 	wg.Wait()
 	if writeErr != nil {
@@ -180,12 +152,13 @@ func TestOrderedKeysSurviveChaos(t *testing.T) {
 // parkedKeyRun writes three keys of three rows each, the first row of key
 // "a" too large for the stream, and runs the relay with the given
 // on_dead_letter until nothing is pending but what waits behind a parked
-// key. It returns the app's connection, the stream and the relay.
-func parkedKeyRun(t *testing.T, onDeadLetter string) (*sql.DB, jetstream.JetStream, jetstream.Stream, *process, string) {
+// key. It returns the app's connection, the stream's JetStream, the relay
+// and the database's path.
+func parkedKeyRun(t *testing.T, onDeadLetter string) (*sql.DB, jetstream.JetStream, *process, string) {
 	t.Helper()
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
-	stream := createStream(t, js, 1024)
+	testenv.EventsStream(t, js, 1024)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	var evs []testenv.Event
@@ -207,24 +180,13 @@ func parkedKeyRun(t *testing.T, onDeadLetter string) (*sql.DB, jetstream.JetStre
 	testenv.Eventually(t, 30*time.Second, "the large row dead-lettered", func() bool {
 		return testenv.Counts(t, app)["dead_lettered"] == 1
 	})
-	return app, js, stream, d, path
+	return app, js, d, path
 }
 
 // keyStatus returns the status of each row of key, in id order.
 func keyStatus(t *testing.T, app *sql.DB, key string) string {
 	t.Helper()
-	rows, err := app.Query(`SELECT status FROM event_queue WHERE ordering_key = ? ORDER BY id`, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		rows.Scan(&s)
-		out = append(out, s)
-	}
-	return strings.Join(out, " ")
+	return strings.Join(testenv.Strings(t, app, `SELECT status FROM event_queue WHERE ordering_key = ? ORDER BY id`, key), " ")
 }
 
 // TestDeadLetterParksItsKey: by default (hold) a dead-lettered row parks
@@ -232,7 +194,7 @@ func keyStatus(t *testing.T, app *sql.DB, key string) string {
 // the other keys are published; once the cause is fixed, dead-letters
 // retry un-parks it and its rows follow in order.
 func TestDeadLetterParksItsKey(t *testing.T) {
-	app, js, stream, d, path := parkedKeyRun(t, "hold")
+	app, js, d, path := parkedKeyRun(t, "hold")
 	testenv.Eventually(t, 30*time.Second, "the other keys done", func() bool {
 		return keyStatus(t, app, "b") == "done done done" && keyStatus(t, app, "c") == "done done done"
 	})
@@ -246,7 +208,7 @@ func TestDeadLetterParksItsKey(t *testing.T) {
 	if spent != 0 {
 		t.Fatalf("the rows behind the parked row spent %d attempts", spent)
 	}
-	setMaxMsgSize(t, js, stream, 1<<20)
+	testenv.EventsStream(t, js, 1<<20)
 	if code, out, errOut := runCLI(t, "dead-letters", "retry", "--all", "--database-path", path); code != 0 {
 		t.Fatalf("dead-letters retry: %d %s %s", code, out, errOut)
 	}
@@ -261,7 +223,7 @@ func TestDeadLetterParksItsKey(t *testing.T) {
 // TestSkipMovesOn: with ordering.on_dead_letter skip, the key's later rows
 // are published past its dead letter.
 func TestSkipMovesOn(t *testing.T) {
-	app, js, _, d, _ := parkedKeyRun(t, "skip")
+	app, js, d, _ := parkedKeyRun(t, "skip")
 	testenv.Eventually(t, 30*time.Second, "every key done past the dead letter", func() bool {
 		return keyStatus(t, app, "a") == "dead_lettered done done" && keyStatus(t, app, "b") == "done done done" && keyStatus(t, app, "c") == "done done done"
 	})

@@ -103,6 +103,17 @@ func (n *NATS) JetStream(t testing.TB) jetstream.JetStream {
 	return js
 }
 
+// EventsStream creates the relay's default stream, EVENTS on events.>
+// with a 1 h duplicate window, refusing messages over maxMsgSize bytes; or
+// sets that limit on it.
+func EventsStream(t testing.TB, js jetstream.JetStream, maxMsgSize int32) {
+	t.Helper()
+	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: maxMsgSize}
+	if _, err := js.CreateOrUpdateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // StreamMessages reads every message of a stream in sequence order.
 func StreamMessages(t testing.TB, js jetstream.JetStream, stream string) []*jetstream.RawStreamMsg {
 	t.Helper()
@@ -177,6 +188,28 @@ func MustExec(t testing.TB, db *sql.DB, q string, args ...any) {
 	if _, err := db.Exec(q, args...); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
+}
+
+// Strings runs a query of one text column and returns its values.
+func Strings(t testing.TB, db *sql.DB, q string, args ...any) []string {
+	t.Helper()
+	rows, err := db.Query(q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // QueryPlan returns EXPLAIN QUERY PLAN's details for q on db's reader,

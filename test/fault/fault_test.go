@@ -278,6 +278,19 @@ func (e *env) open() *sql.DB {
 	return db
 }
 
+// stream creates the relay's stream refusing messages over maxMsgSize
+// bytes, or sets that limit on it (testenv.EventsStream).
+func (e *env) stream(maxMsgSize int32) {
+	e.t.Helper()
+	nc, err := nats.Connect(e.natsURL())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	testenv.EventsStream(e.t, js, maxMsgSize)
+}
+
 // waitSettled waits until no row is pending or processing.
 func (e *env) waitSettled(db *sql.DB, timeout time.Duration) {
 	e.t.Helper()
@@ -557,17 +570,7 @@ func TestWriterHoldsLock(t *testing.T) {
 func TestPoisonRows(t *testing.T) {
 	e := newEnv(t)
 	db := e.open()
-	nc, err := nats.Connect(e.natsURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{
-		Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: 16 << 10,
-	}); err != nil {
-		t.Fatal(err)
-	}
-	nc.Close()
+	e.stream(16 << 10)
 	e.startRelay("relay", "EVENT_QUEUE_MAX_ATTEMPTS=2")
 	s := e.waitWriter(e.writer("-rows", "20000", "-rate", "2000", "-poison-big", "5", "-big-size", "65536", "-poison-type", "5"))
 	e.waitSettled(db, 60*time.Second) // one 5 s backoff between the two attempts
@@ -603,16 +606,7 @@ func TestPoisonRows(t *testing.T) {
 func TestOrderedKeys(t *testing.T) {
 	e := newEnv(t)
 	db := e.open()
-	nc, err := nats.Connect(e.natsURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
-	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: 16 << 10}
-	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
-	nc.Close()
+	e.stream(16 << 10)
 	e.startRelay("relay", "EVENT_QUEUE_MAX_ATTEMPTS=2")
 	w := e.writer("-rows", "20000", "-rate", "1000", "-keys", "50", "-poison-big", "3", "-big-size", "65536")
 	kills := 0
@@ -632,16 +626,7 @@ func TestOrderedKeys(t *testing.T) {
 	s := e.waitWriter(w)
 	// Everything settles but the rows behind a parked key.
 	parked := func() (keys []string, waiting int) {
-		rows, err := db.Query(`SELECT DISTINCT ordering_key FROM event_queue WHERE status = 'dead_lettered' AND ordering_key IS NOT NULL ORDER BY 1`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k string
-			rows.Scan(&k)
-			keys = append(keys, k)
-		}
+		keys = testenv.Strings(t, db, `SELECT DISTINCT ordering_key FROM event_queue WHERE status = 'dead_lettered' AND ordering_key IS NOT NULL ORDER BY 1`)
 		db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'pending' AND ordering_key IN
 			(SELECT ordering_key FROM event_queue WHERE status = 'dead_lettered')`).Scan(&waiting)
 		return keys, waiting
@@ -666,16 +651,7 @@ func TestOrderedKeys(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// Let the stream take large messages, and put the dead letters back.
-	nc, err = nats.Connect(e.natsURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ = jetstream.New(nc)
-	cfg.MaxMsgSize = 1 << 20
-	if _, err := js.UpdateStream(context.Background(), cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.stream(1 << 20)
 	if out, err := exec.Command(bin.relay, "dead-letters", "retry", "--all", "--database-path", e.db).CombinedOutput(); err != nil {
 		t.Fatalf("dead-letters retry: %v %s", err, out)
 	}
