@@ -177,6 +177,11 @@ type held struct {
 // application or by a previous leader, and rows that went back to pending
 // under this relay's feet (an operator's retry, say).
 //
+// A row with an ordering key comes only when every row of its key before
+// it is done or in flight (or comes first in the same claim); see
+// orderedSQL. A key holds at most Options.KeyDepth rows in flight; Waiting
+// reports rows left behind for lack of room.
+//
 // A row with a NULL event_id gets a fresh UUID before it is returned, in
 // one short write transaction for all of them. The rows are read as
 // whatever SQLite holds; a row whose columns cannot be read as the relay
@@ -240,10 +245,10 @@ func (s *Store) fullKeys() string {
 			}
 		}
 	}
-	b, _ := json.Marshal(full)
 	if full == nil {
 		return "[]"
 	}
+	b, _ := json.Marshal(full)
 	return string(b)
 }
 
