@@ -2,6 +2,7 @@ package benchkit
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -59,5 +60,43 @@ func TestReplaceStreamRounds(t *testing.T) {
 			t.Fatalf("round %d: %v", i, err)
 		}
 		old = name
+	}
+}
+
+// TestSeedKeys: with Keys(k), row i of a Seed (in id order, across its
+// transactions of 50,000 rows) gets key i mod k; without it, rows get none.
+func TestSeedKeys(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.AppDB(t, testenv.NewDB(t))
+	if err := Seed(ctx, db, "event_queue", 2, 0, "done"); err != nil {
+		t.Fatal(err)
+	}
+	const n, k = 50_000 + 10, 7
+	if err := Seed(ctx, db, "event_queue", n, 0, "pending", Keys(k)); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(`SELECT ordering_key FROM event_queue ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var keys []sql.NullString
+	for rows.Next() {
+		var key sql.NullString
+		if err := rows.Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2+n || keys[0].Valid || keys[1].Valid {
+		t.Fatalf("%d rows, the first two keyed %v %v; want %d rows, the unkeyed ones without a key", len(keys), keys[0], keys[1], 2+n)
+	}
+	for i, key := range keys[2:] {
+		if want := OrderingKey(i % k); key.String != want {
+			t.Fatalf("seeded row %d has key %v, want %q", i, key, want)
+		}
 	}
 }
