@@ -101,6 +101,34 @@ func Lags(ctx context.Context, db *sql.DB, table string, afterID int64) ([]int64
 	return out, rows.Err()
 }
 
+// DoneKeys returns the ordering key ("" for none) of every done row of
+// table by id, and how many of its rows are not done.
+func DoneKeys(ctx context.Context, db *sql.DB, table string) (keys map[int64]string, notDone int, err error) {
+	rows, err := db.QueryContext(ctx, `SELECT id, coalesce(ordering_key, ''), status = 'done' FROM `+table)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read ordering keys: %w", err)
+	}
+	defer rows.Close()
+	keys = map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var key string
+		var done bool
+		if err := rows.Scan(&id, &key, &done); err != nil {
+			return nil, 0, fmt.Errorf("read ordering keys: %w", err)
+		}
+		if !done {
+			notDone++
+			continue
+		}
+		keys[id] = key
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read ordering keys: %w", err)
+	}
+	return keys, notDone, nil
+}
+
 // Ceiling publishes n messages of size bytes to subject with the standard
 // client's asynchronous JetStream publish, as `nats bench js pub async
 // --dedup` does, each with the headers the relay sets (a fresh

@@ -99,4 +99,13 @@ func TestSeedKeys(t *testing.T) {
 			t.Fatalf("seeded row %d has key %v, want %q", i, key, want)
 		}
 	}
+	// DoneKeys, the bench's read-back of what each row should carry.
+	done, notDone, err := DoneKeys(ctx, db, "event_queue")
+	if err != nil || len(done) != 2 || done[1] != "" || done[2] != "" || notDone != n {
+		t.Fatalf("DoneKeys: %d done %v, %d not done (%v); want the 2 unkeyed rows and %d", len(done), done, notDone, err, n)
+	}
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'done' WHERE id = 3 + 7`)
+	if done, notDone, err = DoneKeys(ctx, db, "event_queue"); err != nil || len(done) != 3 || done[10] != OrderingKey(0) || notDone != n-1 {
+		t.Fatalf("DoneKeys after row 10 is done: %v, %d not done (%v)", done, notDone, err)
+	}
 }
