@@ -25,6 +25,10 @@ func (c *cli) benchCommand() *cobra.Command {
   drain: the relay (this binary's "run", a child process, default
     configuration) draining a fresh table of --rows pending rows to done:
     rows/s, ratio to the ceiling, lag percentiles, CPU seconds, peak RSS;
+  with --keys K: the same drain again, on a fresh table and stream, with K
+    ordering keys round robin (row i gets key i mod K): rows/s and the
+    ratio to the unordered drain; the stream is read back, and the bench
+    fails unless each key's messages are in row id order;
   with --done-rows N: the same drain with N done rows in the table too;
   with --rate R: a writer inserting R rows/s for --duration while the relay
     runs: commit-to-PubAck and commit-to-done lag percentiles (the writer
@@ -38,8 +42,8 @@ With --config, the bench's connection and every process it starts read the
 same file (credentials, TLS, and the children's relay settings).`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if o.Rows < 1 || o.Size < 0 || o.Rate < 0 || o.DoneRows < 0 || o.WriterCheckpoint < 0 {
-				return usagef("bench: --rows must be positive; --size, --rate, --done-rows, --writer-autocheckpoint not negative")
+			if o.Rows < 1 || o.Size < 0 || o.Rate < 0 || o.DoneRows < 0 || o.Keys < 0 || o.WriterCheckpoint < 0 {
+				return usagef("bench: --rows must be positive; --size, --rate, --done-rows, --keys, --writer-autocheckpoint not negative")
 			}
 			cfg, err := c.loadConfig()
 			if err != nil {
@@ -64,6 +68,7 @@ same file (credentials, TLS, and the children's relay settings).`,
 	f.IntVar(&o.Rows, "rows", 200_000, "rows (and ceiling messages) per measurement")
 	f.IntVar(&o.Size, "size", 256, "payload bytes")
 	f.IntVar(&o.DoneRows, "done-rows", 0, "also drain with this many done rows in the table, and compare")
+	f.IntVar(&o.Keys, "keys", 0, "also drain with this many ordering keys round robin, check each key's order, and compare (0: not)")
 	f.IntVar(&o.Rate, "rate", 0, "also measure lag with a writer inserting this many rows/s")
 	f.DurationVar(&o.Duration, "duration", 30*time.Second, "how long the --rate writer writes")
 	f.IntVar(&o.WriterCheckpoint, "writer-autocheckpoint", 1000, "the --rate writer's PRAGMA wal_autocheckpoint (SQLite's default 1000; 0 leaves checkpoints to the relay)")

@@ -57,6 +57,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{args: []string{"migrate", "--relay-poll-interval", "fast"}, want: "relay-poll-interval"},
 		{args: []string{"run"}, env: map[string]string{"NATS_MODE": "kafka"}, want: "nats.mode"},
 		{args: []string{"bench", "--rows", "0"}, want: "--rows must be positive"},
+		{args: []string{"bench", "--keys", "-1"}, want: "--keys"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			for k, v := range tc.env {
@@ -1009,6 +1010,9 @@ func TestBenchSmoke(t *testing.T) {
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
+	if strings.Contains(string(out), "keyed") {
+		t.Fatalf("a keyed drain without --keys:\n%s", out)
+	}
 	if rep.Ceiling <= 0 || len(rep.CeilingByBatch) != 2 || rep.Drain.Rows != 3000 || rep.Drain.RowsPerSec <= 0 || rep.Drain.CPU <= 0 || rep.Drain.RSS <= 0 ||
 		rep.DrainRatio <= 0 || rep.DoneRatio <= 0 || rep.Rate.Offered != 200 || rep.Rate.Rows < 300 || rep.Idle == nil {
 		t.Fatalf("report %+v", rep)
@@ -1046,6 +1050,53 @@ func TestBenchSmoke(t *testing.T) {
 	for _, want := range []string{"ceiling,  500 in flight", "ceiling (best)", "relay drain", "lag p50", "CPU", "peak RSS",
 		"drain / ceiling", "drain, 5000 done rows", "with done / empty", "200 rows/s offered", "commit to PubAck", "writer, due to committed", "relay CPU", "% of one core",
 		"writer alone (no relay)", "writer p99, relay / alone", "standard client alone", "relay CPU / client CPU", "idle CPU"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the printed report lacks %q:\n%s", want, text.String())
+		}
+	}
+}
+
+// TestBenchKeys: with --keys the bench drains the rows a second time with
+// that many ordering keys, reports both rates and their ratio, and reads
+// the stream back to check each key's order; the printed report says so.
+func TestBenchKeys(t *testing.T) {
+	bin := buildBinary(t)
+	out, err := exec.Command(bin, "bench", "--rows", "600", "--ceiling-in-flight", "500", "--keys", "7", "--json").Output()
+	if err != nil {
+		t.Fatalf("bench --keys 7: %v\n%s", err, out)
+	}
+	type run struct {
+		Rows            int     `json:"rows"`
+		RowsPerSec      float64 `json:"rows_per_second"`
+		CPU             float64 `json:"cpu_seconds"`
+		OrderedMessages int     `json:"order_checked_messages"`
+		OrderedKeys     int     `json:"order_checked_keys"`
+	}
+	var rep struct {
+		Drain      run     `json:"drain"`
+		Keys       int     `json:"keys"`
+		KeyedDrain *run    `json:"keyed_drain"`
+		KeyedRatio float64 `json:"keyed_to_unordered"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	k := rep.KeyedDrain
+	if rep.Keys != 7 || k == nil || k.Rows != 600 || k.RowsPerSec <= 0 || k.CPU <= 0 || rep.KeyedRatio <= 0 || rep.Drain.Rows != 600 {
+		t.Fatalf("report %s", out)
+	}
+	// The order check read every row back, of every key; the unordered
+	// drain has none.
+	if k.OrderedMessages != 600 || k.OrderedKeys != 7 || rep.Drain.OrderedMessages != 0 {
+		t.Fatalf("order checked over %d messages of %d keys (unordered drain: %d); want 600 of 7 (0)", k.OrderedMessages, k.OrderedKeys, rep.Drain.OrderedMessages)
+	}
+	var full bench.Report
+	if err := json.Unmarshal(out, &full); err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	bench.Print(&text, &full)
+	for _, want := range []string{"relay drain ", "drain / ceiling", "relay drain, 7 keys", "keyed / unordered", "order checked", "600 messages of 7 keys"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("the printed report lacks %q:\n%s", want, text.String())
 		}

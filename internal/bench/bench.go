@@ -38,10 +38,13 @@ import (
 // Options are the bench command's flags.
 type Options struct {
 	Rows, Size, DoneRows, Rate int
-	WriterCheckpoint           int // the rate writer's PRAGMA wal_autocheckpoint
-	Duration, Idle             time.Duration
-	NATSURL, Dir               string
-	CeilingBatches             []int
+	// Keys > 0 drains the --rows again with that many ordering keys, round
+	// robin, and checks each key's order in the stream.
+	Keys             int
+	WriterCheckpoint int // the rate writer's PRAGMA wal_autocheckpoint
+	Duration, Idle   time.Duration
+	NATSURL, Dir     string
+	CeilingBatches   []int
 	// NATS holds the credentials and TLS settings of the bench's own
 	// connection; ConfigFile (when set) is passed to every child process,
 	// which reads the same settings from it.
@@ -81,6 +84,10 @@ type RelayRun struct {
 	WriterMaxUs float64 `json:"writer_tx_max_us,omitempty"`
 	// The relay's CPU while the --rate writer wrote, in % of one core.
 	CPUPercent float64 `json:"cpu_percent_of_one_core,omitempty"`
+	// The check of a drain with ordering keys: how many messages the
+	// stream held, of how many keys, each key's in row id order.
+	OrderCheckedMessages int `json:"order_checked_messages,omitempty"`
+	OrderCheckedKeys     int `json:"order_checked_keys,omitempty"`
 }
 
 // WriterRun is the --rate writer alone, with no relay running: the
@@ -101,10 +108,15 @@ type Report struct {
 	Ceiling        float64            `json:"ceiling_rows_per_second,omitempty"`
 	Drain          *RelayRun          `json:"drain,omitempty"`
 	DrainRatio     float64            `json:"drain_to_ceiling,omitempty"`
-	DrainWithDone  *RelayRun          `json:"drain_with_done,omitempty"`
-	DoneRatio      float64            `json:"with_done_to_empty,omitempty"`
-	Rate           *RelayRun          `json:"rate,omitempty"`
-	WriterAlone    *WriterRun         `json:"writer_alone,omitempty"`
+	// With --keys: the same drain with that many ordering keys, and its
+	// rate over the unordered drain's.
+	Keys          int        `json:"keys,omitempty"`
+	KeyedDrain    *RelayRun  `json:"keyed_drain,omitempty"`
+	KeyedRatio    float64    `json:"keyed_to_unordered,omitempty"`
+	DrainWithDone *RelayRun  `json:"drain_with_done,omitempty"`
+	DoneRatio     float64    `json:"with_done_to_empty,omitempty"`
+	Rate          *RelayRun  `json:"rate,omitempty"`
+	WriterAlone   *WriterRun `json:"writer_alone,omitempty"`
 	// The writer's lateness p99 with the relay over the same without it.
 	WriterP99Ratio float64 `json:"writer_p99_with_relay_to_alone,omitempty"`
 	// The standard client publishing --rate messages/s alone, awaiting
@@ -190,12 +202,13 @@ func Run(o Options) (*Report, error) {
 		progress("ceiling, %d in flight: %.0f msgs/s", b, r)
 	}
 
-	run := func(name string, done, rate int) (*RelayRun, error) {
+	run := func(name string, done, rate, keys int) (*RelayRun, error) {
 		names, err := stream(name, prefix+".>")
 		if err != nil {
 			return nil, err
 		}
-		r, err := b.benchRelay(ctx, filepath.Join(dir, name+".db"), url, names, o, done, rate)
+		path := filepath.Join(dir, name+".db")
+		r, err := b.benchRelay(ctx, path, url, names, o, done, rate, keys)
 		if err == nil && rate > 0 {
 			var lags []int64
 			if lags, err = storedLags(ctx, js.API(), names.stream); err == nil {
@@ -204,17 +217,32 @@ func Run(o Options) (*Report, error) {
 				progress("%s: commit to PubAck p50 %.1f ms p99 %.1f ms max %.1f ms", name, r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs)
 			}
 		}
+		if err == nil && keys > 0 {
+			if r.OrderCheckedMessages, r.OrderCheckedKeys, err = checkKeyOrder(ctx, js.API(), names.stream, path); err != nil {
+				err = fmt.Errorf("%s: %w", name, err)
+			} else {
+				progress("%s: each key's messages in row id order (%d messages, %d keys)", name, r.OrderCheckedMessages, r.OrderCheckedKeys)
+			}
+		}
 		if err == nil {
 			progress("%s: %.0f rows/s, lag p50 %.1f ms p99 %.1f ms, CPU %.2f s, peak RSS %.1f MiB", name, r.RowsPerSec, r.LagP50Ms, r.LagP99Ms, r.CPUSeconds, r.PeakRSSMiB)
 		}
 		return r, err
 	}
-	if rep.Drain, err = run("drain", 0, 0); err != nil {
+	if rep.Drain, err = run("drain", 0, 0, 0); err != nil {
 		return nil, err
 	}
 	rep.DrainRatio = rep.Drain.RowsPerSec / rep.Ceiling
+	if o.Keys > 0 {
+		// Right after the unordered drain, for a ratio within one run.
+		rep.Keys = o.Keys
+		if rep.KeyedDrain, err = run("drain-keyed", 0, 0, o.Keys); err != nil {
+			return nil, err
+		}
+		rep.KeyedRatio = rep.KeyedDrain.RowsPerSec / rep.Drain.RowsPerSec
+	}
 	if o.DoneRows > 0 {
-		if rep.DrainWithDone, err = run("drain-with-done", o.DoneRows, 0); err != nil {
+		if rep.DrainWithDone, err = run("drain-with-done", o.DoneRows, 0, 0); err != nil {
 			return nil, err
 		}
 		rep.DoneRatio = rep.DrainWithDone.RowsPerSec / rep.Drain.RowsPerSec
@@ -228,7 +256,7 @@ func Run(o Options) (*Report, error) {
 		}
 		rep.WriterAlone = alone
 		progress("writer alone: %d rows, lateness p50 %.2f ms p99 %.2f ms", alone.Rows, alone.WriterP50Us/1000, alone.WriterP99Us/1000)
-		if rep.Rate, err = run("rate", 0, o.Rate); err != nil {
+		if rep.Rate, err = run("rate", 0, o.Rate, 0); err != nil {
 			return nil, err
 		}
 		rep.WriterP99Ratio = rep.Rate.WriterP99Us / max(1, alone.WriterP99Us)
@@ -351,8 +379,9 @@ func procHWM(pid int) (float64, error) {
 
 // benchRelay prepares a database, runs the relay on it until every row is
 // done, and measures. With rate > 0 a writer inserts rows at that rate for
-// o.Duration while the relay runs, instead of a prepared backlog.
-func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNames, o Options, doneRows, rate int) (*RelayRun, error) {
+// o.Duration while the relay runs, instead of a prepared backlog; with
+// keys > 0 the backlog's rows have that many ordering keys, round robin.
+func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNames, o Options, doneRows, rate, keys int) (*RelayRun, error) {
 	if err := migrateBenchDB(ctx, path); err != nil {
 		return nil, err
 	}
@@ -369,7 +398,7 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 	pending := o.Rows
 	if rate > 0 {
 		pending = 0
-	} else if err := benchkit.Seed(ctx, db, "event_queue", pending, o.Size, "pending"); err != nil {
+	} else if err := benchkit.Seed(ctx, db, "event_queue", pending, o.Size, "pending", benchkit.Keys(keys)); err != nil {
 		return nil, err
 	}
 	ch, start, err := b.startChild(path, url, names)
@@ -435,48 +464,126 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 // storedLags reads every message of stream and returns the milliseconds
 // from its Outbox-Created-At to its store time in the stream.
 func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]int64, error) {
+	var lags []int64
+	err := readStream(ctx, js, stream, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) error {
+		created, err := time.Parse(time.RFC3339Nano, msg.Headers().Get(publish.HeaderCreatedAt))
+		if err != nil {
+			return fmt.Errorf("message %d: %s: %w", meta.Sequence.Stream, publish.HeaderCreatedAt, err)
+		}
+		lags = append(lags, meta.Timestamp.UnixMilli()-created.UnixMilli())
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read stored times: %w", err)
+	}
+	return lags, nil
+}
+
+// checkKeyOrder reads back the stream a drain with ordering keys filled
+// and the table at path it drained, and returns an error unless every row
+// is done and the stream holds each row once, with the row's ordering key,
+// and each key's messages in row id order (stream sequence increasing with
+// row id). It returns how many messages and keys it checked.
+func checkKeyOrder(ctx context.Context, js jetstream.JetStream, stream, path string) (msgs, keys int, err error) {
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer db.Close()
+	rowKeys, notDone, err := benchkit.DoneKeys(ctx, db, "event_queue")
+	if err != nil {
+		return 0, 0, err
+	}
+	if notDone > 0 {
+		return 0, 0, fmt.Errorf("check each key's order: %d of %d rows are not done", notDone, notDone+len(rowKeys))
+	}
+	// last is, per key, the row and stream sequence of its latest message.
+	type at struct {
+		row int64
+		seq uint64
+	}
+	last := map[string]at{}
+	seen := make(map[int64]bool, len(rowKeys))
+	err = readStream(ctx, js, stream, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) error {
+		seq := meta.Sequence.Stream
+		row, err := strconv.ParseInt(msg.Headers().Get(publish.HeaderRowID), 10, 64)
+		if err != nil {
+			return fmt.Errorf("message %d: %s: %w", seq, publish.HeaderRowID, err)
+		}
+		want, ok := rowKeys[row]
+		switch {
+		case !ok:
+			return fmt.Errorf("message %d is row %d, which is not done in the table", seq, row)
+		case seen[row]:
+			return fmt.Errorf("message %d is row %d, stored before", seq, row)
+		}
+		seen[row] = true
+		key := msg.Headers().Get(publish.HeaderOrderingKey)
+		if key != want {
+			return fmt.Errorf("message %d (row %d) has %s %q, the row has %q", seq, row, publish.HeaderOrderingKey, key, want)
+		}
+		if key == "" {
+			return nil
+		}
+		if prev, ok := last[key]; ok && (row < prev.row || seq < prev.seq) {
+			return fmt.Errorf("ordering key %q out of order: row %d stored at stream sequence %d, after row %d at sequence %d", key, row, seq, prev.row, prev.seq)
+		}
+		last[key] = at{row, seq}
+		return nil
+	})
+	if err == nil && len(seen) != len(rowKeys) {
+		err = fmt.Errorf("the stream holds %d of the %d rows", len(seen), len(rowKeys))
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("check each key's order in the stream: %w", err)
+	}
+	return len(seen), len(last), nil
+}
+
+// readStream calls fn with every message of stream, in sequence order,
+// and its metadata; it stops at fn's first error.
+func readStream(ctx context.Context, js jetstream.JetStream, stream string, fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
-		return nil, fmt.Errorf("read stored times: %w", err)
+		return err
 	}
 	total := st.CachedInfo().State.Msgs
 	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		return nil, fmt.Errorf("read stored times: %w", err)
+		return err
 	}
-	lags := make([]int64, 0, total)
-	for empty := 0; uint64(len(lags)) < total; {
+	var read uint64
+	for empty := 0; read < total; {
 		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			return nil, fmt.Errorf("read stored times: %w", err)
+			return err
 		}
-		got := len(lags)
+		got := read
 		for msg := range batch.Messages() {
 			meta, err := msg.Metadata()
 			if err != nil {
-				return nil, fmt.Errorf("read stored times: %w", err)
+				return err
 			}
-			created, err := time.Parse(time.RFC3339Nano, msg.Headers().Get(publish.HeaderCreatedAt))
-			if err != nil {
-				return nil, fmt.Errorf("message %d: %s: %w", meta.Sequence.Stream, publish.HeaderCreatedAt, err)
+			if err := fn(msg, meta); err != nil {
+				return err
 			}
-			lags = append(lags, meta.Timestamp.UnixMilli()-created.UnixMilli())
+			read++
 		}
 		if err := batch.Error(); err != nil { // a fetch that ends early is not an error
-			return nil, fmt.Errorf("read stored times: %w", err)
+			return err
 		}
-		if len(lags) == got {
+		if read == got {
 			empty++
 		} else {
 			empty = 0
 		}
 		if empty == 3 || ctx.Err() != nil {
-			return nil, fmt.Errorf("read stored times: got %d of the stream's %d messages", len(lags), total)
+			return fmt.Errorf("got %d of the stream's %d messages", read, total)
 		}
 	}
-	return lags, nil
+	return nil
 }
 
 // writeRate is the --rate writer: one row per BEGIN IMMEDIATE transaction,
@@ -613,6 +720,11 @@ func Print(w io.Writer, r *Report) {
 	}
 	line("relay drain", r.Drain)
 	fmt.Fprintf(w, "  drain / ceiling             %9.2f\n", r.DrainRatio)
+	if k := r.KeyedDrain; k != nil {
+		line(fmt.Sprintf("relay drain, %d keys", r.Keys), k)
+		fmt.Fprintf(w, "  keyed / unordered           %9.2f\n", r.KeyedRatio)
+		fmt.Fprintf(w, "  %-27s %9d messages of %d keys, each key's in row id order\n", "  order checked", k.OrderCheckedMessages, k.OrderCheckedKeys)
+	}
 	if r.DrainWithDone != nil {
 		line(fmt.Sprintf("drain, %d done rows", r.DrainWithDone.DoneRows), r.DrainWithDone)
 		fmt.Fprintf(w, "  with done / empty           %9.2f\n", r.DoneRatio)

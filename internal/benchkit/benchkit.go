@@ -21,23 +21,46 @@ import (
 )
 
 // Seed inserts n synthetic rows of type BenchEvent into table with
-// payloads of size random bytes and random event ids, in the given status (done rows get processed_at = now), in transactions of
-// 50,000 rows.
-func Seed(ctx context.Context, db *sql.DB, table string, n, size int, status string) error {
+// payloads of size random bytes and random event ids, in the given status
+// (done rows get processed_at = now), in transactions of 50,000 rows. With
+// the option Keys(k), row i of the n (0 the first, in id order) gets the
+// ordering_key OrderingKey(i % k); without it, none.
+func Seed(ctx context.Context, db *sql.DB, table string, n, size int, status string, opts ...SeedOption) error {
+	var so seedOptions
+	for _, o := range opts {
+		o(&so)
+	}
 	const chunk = 50_000
 	processed := "NULL"
 	if status == "done" {
 		processed = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 	}
-	q := fmt.Sprintf(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-INSERT INTO %s (event_id, event_type, payload, status, processed_at) SELECT 'bench-' || lower(hex(randomblob(16))), 'BenchEvent', randomblob(?), ?, %s FROM n`, table, processed)
-	for left := n; left > 0; left -= chunk {
-		if _, err := db.ExecContext(ctx, q, min(left, chunk), size, status); err != nil {
+	// ?1 rows from row ?4 of the n on, ?5 keys (0: none).
+	q := fmt.Sprintf(`WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1)
+INSERT INTO %s (event_id, event_type, payload, status, processed_at, ordering_key)
+SELECT 'bench-' || lower(hex(randomblob(16))), 'BenchEvent', randomblob(?2), ?3, %s,
+	CASE WHEN ?5 > 0 THEN '%s' || ((?4 + i) %% ?5) END FROM n ORDER BY i`, table, processed, keyPrefix)
+	for done := 0; done < n; done += chunk {
+		if _, err := db.ExecContext(ctx, q, min(n-done, chunk), size, status, done, so.keys); err != nil {
 			return fmt.Errorf("seed rows: %w", err)
 		}
 	}
 	return nil
 }
+
+// SeedOption changes what Seed writes.
+type SeedOption func(*seedOptions)
+
+type seedOptions struct{ keys int }
+
+// Keys gives the seeded rows k ordering keys round robin (0: none).
+func Keys(k int) SeedOption { return func(o *seedOptions) { o.keys = k } }
+
+// keyPrefix begins every ordering key Seed writes.
+const keyPrefix = "bench-key-"
+
+// OrderingKey is the ordering key Seed gives the rows of key number i.
+func OrderingKey(i int) string { return keyPrefix + strconv.Itoa(i) }
 
 // Drained reports whether no row of table is pending or processing.
 func Drained(ctx context.Context, db *sql.DB, table string) (bool, error) {
@@ -76,6 +99,34 @@ func Lags(ctx context.Context, db *sql.DB, table string, afterID int64) ([]int64
 		out = append(out, v)
 	}
 	return out, rows.Err()
+}
+
+// DoneKeys returns the ordering key ("" for none) of every done row of
+// table by id, and how many of its rows are not done.
+func DoneKeys(ctx context.Context, db *sql.DB, table string) (keys map[int64]string, notDone int, err error) {
+	rows, err := db.QueryContext(ctx, `SELECT id, coalesce(ordering_key, ''), status = 'done' FROM `+table)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read ordering keys: %w", err)
+	}
+	defer rows.Close()
+	keys = map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var key string
+		var done bool
+		if err := rows.Scan(&id, &key, &done); err != nil {
+			return nil, 0, fmt.Errorf("read ordering keys: %w", err)
+		}
+		if !done {
+			notDone++
+			continue
+		}
+		keys[id] = key
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read ordering keys: %w", err)
+	}
+	return keys, notDone, nil
 }
 
 // Ceiling publishes n messages of size bytes to subject with the standard

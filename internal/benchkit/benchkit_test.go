@@ -2,6 +2,7 @@ package benchkit
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -59,5 +60,52 @@ func TestReplaceStreamRounds(t *testing.T) {
 			t.Fatalf("round %d: %v", i, err)
 		}
 		old = name
+	}
+}
+
+// TestSeedKeys: with Keys(k), row i of a Seed (in id order, across its
+// transactions of 50,000 rows) gets key i mod k; without it, rows get none.
+func TestSeedKeys(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.AppDB(t, testenv.NewDB(t))
+	if err := Seed(ctx, db, "event_queue", 2, 0, "done"); err != nil {
+		t.Fatal(err)
+	}
+	const n, k = 50_000 + 10, 7
+	if err := Seed(ctx, db, "event_queue", n, 0, "pending", Keys(k)); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(`SELECT ordering_key FROM event_queue ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var keys []sql.NullString
+	for rows.Next() {
+		var key sql.NullString
+		if err := rows.Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2+n || keys[0].Valid || keys[1].Valid {
+		t.Fatalf("%d rows, the first two keyed %v %v; want %d rows, the unkeyed ones without a key", len(keys), keys[0], keys[1], 2+n)
+	}
+	for i, key := range keys[2:] {
+		if want := OrderingKey(i % k); key.String != want {
+			t.Fatalf("seeded row %d has key %v, want %q", i, key, want)
+		}
+	}
+	// DoneKeys, the bench's read-back of what each row should carry.
+	done, notDone, err := DoneKeys(ctx, db, "event_queue")
+	if err != nil || len(done) != 2 || done[1] != "" || done[2] != "" || notDone != n {
+		t.Fatalf("DoneKeys: %d done %v, %d not done (%v); want the 2 unkeyed rows and %d", len(done), done, notDone, err, n)
+	}
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'done' WHERE id = 3 + 7`)
+	if done, notDone, err = DoneKeys(ctx, db, "event_queue"); err != nil || len(done) != 3 || done[10] != OrderingKey(0) || notDone != n-1 {
+		t.Fatalf("DoneKeys after row 10 is done: %v, %d not done (%v)", done, notDone, err)
 	}
 }
