@@ -204,10 +204,10 @@ FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DES
 
 // parkedSQL lists the parked keys of table t, longest parked first (up to
 // ?1): each key's earliest dead letter, and how many pending rows of the
-// key come after it, counted on the ordering index too.
+// key come after it, counted on the ordering index.
 func parkedSQL(t string) string {
 	return `SELECT ` + deadLetterColumns + `, p.parked_key,
-	(SELECT count(*) FROM ` + t + ` AS w WHERE w.ordering_key = p.parked_key AND w.id > p.parked_id AND w.status <> 'done' AND w.status = 'pending')
+	(SELECT count(*) FROM ` + t + ` AS w WHERE w.ordering_key = p.parked_key AND w.id > p.parked_id AND w.status = 'pending')
 FROM (` + schema.ParkedKeysSQL(t) + `) AS p JOIN ` + t + ` ON id = p.parked_id
 ORDER BY 6, 1 LIMIT ?1`
 }

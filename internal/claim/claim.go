@@ -58,6 +58,8 @@ type Store struct {
 	registered atomic.Bool   // a heartbeat committed: settles are fenced by the lead
 	rescan     time.Duration // a claim reads the whole pending index at least this often
 	keyDepth   int           // rows of one ordering key held at most; 0: no limit
+	// skipDeadLetters: a dead letter does not keep its key's later rows.
+	skipDeadLetters bool
 
 	mu   sync.Mutex
 	held held // the rows in flight (see Claim)
@@ -66,9 +68,10 @@ type Store struct {
 // New returns a Store on db, with a new instance id. It does not touch the
 // schema; closing db is the caller's.
 func New(db *sqlitedb.DB, opts Options) *Store {
-	s := &Store{db: db, instance: event.NewID(), q: newQueries(db.Table(), opts.SkipDeadLetters), rescan: opts.Rescan, keyDepth: opts.KeyDepth}
+	s := &Store{db: db, instance: event.NewID(), q: newQueries(db.Table()), rescan: opts.Rescan, keyDepth: opts.KeyDepth, skipDeadLetters: opts.SkipDeadLetters}
 	s.held.ids = map[int64]struct{}{}
 	s.held.keys = map[string]int{}
+	s.held.waiting = map[string]bool{}
 	s.held.overflow = map[string]bool{}
 	if s.rescan <= 0 {
 		s.rescan = DefaultRescan
@@ -89,49 +92,33 @@ const pendingRow = `id = ? AND status = 'pending'`
 // takeSQL reads due pending rows in id order that pass cond (?1): up to
 // ?3 rows and, past the first, those that begin within ?4 bytes of
 // payload. The innermost subquery walks the pending index in id order and
-// stops at the limit, so payloads past the budget are never read.
+// stops at the limit, so payloads past the budget are never read. Rows of
+// the ordering keys in ?5 (a JSON array) are left alone.
 //
-// A row with an ordering key is taken only when no row of the same key
-// before it waits for something else (orderedSQL), and not while its key
-// already holds as many rows in flight as it may (?7, a JSON array).
-func takeSQL(t, cond, blocking string) string {
-	return fmt.Sprintf(`SELECT id, event_id, event_type, payload, CAST(attempts AS INTEGER),
-	%[3]s, created_at IS NOT NULL, %[4]s, available_at IS NOT NULL, ordering_key FROM %[1]s
-WHERE id IN (SELECT id FROM (
+// With each row that has an ordering key comes the row before it of the
+// same key (prev: its id and status), found by one seek of the ordering
+// index. Store.order decides from it.
+func takeSQL(t, cond string) string {
+	return fmt.Sprintf(`SELECT r.id, r.event_id, r.event_type, r.payload, CAST(r.attempts AS INTEGER),
+	%[3]s, r.created_at IS NOT NULL, %[4]s, r.available_at IS NOT NULL, r.ordering_key, p.id, p.status
+FROM %[1]s AS r LEFT JOIN %[1]s AS p ON coalesce(r.ordering_key, '') <> '' AND p.id =
+	(SELECT max(e.id) FROM %[1]s AS e WHERE e.ordering_key = r.ordering_key AND e.id < r.id)
+WHERE r.id IN (SELECT id FROM (
 	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
-		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s AS o
-		WHERE status = 'pending' AND %[5]s AND %[2]s AND %[6]s ORDER BY id LIMIT ?3))
+		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s
+		WHERE status = 'pending' AND %[5]s AND %[2]s AND (coalesce(ordering_key, '') = '' OR ordering_key NOT IN (SELECT value FROM json_each(?5)))
+		ORDER BY id LIMIT ?3))
 	WHERE before < ?4)
-ORDER BY id`, t, schema.DueSQL("?2"), schema.MsSQL("created_at"), schema.MsSQL("available_at"), cond, orderedSQL(t, blocking))
+ORDER BY r.id`, t, schema.DueSQL("?2"), schema.MsSQL("r.created_at"), schema.MsSQL("r.available_at"), cond)
 }
 
-// orderedSQL is the condition on a row o that it is not ordered, or that
-// every row of its ordering key before it is done, dead-lettered (when
-// dead letters do not hold their key: blocking lists the statuses that
-// do), held in flight by this store (?5, a JSON array), or due and pending
-// within the range this claim reads (past ?6): such a row comes first in
-// the same claim. A row before o that is scheduled for later, retried,
-// marked processing, dead-lettered (by default), or due but outside the
-// range read, keeps o and the rest of the key waiting.
-func orderedSQL(t, blocking string) string {
-	return fmt.Sprintf(`(coalesce(o.ordering_key, '') = '' OR (
-	o.ordering_key NOT IN (SELECT value FROM json_each(?7))
-	AND NOT EXISTS (SELECT 1 FROM %[1]s AS e WHERE e.ordering_key = o.ordering_key AND e.status <> 'done' AND e.id < o.id
-		AND e.status IN (%[2]s) AND e.id NOT IN (SELECT value FROM json_each(?5))
-		AND NOT (e.status = 'pending' AND e.id > ?6 AND %[3]s))))`, t, blocking, schema.DueSQL("?2"))
-}
-
-func newQueries(t string, skipDeadLetters bool) queries {
-	blocking := `'pending', 'processing', 'dead_lettered'`
-	if skipDeadLetters {
-		blocking = `'pending', 'processing'`
-	}
+func newQueries(t string) queries {
 	return queries{
 		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND %s)`, t, schema.DueSQL("?1")),
 		// Past the highest row in flight (the pending index's range).
-		takeAfter: takeSQL(t, `id > ?1`, blocking),
+		takeAfter: takeSQL(t, `id > ?1`),
 		// Anywhere, except the rows in flight (a JSON array of ids).
-		takeRescan: takeSQL(t, `id NOT IN (SELECT value FROM json_each(?1))`, blocking),
+		takeRescan: takeSQL(t, `id NOT IN (SELECT value FROM json_each(?1))`),
 		assignID:   fmt.Sprintf(`UPDATE %s SET event_id = coalesce(event_id, ?) WHERE id = ? RETURNING event_id`, t),
 		settledAt:  fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
 		done:       fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'`, t),
@@ -155,12 +142,16 @@ WHERE status = 'processing' AND (
 // which stay pending in the table until their outcome is written, and the
 // times the rows it deferred become due again.
 type held struct {
-	ids        map[int64]struct{}
-	max        int64           // the highest id in ids
-	keys       map[string]int  // rows in ids per ordering key
-	overflow   map[string]bool // keys whose due rows were left for lack of room
-	deferred   []int64         // due times (Unix ms, Options.Clock) of rows this store deferred
-	nextRescan time.Time       // when a claim next reads the whole pending index
+	ids      map[int64]struct{}
+	max      int64           // the highest id in ids
+	keys     map[string]int  // rows in ids per ordering key
+	overflow map[string]bool // keys whose due rows were left for lack of room
+	// waiting are keys found waiting behind a row (see order), left alone
+	// by claims until nextLook.
+	waiting    map[string]bool
+	nextLook   time.Time
+	deferred   []int64   // due times (Unix ms, Options.Clock) of rows this store deferred
+	nextRescan time.Time // when a claim next reads the whole pending index
 }
 
 // Claim takes due pending rows in id order, up to limit rows and, past the
@@ -179,7 +170,7 @@ type held struct {
 //
 // A row with an ordering key comes only when every row of its key before
 // it is done or in flight (or comes first in the same claim); see
-// orderedSQL. A key holds at most Options.KeyDepth rows in flight; Waiting
+// order. A key holds at most Options.KeyDepth rows in flight; Waiting
 // reports rows left behind for lack of room.
 //
 // A row with a NULL event_id gets a fresh UUID before it is returned, in
@@ -195,28 +186,34 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		return nil, err
 	}
 	now := s.db.DueMs()
-	query, after, cursor := s.q.takeAfter, any(nil), int64(0)
+	query, after := s.q.takeAfter, any(nil)
 	s.mu.Lock()
-	heldIDs := jsonIDs(maps.Keys(s.held.ids))
+	if !time.Now().Before(s.held.nextLook) {
+		// Look at the waiting keys again: what they wait for may have
+		// been settled, become due, or been retried by an operator.
+		clear(s.held.waiting)
+		s.held.nextLook = time.Now().Add(s.rescan)
+		s.held.nextRescan = time.Time{}
+	}
 	if rescan := s.rescanDue(now); rescan {
-		query, after = s.q.takeRescan, heldIDs
+		query, after = s.q.takeRescan, jsonIDs(maps.Keys(s.held.ids))
 		s.held.nextRescan = time.Now().Add(s.rescan)
 	} else {
-		after, cursor = s.held.max, s.held.max
+		after = s.held.max
 	}
-	full := s.fullKeys()
+	skip := s.skipKeys()
 	s.mu.Unlock()
 	// A context that cannot be cancelled lets go-sqlite3 read each row in
 	// one cgo call; the read is short and holds no lock.
-	rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, limit, maxBytes, heldIDs, cursor, full)
+	rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, limit, maxBytes, skip)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
-	out, noID, err := readRows(rows, sqlitedb.NowMs())
+	out, prev, noID, err := readRows(rows, sqlitedb.NowMs())
 	if err != nil {
 		return nil, fmt.Errorf("claim rows: %w", err)
 	}
-	out, noID = s.makeRoom(out, noID)
+	out, noID = s.order(out, prev, noID)
 	if len(noID) > 0 {
 		if err := s.assignIDs(ctx, out, noID); err != nil {
 			return nil, err
@@ -226,52 +223,74 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	for _, r := range out {
 		s.held.ids[r.ID] = struct{}{}
 		s.held.max = max(s.held.max, r.ID)
-		if r.OrderingKey != "" {
-			s.held.keys[r.OrderingKey]++
+		if k := r.OrderingKey; k != "" {
+			s.held.keys[k]++
 		}
 	}
 	s.mu.Unlock()
 	return out, nil
 }
 
-// fullKeys returns, as a JSON array, the ordering keys that hold
-// Options.KeyDepth rows in flight; s.mu is held.
-func (s *Store) fullKeys() string {
-	var full []string
+// skipKeys returns, as a JSON array, the ordering keys a claim leaves
+// alone: those found waiting (see order), those that hold
+// Options.KeyDepth rows in flight, and those that left rows behind and
+// have not drained to half since (see letGo). s.mu is held.
+func (s *Store) skipKeys() string {
+	keys := []string{}
+	for k := range s.held.waiting {
+		keys = append(keys, k)
+	}
+	for k := range s.held.overflow {
+		keys = append(keys, k)
+	}
 	if s.keyDepth > 0 {
 		for k, n := range s.held.keys {
-			if n >= s.keyDepth {
-				full = append(full, k)
+			if n >= s.keyDepth && !s.held.overflow[k] {
+				keys = append(keys, k)
 			}
 		}
 	}
-	if full == nil {
-		return "[]"
-	}
-	b, _ := json.Marshal(full)
+	b, _ := json.Marshal(keys)
 	return string(b)
 }
 
-// makeRoom drops the rows of an ordering key past Options.KeyDepth rows in
-// flight (the last ones of the key: its order is kept), and notes the key
-// so that a claim reads them again once the key has room (see letGo). It
-// returns the rows kept, and the indexes among them of those without
-// event_id.
-func (s *Store) makeRoom(rows []event.Row, noID []int) ([]event.Row, []int) {
-	if s.keyDepth <= 0 {
-		return rows, noID
-	}
+// order keeps, of the rows read (in id order), those without an ordering
+// key, and those of a key whose row before it (prev, see takeSQL) is done,
+// a dead letter that does not hold its key (Options.SkipDeadLetters), held
+// in flight, or kept before it in the same read. Nothing of the key lies
+// before such a row that could still go: a key's rows in flight are the
+// first of its rows that are not done (a claim takes them in order, and a
+// lane that fails one withholds the rest), and no row of a key is done
+// while an earlier one waits. A row whose prev is anything else (a retried
+// or scheduled row, a dead letter, a row left behind, a processing row;
+// a status the relay does not know holds nothing up) waits, and so does the rest of its key, which the claims leave alone for
+// a while (waiting). Past Options.KeyDepth rows in flight a key's last
+// rows are left too (its order is kept), and noted so that a claim reads
+// them again once the key has room (see letGo). It returns the rows kept,
+// and the indexes among them of those without event_id.
+func (s *Store) order(rows []event.Row, prev []prevRow, noID []int) ([]event.Row, []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	taken := map[string]int{}
 	kept, keptNoID := rows[:0], noID[:0]
+	keptIDs := map[int64]bool{}
+	stopped := map[string]bool{}
 	for i, r := range rows {
 		if k := r.OrderingKey; k != "" {
-			if s.held.keys[k]+taken[k] >= s.keyDepth {
+			switch {
+			case stopped[k]:
+				continue
+			case !s.mayFollow(prev[i], keptIDs):
+				stopped[k] = true
+				s.held.waiting[k] = true
+				continue
+			case s.keyDepth > 0 && s.held.keys[k]+taken[k] >= s.keyDepth:
+				stopped[k] = true
 				s.held.overflow[k] = true
 				continue
 			}
 			taken[k]++
+			keptIDs[r.ID] = true
 		}
 		if len(noID) > 0 && noID[0] == i {
 			noID = noID[1:]
@@ -280,6 +299,32 @@ func (s *Store) makeRoom(rows []event.Row, noID []int) ([]event.Row, []int) {
 		kept = append(kept, r)
 	}
 	return kept, keptNoID
+}
+
+// prevRow is the row before a row of the same ordering key (see takeSQL).
+type prevRow struct {
+	ID     sql.NullInt64
+	Status sql.NullString
+}
+
+// mayFollow reports whether a row may be published after p, the row
+// before it of its key (see order); s.mu is held.
+func (s *Store) mayFollow(p prevRow, kept map[int64]bool) bool {
+	if !p.ID.Valid {
+		return true
+	}
+	switch event.Status(p.Status.String) {
+	case event.StatusDone:
+		return true
+	case event.StatusDeadLettered:
+		return s.skipDeadLetters
+	case event.StatusPending:
+		_, held := s.held.ids[p.ID.Int64]
+		return held || kept[p.ID.Int64]
+	case event.StatusProcessing:
+		return false
+	}
+	return true // a status the relay leaves alone (queued, say) holds nothing up
 }
 
 // Waiting reports whether due rows were left unclaimed because their
@@ -308,11 +353,12 @@ func (s *Store) rescanDue(now int64) bool {
 	return due
 }
 
-// Rescan makes the next claim read the whole pending index: rows went back
-// to pending (a heartbeat reclaimed them).
+// Rescan makes the next claim read the whole pending index, the keys found
+// waiting included: rows went back to pending (a heartbeat reclaimed
+// them).
 func (s *Store) Rescan() {
 	s.mu.Lock()
-	s.held.nextRescan = time.Time{}
+	s.held.nextRescan, s.held.nextLook = time.Time{}, time.Time{}
 	s.mu.Unlock()
 }
 
@@ -323,24 +369,26 @@ func (s *Store) InFlight() int {
 	return len(s.held.ids)
 }
 
-// readRows reads claimed rows, in id order, and the indexes of those whose
+// readRows reads claimed rows, in id order, the row before each of the
+// same ordering key (see takeSQL), and the indexes of those whose
 // event_id is NULL. The columns are read as whatever SQLite holds, so that
 // one row of a foreign shape (a text created_at, say) is reported on that
 // row alone instead of failing the whole claim, which would take the same
 // row first again. now (Unix ms) stands in for a NULL created_at.
-func readRows(rows *sql.Rows, now int64) (out []event.Row, noID []int, err error) {
+func readRows(rows *sql.Rows, now int64) (out []event.Row, prev []prevRow, noID []int, err error) {
 	defer rows.Close()
 	for rows.Next() {
 		var (
 			r                           event.Row
 			eventID, eventType, payload any
 			orderingKey                 any
+			before                      prevRow
 			attempts                    sql.NullInt64
 			created, availAt            sql.NullInt64
 			hasCreated, hasAvailAt      bool
 		)
-		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt, &orderingKey); err != nil {
-			return nil, nil, err
+		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt, &orderingKey, &before.ID, &before.Status); err != nil {
+			return nil, nil, nil, err
 		}
 		if eventID == nil {
 			noID = append(noID, len(out))
@@ -363,8 +411,9 @@ func readRows(rows *sql.Rows, now int64) (out []event.Row, noID []int, err error
 			r.Problem = fmt.Sprintf("cannot read the row: %s holds neither Unix milliseconds nor a date and time SQLite writes", strings.Join(problems, " and "))
 		}
 		out = append(out, r)
+		prev = append(prev, before)
 	}
-	return out, noID, rows.Err()
+	return out, prev, noID, rows.Err()
 }
 
 // assignIDs gives the rows at indexes noID, whose event_id is NULL (a

@@ -79,9 +79,10 @@ func settleAll(t *testing.T, s *Store, rows []event.Row, outs map[int64]event.Ou
 func TestKeyWaitsBehindItsRetriedRow(t *testing.T) {
 	s := newStore(t)
 	db := testenv.AppDB(t, s.db.Path())
-	ids := insertKeyed(t, db, "a", "b", "a", "", "a")
+	const a = `o"r.d[e]r $1 ü` // a key is any text: quotes, dots, brackets
+	ids := insertKeyed(t, db, a, "b", a, "", a)
 	rows, err := s.Claim(context.Background(), 100, 0)
-	if err != nil || len(rows) != 5 || rows[0].OrderingKey != "a" || rows[1].OrderingKey != "b" || rows[3].OrderingKey != "" {
+	if err != nil || len(rows) != 5 || rows[0].OrderingKey != a || rows[1].OrderingKey != "b" || rows[3].OrderingKey != "" {
 		t.Fatalf("first claim %+v %v", rows, err)
 	}
 	later := time.Now().Add(time.Hour)
@@ -90,7 +91,7 @@ func TestKeyWaitsBehindItsRetriedRow(t *testing.T) {
 		ids[2]: {Settlement: event.Release, AvailableAt: time.Now(), Reason: "ordering"},
 		ids[4]: {Settlement: event.Release, AvailableAt: time.Now(), Reason: "ordering"},
 	})
-	more := insertKeyed(t, db, "b", "a", "")
+	more := insertKeyed(t, db, "b", a, "")
 	wantIDs(t, "behind the retried row", claimIDs(t, s), more[0], more[2])
 	// The retried row becomes due: its key follows in order.
 	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = 0 WHERE id = ?`, ids[0])
@@ -181,4 +182,32 @@ func TestKeyDepthLeavesRoom(t *testing.T) {
 	if !s.Waiting() {
 		t.Fatal("rows left behind again, but not Waiting")
 	}
+}
+
+// TestWaitingKeyDoesNotStarveOthers: a parked key with many rows at the
+// front of the table costs the others at most one claim: once found
+// waiting, the key is left alone until the store looks again.
+func TestWaitingKeyDoesNotStarveOthers(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	keys := make([]string, 31)
+	for i := range keys {
+		keys[i] = "a"
+	}
+	ids := insertKeyed(t, db, keys...)
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'dead_lettered', attempts = 10 WHERE id = ?`, ids[0])
+	others := insertKeyed(t, db, "", "b", "")
+	first, err := s.Claim(context.Background(), 10, 0)
+	if err != nil || len(first) != 0 {
+		t.Fatalf("first claim %+v %v: want nothing (ten rows of the parked key)", first, err)
+	}
+	got := []int64{}
+	rows, err := s.Claim(context.Background(), 10, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		got = append(got, r.ID)
+	}
+	wantIDs(t, "the next claim", got, others...)
 }

@@ -53,7 +53,10 @@ var migrations = []migration{
 
 // migrateOrderingKey adds the optional ordering_key column (NULL: the row
 // is not ordered) and the index a claim uses to find, for a row with a
-// key, the rows of the same key before it that are not done. Each step is
+// key, the row of the same key before it. Rows without a key are not in
+// the index, and a row's settlement does not change it (status is not in
+// it): it costs one entry per keyed row, written by the application's
+// INSERT. Each step is
 // a transaction of its own: the index is built by reading the whole table
 // under the lock.
 func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
@@ -68,7 +71,7 @@ func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
 	})
 	if err == nil {
 		err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_ordering ON %[1]s (ordering_key, id, status, available_at) WHERE status <> 'done'`, t))
+			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_ordering ON %[1]s (ordering_key, id) WHERE ordering_key IS NOT NULL`, t))
 			return err
 		})
 	}

@@ -68,13 +68,13 @@ func OldestDueSQL(table string) string {
 // (ordering.on_dead_letter: hold), one row per key: the key (parked_key)
 // and its earliest dead-lettered row (parked_id), which the key's later
 // rows wait behind. An empty or NULL key orders nothing and parks nothing.
-// It reads the ordering index (status <> 'done' is its WHERE clause, which
-// lets SQLite use it) in key order, without a sort and without the done
-// rows: its cost follows the unfinished rows that have a key.
+// It reads the dead letters' index: its cost follows the dead letters,
+// not the rows with a key (the unary + keeps SQLite off the ordering
+// index, which would look at every keyed row's status).
 func ParkedKeysSQL(table string) string {
 	return fmt.Sprintf(`SELECT ordering_key AS parked_key, min(id) AS parked_id FROM %s
-	WHERE ordering_key > '' AND status <> 'done' AND status = 'dead_lettered'
-	GROUP BY ordering_key`, table)
+	WHERE status = 'dead_lettered' AND +ordering_key > ''
+	GROUP BY +ordering_key`, table)
 }
 
 // identRe is a plain SQL identifier: the outbox table's name is built into
