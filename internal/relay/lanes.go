@@ -9,29 +9,29 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 )
 
-// lanes publishes the rows that carry an ordering key one at a time per
-// key: a row is sent only once the broker has stored the row before it of
-// the same key. Messages of one key in flight together could be stored out
-// of order: the broker may refuse one (a subject this user may not publish
-// to, a size limit, a subject the stream stopped capturing) and take the
-// next, or a connection may be lost after one and re-established before
-// the next.
+// lanes holds the rows that carry an ordering key so that each key has one
+// message in flight at a time: a row is sent only once the broker has
+// stored the row before it of the same key. Messages of one key in flight
+// together could be stored out of order: the broker may refuse one (a
+// subject this user may not publish to, a size limit, a subject the stream
+// stopped capturing) and take the next, or a connection may be lost after
+// one and re-established before the next.
+//
+// A key's first row goes out with the claim's other rows (Relay.publish);
+// the settler, which waits for every row's outcome in claim order, sends
+// the next row of the key when it sees the one before it stored (resolved).
+// Rows of different keys, and rows without a key (which do not pass
+// through here), are sent side by side.
 //
 // Once a row of a key was not stored (or was dead-lettered without
-// publishing), the lane sends nothing more of that key (Withheld: the row
-// stays pending, no attempt spent) until every row of the key it was given
-// is settled, and then only rows of claims that began after that: from
-// then on the table keeps the key waiting behind that row (see
+// publishing), nothing more of that key is sent (Withheld: the row stays
+// pending, no attempt spent) until every row of the key given here is
+// settled, and then only rows of claims that began after that: from then
+// on the table keeps the key waiting behind that row (see
 // claim.Store.Claim), or lets it go on past a skipped dead letter. A claim
 // that began earlier may have read the failed row as in flight, and taken
 // the rows behind it. Claims are numbered by the relay (the seq arguments).
-// Rows of different keys, and rows without a key (which do not pass
-// through here), are sent side by side.
 type lanes struct {
-	pub    Publisher
-	ctx    context.Context // ends at shutdown: rows not yet sent are not sent
-	ackCtx context.Context // how long a sent row's acknowledgement is awaited
-
 	mu      sync.Mutex
 	keys    map[string]*lane
 	blocked map[string]*lane // the lanes in keys that are blocked
@@ -39,8 +39,8 @@ type lanes struct {
 
 // lane is one ordering key's rows given to lanes and not yet settled.
 type lane struct {
-	queue   []*laneAck // rows to send, in id order; nil msg: a barrier
-	running bool       // a goroutine sends the queue
+	queue   []*laneAck // rows waiting to be sent, in id order
+	sending bool       // a row of the key is in flight
 	// unsettled counts the rows given and not yet settled; the lane goes
 	// when it reaches 0.
 	unsettled int
@@ -51,48 +51,36 @@ type lane struct {
 	clearAt uint64
 }
 
-// laneAck is the pending outcome of a row given to lanes.
+// laneAck is the outcome of a row given to lanes: its publish's, once it
+// is sent, or the reason it was not.
 type laneAck struct {
 	msg     publish.Message
 	barrier error // not a message: a row dead-lettered without publishing
-	done    chan struct{}
-	res     publish.Result
+	ack     publish.Ack
+	res     publish.Result // when ack is nil: why it was not sent
 }
 
+// Wait returns the row's outcome. The settler waits for rows in claim
+// order, so by the time it waits for a row the one before it of the same
+// key is resolved, and the row was sent (ack) or withheld (res).
 func (a *laneAck) Wait(ctx context.Context) publish.Result {
-	select {
-	case <-a.done:
-		return a.res
-	case <-ctx.Done():
-		return publish.Result{Kind: publish.Transport, Err: ctx.Err()}
+	if a.ack != nil {
+		return a.ack.Wait(ctx)
 	}
+	return a.res
 }
 
-func (a *laneAck) resolve(res publish.Result) {
-	a.res = res
-	close(a.done)
+func newLanes() *lanes {
+	return &lanes{keys: map[string]*lane{}, blocked: map[string]*lane{}}
 }
 
-func newLanes(pub Publisher, ctx, ackCtx context.Context) *lanes {
-	return &lanes{pub: pub, ctx: ctx, ackCtx: ackCtx, keys: map[string]*lane{}, blocked: map[string]*lane{}}
-}
-
-// send queues m, a row of claim seq, behind the rows of its key given
-// before it.
-func (l *lanes) send(m publish.Message, seq uint64) publish.Ack {
-	a := &laneAck{msg: m, done: make(chan struct{})}
-	l.enqueue(m.Row.OrderingKey, seq, a)
-	return a
-}
-
-// barrier stops the key of row (of claim seq), which is dead-lettered
-// without being published (reason), at its place among the rows of its
-// key.
-func (l *lanes) barrier(row event.Row, reason string, seq uint64) {
-	l.enqueue(row.OrderingKey, seq, &laneAck{barrier: fmt.Errorf("row %d was dead-lettered: %s", row.ID, reason), done: make(chan struct{})})
-}
-
-func (l *lanes) enqueue(key string, seq uint64, a *laneAck) {
+// add gives lanes a row of claim seq (m, or a barrier when barrier is not
+// nil) and returns its ack, and the message to send now when the row is
+// its key's next (nil otherwise): the caller sends it and passes the ack
+// to sent.
+func (l *lanes) add(m publish.Message, barrier error, seq uint64) (*laneAck, *publish.Message) {
+	a := &laneAck{msg: m, barrier: barrier}
+	key := m.Row.OrderingKey
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ln := l.keys[key]
@@ -105,68 +93,75 @@ func (l *lanes) enqueue(key string, seq uint64, a *laneAck) {
 		ln.blocked, ln.clearAt = nil, 0
 		delete(l.blocked, key)
 	}
-	if ln.blocked != nil {
-		if a.barrier == nil {
-			a.resolve(withheld(key, ln.blocked))
-		}
-		return
+	switch {
+	case ln.blocked != nil:
+		a.res = withheld(key, ln.blocked)
+	case ln.sending || len(ln.queue) > 0:
+		ln.queue = append(ln.queue, a)
+	case barrier != nil:
+		l.block(key, ln, barrier)
+	default:
+		ln.sending = true
+		return a, &a.msg
 	}
-	ln.queue = append(ln.queue, a)
-	if !ln.running {
-		ln.running = true
-		go l.run(key, ln)
-	}
+	return a, nil
 }
 
-// run sends ln's rows one at a time until its queue is empty or a row was
-// not stored.
-func (l *lanes) run(key string, ln *lane) {
-	for {
-		l.mu.Lock()
-		if len(ln.queue) == 0 {
-			ln.running = false
-			if ln.unsettled <= 0 && ln.blocked == nil {
-				delete(l.keys, key)
-			}
-			l.mu.Unlock()
-			return
-		}
-		a := ln.queue[0]
-		ln.queue = ln.queue[1:]
-		l.mu.Unlock()
-		if a.barrier != nil {
-			l.block(key, ln, a.barrier)
-			continue
-		}
-		var res publish.Result
-		if err := l.ctx.Err(); err != nil {
-			res = publish.Result{Kind: publish.Transport, Err: err}
-		} else {
-			res = l.pub.Publish(l.ctx, []publish.Message{a.msg})[0].Wait(l.ackCtx)
-		}
-		if res.Kind != publish.Stored && res.Kind != publish.Duplicate {
-			l.block(key, ln, fmt.Errorf("row %d was not stored (%s)", a.msg.Row.ID, res.Kind))
-		}
-		a.resolve(res)
+// resolved records the outcome res of row a and returns the key's next
+// message to send, if any (after a failure the rest of the key is
+// withheld instead, and when stop is set, at shutdown, it is not sent).
+// The caller sends it and passes its ack to sent. A row that was not sent
+// changes nothing.
+func (l *lanes) resolved(a *laneAck, res publish.Result, stop error) (*laneAck, *publish.Message) {
+	row := a.msg.Row
+	key := row.OrderingKey
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ln := l.keys[key]
+	if ln == nil || a.ack == nil {
+		return nil, nil
 	}
+	ln.sending = false
+	if res.Kind != publish.Stored && res.Kind != publish.Duplicate {
+		l.block(key, ln, fmt.Errorf("row %d was not stored (%s)", row.ID, res.Kind))
+		return nil, nil
+	}
+	for len(ln.queue) > 0 {
+		next := ln.queue[0]
+		ln.queue = ln.queue[1:]
+		switch {
+		case next.barrier != nil:
+			l.block(key, ln, next.barrier)
+		case stop != nil:
+			next.res = publish.Result{Kind: publish.Transport, Err: stop}
+		default:
+			ln.sending = true
+			return next, &next.msg
+		}
+	}
+	return nil, nil
+}
+
+// sent records the ack of a message add or resolved asked to send.
+func (l *lanes) sent(a *laneAck, ack publish.Ack) {
+	l.mu.Lock()
+	a.ack = ack
+	l.mu.Unlock()
 }
 
 // block withholds ln's queue and whatever its key is given next (see
-// lanes).
+// lanes); l.mu is held.
 func (l *lanes) block(key string, ln *lane, why error) {
-	l.mu.Lock()
-	queue := ln.queue
-	ln.queue = nil
 	if ln.blocked == nil {
 		ln.blocked = why
 		l.blocked[key] = ln
 	}
-	l.mu.Unlock()
-	for _, a := range queue {
+	for _, a := range ln.queue {
 		if a.barrier == nil {
-			a.resolve(withheld(key, why))
+			a.res = withheld(key, why)
 		}
 	}
+	ln.queue = nil
 }
 
 func withheld(key string, why error) publish.Result {
@@ -182,7 +177,7 @@ func (l *lanes) settled(outs []event.Outcome, seq uint64) {
 	for _, o := range outs {
 		if ln := l.keys[o.Row.OrderingKey]; ln != nil && o.Row.OrderingKey != "" {
 			ln.unsettled--
-			if ln.unsettled <= 0 && !ln.running && ln.blocked == nil {
+			if ln.unsettled <= 0 && ln.blocked == nil {
 				delete(l.keys, o.Row.OrderingKey)
 			}
 		}
@@ -190,7 +185,7 @@ func (l *lanes) settled(outs []event.Outcome, seq uint64) {
 	// A blocked lane whose rows are all settled goes once no claim that
 	// began before that can still hand it rows.
 	for key, ln := range l.blocked {
-		if ln.unsettled > 0 || ln.running {
+		if ln.unsettled > 0 {
 			continue
 		}
 		switch {

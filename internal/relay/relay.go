@@ -89,7 +89,7 @@ type Relay struct {
 	leading  atomic.Bool
 	roleSaid atomic.Bool   // the role was logged once
 	pipeline chan *batch   // claimer -> settler, in publish order
-	lanes    *lanes        // rows with an ordering key (set by Run)
+	lanes    *lanes        // rows with an ordering key
 	claimSeq atomic.Uint64 // claims begun, for lanes
 	inflight atomic.Int64
 	// inflightBytes is the payload held by rows in flight.
@@ -140,6 +140,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		settled:  make(chan struct{}, 1),
 		led:      make(chan struct{}, 1),
 		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
+		lanes:    newLanes(),
 	}
 	trouble := func(op string) *episode.Log {
 		return episode.New(o.Log.With(zap.String("operation", op)), zap.WarnLevel, "database unavailable; retrying", "database available again")
@@ -235,7 +236,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	claimCtx, stopClaiming := context.WithCancelCause(ctx)
 	defer stopClaiming(nil)
 	r.halt = stopClaiming
-	r.lanes = newLanes(r.pub, claimCtx, ackCtx)
 	var loops, heartbeat sync.WaitGroup
 	hbCtx, stopHeartbeat := context.WithCancel(writeCtx)
 	defer stopHeartbeat()
@@ -437,30 +437,41 @@ func (r *Relay) idle(ctx context.Context) {
 func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batch {
 	b := &batch{msgs: make([]publish.Message, 0, len(rows)), published: time.Now()}
 	b.acks = make([]publish.Ack, 0, len(rows))
-	var plain []publish.Message
-	var plainAt []int // indexes in b.msgs of plain
+	var now []publish.Message // sent in one go
+	var nowAt []int           // indexes in b.acks of now
+	var keyed []*laneAck      // of now, the rows with a key; nil for others
 	for _, row := range rows {
 		if err := r.check(row); err != nil {
 			b.outcomes = append(b.outcomes, event.Invalid(row, err.Error()))
 			if row.OrderingKey != "" {
-				r.lanes.barrier(row, err.Error(), seq)
+				r.lanes.add(publish.Message{Row: row}, fmt.Errorf("row %d was dead-lettered: %s", row.ID, err), seq)
 			}
 			continue
 		}
 		subject, _ := event.Subject(r.o.SubjectPrefix, row.EventType)
 		m := publish.Message{Row: row, Subject: subject}
 		b.msgs = append(b.msgs, m)
+		var lane *laneAck
 		if row.OrderingKey != "" {
-			b.acks = append(b.acks, r.lanes.send(m, seq))
-			continue
+			a, send := r.lanes.add(m, nil, seq)
+			if send == nil {
+				b.acks = append(b.acks, a)
+				continue
+			}
+			lane = a
 		}
-		plainAt = append(plainAt, len(b.acks))
-		plain = append(plain, m)
-		b.acks = append(b.acks, nil)
+		nowAt = append(nowAt, len(b.acks))
+		now = append(now, m)
+		keyed = append(keyed, lane)
+		b.acks = append(b.acks, lane)
 	}
-	if len(plain) > 0 {
-		for i, a := range r.pub.Publish(ctx, plain) {
-			b.acks[plainAt[i]] = a
+	if len(now) > 0 {
+		for i, a := range r.pub.Publish(ctx, now) {
+			if keyed[i] != nil {
+				r.lanes.sent(keyed[i], a)
+				continue
+			}
+			b.acks[nowAt[i]] = a
 		}
 	}
 	return b
@@ -541,6 +552,9 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 	for i, ack := range b.acks {
 		row := b.msgs[i].Row
 		res := ack.Wait(waitCtx)
+		if a, ok := ack.(*laneAck); ok {
+			r.sendNext(ctx, a, res)
+		}
 		now := r.o.Clock.Now()
 		switch res.Kind {
 		case publish.Stored, publish.Duplicate:
@@ -587,6 +601,15 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 		}
 	}
 	return outs
+}
+
+// sendNext sends the row of a's key after it, if a was stored and the
+// next row waits for it (see lanes); after shutdown began it is not sent.
+func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
+	next, m := r.lanes.resolved(a, res, ctx.Err())
+	if m != nil {
+		r.lanes.sent(next, r.pub.Publish(ctx, []publish.Message{*m})[0])
+	}
 }
 
 // settle writes outcomes, retrying database errors until it succeeds or
