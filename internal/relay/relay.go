@@ -673,7 +673,16 @@ func (r *Relay) count(outs []event.Outcome, stale []int) {
 // connection closed for good is returned: no probe can succeed.
 func (r *Relay) waitBroker(ctx context.Context) error {
 	for r.inflight.Load() > 0 {
-		if !wait(ctx, r.settled, nil) {
+		// The settles may wait for a long time (the application holds the
+		// lock); a connection closed for good ends the relay meanwhile, and
+		// Run bounds the writes still to come (the rows stay pending).
+		if err := r.pub.Ready(ctx); errors.Is(err, publish.ErrClosed) {
+			return err
+		}
+		t := time.NewTimer(time.Second)
+		ok := wait(ctx, r.settled, t.C)
+		t.Stop()
+		if !ok {
 			return nil
 		}
 	}

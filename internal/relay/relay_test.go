@@ -314,3 +314,43 @@ func TestReplacedBeforeTheFirstHeartbeat(t *testing.T) {
 		t.Fatal("Run still retrying the first heartbeat on a replaced file after 30 s")
 	}
 }
+
+// lockedStore is an outbox whose file the application keeps locked once
+// rows are claimed: every settle waits until its context ends.
+type lockedStore struct {
+	fakeStore
+	gaveUp chan struct{} // closed when a settle's context ended
+	once   sync.Once
+}
+
+func (s *lockedStore) Settle(ctx context.Context, _ []event.Outcome) ([]int, error) {
+	<-ctx.Done()
+	s.once.Do(func() { close(s.gaveUp) })
+	return nil, fmt.Errorf("settle rows: %w", ctx.Err())
+}
+
+// TestClosedConnectionWithTheDatabaseLocked: when the connection closes for
+// good while the released rows cannot be written (the application holds
+// the lock), the relay still exits: it writes for a bounded time, and the
+// rows stay pending in the table for the next relay.
+func TestClosedConnectionWithTheDatabaseLocked(t *testing.T) {
+	store := &lockedStore{gaveUp: make(chan struct{})}
+	store.add(5, "T")
+	r := New(store, &flakyReady{closedPublisher: closedPublisher{}}, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10,
+		MaxAttempts: 3, ShutdownTimeout: 100 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, publish.ErrClosed) {
+			t.Fatalf("Run = %v, want ErrClosed", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Run still waiting to settle on a locked database after the connection closed for good")
+	}
+	select {
+	case <-store.gaveUp:
+	default:
+		t.Fatal("Run returned without trying to settle the released rows")
+	}
+}
