@@ -73,6 +73,9 @@ const (
 	// Withheld: not sent, because the message before it with the same
 	// ordering key was not stored; no attempt is spent.
 	Withheld
+	// Invalid: not sent, because the row can never be published as it is
+	// (Result.Err says why); it is dead-lettered at once.
+	Invalid
 )
 
 // String names the kind for logs and metric labels.
@@ -88,6 +91,8 @@ func (k Kind) String() string {
 		return "rejected"
 	case Withheld:
 		return "withheld"
+	case Invalid:
+		return "invalid"
 	}
 	return "kind(" + strconv.Itoa(int(k)) + ")"
 }

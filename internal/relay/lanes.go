@@ -23,6 +23,12 @@ import (
 // Rows of different keys, and rows without a key (which do not pass
 // through here), are sent side by side.
 //
+// A row that can never be published (invalid) is a barrier: it is
+// dead-lettered only once it is its key's next row, like a row the broker
+// refused for the last time; behind a row that was not stored it waits
+// with the others, so that a dead letter never passes an earlier row of
+// its key that is still to go.
+//
 // Once a row of a key was not stored (or was dead-lettered without
 // publishing), nothing more of that key is sent (Withheld: the row stays
 // pending, no attempt spent) until every row of the key given here is
@@ -55,7 +61,7 @@ type lane struct {
 // is sent, or the reason it was not.
 type laneAck struct {
 	msg     publish.Message
-	barrier error // not a message: a row dead-lettered without publishing
+	barrier error // not a message: why the row can never be published
 	ack     publish.Ack
 	res     publish.Result // when ack is nil: why it was not sent
 }
@@ -99,7 +105,7 @@ func (l *lanes) add(m publish.Message, barrier error, seq uint64) (*laneAck, *pu
 	case ln.sending || len(ln.queue) > 0:
 		ln.queue = append(ln.queue, a)
 	case barrier != nil:
-		l.block(key, ln, barrier)
+		l.deadLetter(key, ln, a)
 	default:
 		ln.sending = true
 		return a, &a.msg
@@ -131,7 +137,7 @@ func (l *lanes) resolved(a *laneAck, res publish.Result, stop error) (*laneAck, 
 		ln.queue = ln.queue[1:]
 		switch {
 		case next.barrier != nil:
-			l.block(key, ln, next.barrier)
+			l.deadLetter(key, ln, next)
 		case stop != nil:
 			next.res = publish.Result{Kind: publish.Transport, Err: stop}
 		default:
@@ -157,11 +163,16 @@ func (l *lanes) block(key string, ln *lane, why error) {
 		l.blocked[key] = ln
 	}
 	for _, a := range ln.queue {
-		if a.barrier == nil {
-			a.res = withheld(key, why)
-		}
+		a.res = withheld(key, why)
 	}
 	ln.queue = nil
+}
+
+// deadLetter resolves the barrier a, its key's next row, as Invalid and
+// blocks the key behind it; l.mu is held.
+func (l *lanes) deadLetter(key string, ln *lane, a *laneAck) {
+	a.res = publish.Result{Kind: publish.Invalid, Err: a.barrier}
+	l.block(key, ln, fmt.Errorf("row %d was dead-lettered: %w", a.msg.Row.ID, a.barrier))
 }
 
 func withheld(key string, why error) publish.Result {

@@ -122,3 +122,49 @@ func TestKeyRowsGoOneAtATime(t *testing.T) {
 	r.Wake()
 	sent(1, 2, 3, 5, 6)
 }
+
+// TestInvalidRowWaitsForItsTurn: a row of a key that can never be published
+// is dead-lettered only when it is its key's next row. Behind a row the
+// broker refused it is released with the rest of the key, so that a dead
+// letter never passes an earlier row still to go (with
+// ordering.on_dead_letter: skip, the rows behind it would go next).
+func TestInvalidRowWaitsForItsTurn(t *testing.T) {
+	store := &fakeStore{}
+	for i, r := range []struct{ key, typ string }{
+		{"a", "T"}, {"a", "bad type"}, {"a", "T"}, // behind a refused row
+		{"b", "T"}, {"b", "bad type"}, {"b", "T"}, // behind a stored row
+		{"c", "bad type"}, {"c", "T"}, // first of its key
+	} {
+		store.pending = append(store.pending, event.Row{ID: int64(i + 1), EventID: event.NewID(), EventType: r.typ, OrderingKey: r.key})
+	}
+	pub := &scriptedPublisher{answers: map[int64]chan publish.Result{}}
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: 10 * time.Millisecond,
+		MaxAttempts: 3, ShutdownTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	testenv.Eventually(t, 5*time.Second, "rows 1 and 4 sent", func() bool { return len(pub.sentIDs()) == 2 })
+	pub.answer(1, publish.Result{Kind: publish.Rejected, Err: errors.New("refused")})
+	pub.answer(4, publish.Result{Kind: publish.Stored})
+	testenv.Eventually(t, 5*time.Second, "eight rows settled", func() bool { return len(store.outcomes()) == 8 })
+	got := map[int64]event.Outcome{}
+	for _, o := range store.outcomes() {
+		got[o.Row.ID] = o
+	}
+	want := map[int64]event.Settlement{1: event.Retry, 2: event.Release, 3: event.Release, 4: event.Done, 5: event.DeadLetter, 6: event.Release, 7: event.DeadLetter, 8: event.Release}
+	for id, s := range want {
+		if got[id].Settlement != s {
+			t.Errorf("row %d: %v, want %v", id, got[id].Settlement, s)
+		}
+	}
+	if got[5].Error == "" || got[7].Error == "" {
+		t.Errorf("dead letters without a reason: %q, %q", got[5].Error, got[7].Error)
+	}
+	if sent := pub.sentIDs(); len(sent) != 2 {
+		t.Errorf("sent %v; only rows 1 and 4 may go", sent)
+	}
+}

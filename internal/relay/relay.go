@@ -441,19 +441,20 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 	var nowAt []int           // indexes in b.acks of now
 	var keyed []*laneAck      // of now, the rows with a key; nil for others
 	for _, row := range rows {
-		if err := r.check(row); err != nil {
-			b.outcomes = append(b.outcomes, event.Invalid(row, err.Error()))
-			if row.OrderingKey != "" {
-				r.lanes.add(publish.Message{Row: row}, fmt.Errorf("row %d was dead-lettered: %s", row.ID, err), seq)
-			}
+		invalid := r.check(row)
+		if invalid != nil && row.OrderingKey == "" {
+			b.outcomes = append(b.outcomes, r.invalid(row, invalid.Error()))
 			continue
 		}
-		subject, _ := event.Subject(r.o.SubjectPrefix, row.EventType)
-		m := publish.Message{Row: row, Subject: subject}
+		// A keyed row that is invalid waits for its turn in its lane.
+		m := publish.Message{Row: row}
+		if invalid == nil {
+			m.Subject, _ = event.Subject(r.o.SubjectPrefix, row.EventType)
+		}
 		b.msgs = append(b.msgs, m)
 		var lane *laneAck
 		if row.OrderingKey != "" {
-			a, send := r.lanes.add(m, nil, seq)
+			a, send := r.lanes.add(m, invalid, seq)
 			if send == nil {
 				b.acks = append(b.acks, a)
 				continue
@@ -475,6 +476,13 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 		}
 	}
 	return b
+}
+
+// invalid returns the outcome of a row that can never be published as it
+// is, and logs it.
+func (r *Relay) invalid(row event.Row, reason string) event.Outcome {
+	r.log.Warn("dead-lettered invalid row", zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.String("reason", reason))
+	return event.Invalid(row, reason)
 }
 
 // check reports why row cannot be published as it is.
@@ -546,9 +554,6 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 // resolve turns a batch's acknowledgements into outcomes.
 func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome {
 	outs := b.outcomes
-	for _, o := range outs {
-		r.log.Warn("dead-lettered invalid row", zap.Int64("row_id", o.Row.ID), zap.String("event_id", o.Row.EventID), zap.String("reason", o.Error))
-	}
 	for i, ack := range b.acks {
 		row := b.msgs[i].Row
 		res := ack.Wait(waitCtx)
@@ -591,6 +596,8 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 			delay := r.outage.deferRow(res.Err, r.log, r.m)
 			r.Wake() // the claimer may be idle: let it see the outage now
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
+		case publish.Invalid:
+			outs = append(outs, r.invalid(row, res.Err.Error()))
 		case publish.Withheld:
 			// It waits behind its key's row that was not stored; the claim
 			// takes it again once that row is published (or skipped).
