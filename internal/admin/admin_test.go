@@ -97,11 +97,52 @@ func TestStatusListsParkedKeys(t *testing.T) {
 	check(StatusOptions{Parks: true, ParkedKeys: 10}, 0)
 }
 
+// TestParkedKeysAreTheKeysThatWait: a key is parked when its rows wait
+// behind a dead letter: one whose next row of the key is pending, or that
+// is the key's last row (the next one written will wait). A dead letter
+// that later rows of its key already passed (with ordering.on_dead_letter:
+// skip, before a switch to hold) parks nothing, and a hold-mode claim
+// takes the key's pending rows: status and the claim agree.
+func TestParkedKeysAreTheKeysThatWait(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MigratedDB(t)
+	app := testenv.AppDB(t, db.Path())
+	for _, r := range []struct {
+		id          int
+		key, status string
+	}{
+		{1, "passed", "dead_lettered"}, {2, "passed", "done"}, {3, "passed", "pending"},
+		{4, "last", "done"}, {5, "last", "dead_lettered"},
+		{6, "twice", "dead_lettered"}, {7, "twice", "dead_lettered"}, {8, "twice", "pending"},
+	} {
+		testenv.MustExec(t, app, `INSERT INTO event_queue (id, event_id, event_type, payload, status, processed_at, ordering_key)
+			VALUES (?1, 'e' || ?1, 'T' || ?1, 'x', ?2, CASE WHEN ?2 = 'pending' THEN NULL ELSE ?1 END, ?3)`, r.id, r.status, r.key)
+	}
+	st, err := ReadStatus(ctx, db, StatusOptions{Parks: true, ParkedKeys: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range st.ParkedKeys {
+		got = append(got, fmt.Sprintf("%s@%d+%d", p.OrderingKey, p.ID, p.WaitingRows))
+	}
+	if want := "[last@5+0 twice@6+1]"; st.ParkedKeyCount != 2 || fmt.Sprint(got) != want {
+		t.Fatalf("%d parked keys %v; want 2: %s", st.ParkedKeyCount, got, want)
+	}
+	rows, err := claim.New(db, claim.Options{}).Claim(ctx, 10, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].ID != 3 {
+		t.Fatalf("a hold-mode claim took %v; want row 3 alone (its key is not parked)", rows)
+	}
+}
+
 // TestParkedKeysReadTheOrderingIndex: on a table of many done rows,
 // unordered dead letters and pending rows with keys (and statistics
-// gathered), the parked keys are found through the dead letters' index
-// and their waiting rows counted through the ordering index, without a
-// scan of the table.
+// gathered), the parked keys are found through the dead letters' index,
+// each one's next row and the waiting rows through the ordering index,
+// without a scan of the table.
 func TestParkedKeysReadTheOrderingIndex(t *testing.T) {
 	db := testenv.MigratedDB(t)
 	app := testenv.AppDB(t, db.Path())
@@ -121,8 +162,9 @@ func TestParkedKeysReadTheOrderingIndex(t *testing.T) {
 	}
 	for _, q := range []string{`SELECT count(*) FROM (` + schema.ParkedKeysSQL("event_queue") + `)`, parkedSQL("event_queue")} {
 		plan := testenv.QueryPlan(t, db, q, 5)
-		if !strings.Contains(plan, "SCAN event_queue USING INDEX event_queue_dead_lettered") || regexp.MustCompile(`SCAN event_queue($|;)`).MatchString(plan) {
-			t.Errorf("parked keys plan %q: want the dead letters' index, no scan of the table", plan)
+		if !strings.Contains(plan, "SCAN d USING INDEX event_queue_dead_lettered") || regexp.MustCompile(`SCAN (event_queue|d|n)($|;)`).MatchString(plan) ||
+			!strings.Contains(plan, "SEARCH n USING INDEX event_queue_ordering (ordering_key=? AND id>?)") {
+			t.Errorf("parked keys plan %q: want the dead letters' index, each one's next row sought on the ordering index, no scan of the table", plan)
 		}
 	}
 	if plan := testenv.QueryPlan(t, db, parkedSQL("event_queue"), 5); !strings.Contains(plan, "SEARCH w USING INDEX event_queue_ordering (ordering_key=? AND id>?)") {

@@ -66,15 +66,21 @@ func OldestDueSQL(table string) string {
 
 // ParkedKeysSQL is a query for the ordering keys a dead letter parks
 // (ordering.on_dead_letter: hold), one row per key: the key (parked_key)
-// and its earliest dead-lettered row (parked_id), which the key's later
-// rows wait behind. An empty or NULL key orders nothing and parks nothing.
-// It reads the dead letters' index: its cost follows the dead letters,
-// not the rows with a key (the unary + keeps SQLite off the ordering
-// index, which would look at every keyed row's status).
+// and its earliest dead-lettered row (parked_id) that the key's rows wait
+// behind. A claim takes a keyed row when the row before it of its key is
+// done, so a dead letter parks its key when the next row of the key is
+// not done, or when it is the key's last row (the next one written will
+// wait); one that later rows already passed (under skip) parks nothing.
+// An empty or NULL key orders nothing and parks nothing. It reads the dead
+// letters' index and, for each, seeks the ordering index once: its cost
+// follows the dead letters, not the rows with a key (the unary + keeps
+// SQLite off the ordering index for the outer scan, which would look at
+// every keyed row's status).
 func ParkedKeysSQL(table string) string {
-	return fmt.Sprintf(`SELECT ordering_key AS parked_key, min(id) AS parked_id FROM %s
-	WHERE status = 'dead_lettered' AND +ordering_key > ''
-	GROUP BY +ordering_key`, table)
+	return fmt.Sprintf(`SELECT d.ordering_key AS parked_key, min(d.id) AS parked_id FROM %[1]s AS d
+	WHERE d.status = 'dead_lettered' AND +d.ordering_key > ''
+		AND coalesce((SELECT n.status FROM %[1]s AS n WHERE n.ordering_key = d.ordering_key AND n.id > d.id ORDER BY n.id LIMIT 1), '') <> 'done'
+	GROUP BY +d.ordering_key`, table)
 }
 
 // identRe is a plain SQL identifier: the outbox table's name is built into
