@@ -353,17 +353,17 @@ func (s *Store) rescanDue(now int64) bool {
 	return due
 }
 
-// Rescan makes the next claim read the whole pending index, the keys found
+// rescanAll makes the next claim read the whole pending index, the keys found
 // waiting included: rows went back to pending (a heartbeat reclaimed
 // them).
-func (s *Store) Rescan() {
+func (s *Store) rescanAll() {
 	s.mu.Lock()
 	s.held.nextRescan, s.held.nextLook = time.Time{}, time.Time{}
 	s.mu.Unlock()
 }
 
-// InFlight returns how many rows are claimed and not yet settled.
-func (s *Store) InFlight() int {
+// inFlight returns how many rows are claimed and not yet settled.
+func (s *Store) inFlight() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.held.ids)

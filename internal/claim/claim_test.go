@@ -398,8 +398,8 @@ func TestSettleIsFencedByTheLead(t *testing.T) {
 	if n := settleOne(t, b, event.Outcome{Row: fresh[0], Settlement: event.Done}); n != 0 {
 		t.Fatal("the leader could not settle")
 	}
-	if a.InFlight() != 0 || b.InFlight() != 1 {
-		t.Fatalf("in flight: a %d, b %d; want 0 and 1", a.InFlight(), b.InFlight())
+	if a.inFlight() != 0 || b.inFlight() != 1 {
+		t.Fatalf("in flight: a %d, b %d; want 0 and 1", a.inFlight(), b.inFlight())
 	}
 }
 
@@ -468,8 +468,8 @@ func TestClaimsNeverRepeatRowsInFlight(t *testing.T) {
 		}
 		all = append(all, rows...)
 	}
-	if len(seen) != 2000 || len(all) != 2000 || s.InFlight() != 2000 {
-		t.Fatalf("%d rows claimed (%d distinct, %d in flight), want 2000 once each", len(all), len(seen), s.InFlight())
+	if len(seen) != 2000 || len(all) != 2000 || s.inFlight() != 2000 {
+		t.Fatalf("%d rows claimed (%d distinct, %d in flight), want 2000 once each", len(all), len(seen), s.inFlight())
 	}
 	outs := make([]event.Outcome, len(all))
 	for i, r := range all {
@@ -572,7 +572,7 @@ func TestDeferredRowsBelowInFlightAreClaimedWhenDue(t *testing.T) {
 	if got, err := s.Claim(ctx, 10, 0); err != nil || len(got) != 0 {
 		t.Fatalf("claimed %v (%v): the scheduled row waits for the rescan", got, err)
 	}
-	s.Rescan()
+	s.rescanAll()
 	got, err = s.Claim(ctx, 10, 0)
 	if err != nil || len(got) != 1 || got[0].EventID != "scheduled" {
 		t.Fatalf("claimed %+v (%v), want the scheduled row at the rescan", got, err)
@@ -663,8 +663,8 @@ func TestSettleInPartsAndLostRows(t *testing.T) {
 	if st := state(t, db, rows[2].ID); st.Status != "pending" || st.Attempts != 1 {
 		t.Errorf("retried row %+v", st)
 	}
-	if s.InFlight() != 0 {
-		t.Errorf("%d rows still in flight", s.InFlight())
+	if s.inFlight() != 0 {
+		t.Errorf("%d rows still in flight", s.inFlight())
 	}
 }
 

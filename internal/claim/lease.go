@@ -59,7 +59,7 @@ func (s *Store) Heartbeat(ctx context.Context, version string, lease, staleAfter
 	if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight)
 VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6)
 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in_flight = excluded.in_flight`,
-		s.instance, now, host, os.Getpid(), version, s.InFlight()); err != nil {
+		s.instance, now, host, os.Getpid(), version, s.inFlight()); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	staleBefore := now - staleAfter.Milliseconds()
@@ -85,7 +85,7 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in
 	s.registered.Store(true)
 	s.leads.Store(leader == s.instance)
 	if reclaimed > 0 {
-		s.Rescan()
+		s.rescanAll()
 	}
 	return reclaimed, nil
 }

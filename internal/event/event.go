@@ -231,21 +231,6 @@ func validateHeaderValue(column, v, trimmed string) error {
 	return nil
 }
 
-// MatchSubject reports whether the stream subject filter (which may hold
-// the wildcards * and >) matches the literal subject.
-func MatchSubject(filter, subject string) bool {
-	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
-	for i, t := range f {
-		if t == ">" {
-			return len(s) > i
-		}
-		if i >= len(s) || (t != "*" && t != s[i]) {
-			return false
-		}
-	}
-	return len(f) == len(s)
-}
-
 // Covers reports whether one of the stream subject filters matches every
 // subject under prefix (that is, prefix.>). A filter such as "events.*"
 // does not: it misses events.a.b.

@@ -30,28 +30,6 @@ func TestCovers(t *testing.T) {
 	}
 }
 
-func TestMatchSubject(t *testing.T) {
-	for _, tc := range []struct {
-		filter, subject string
-		want            bool
-	}{
-		{"events.>", "events.A", true},
-		{"events.>", "events.a.b", true},
-		{"events.>", "events", false},
-		{"events.*", "events.A", true},
-		{"events.*", "events.a.b", false},
-		{"events.A", "events.A", true},
-		{"events.A", "events.B", false},
-		{">", "x", true},
-		{"*.A", "events.A", true},
-		{"events.allowed.>", "events.denied.x", false},
-	} {
-		if got := MatchSubject(tc.filter, tc.subject); got != tc.want {
-			t.Errorf("MatchSubject(%q, %q) = %v, want %v", tc.filter, tc.subject, got, tc.want)
-		}
-	}
-}
-
 func TestValidateEventID(t *testing.T) {
 	for id, ok := range map[string]bool{
 		"6f1c8f0e-5d7a-4b8e-9c1d-2a3b4c5d6e7f": true,

@@ -119,7 +119,7 @@ func TestKeyRowsGoOneAtATime(t *testing.T) {
 	store.mu.Lock()
 	store.pending = append(store.pending, event.Row{ID: 6, EventID: event.NewID(), EventType: "T", OrderingKey: "a"})
 	store.mu.Unlock()
-	r.Wake()
+	r.wakeClaimer()
 	sent(1, 2, 3, 5, 6)
 }
 

@@ -190,8 +190,8 @@ func (r *Relay) Commits() <-chan struct{} { return r.commits }
 // announces commits.
 func (r *Relay) Watching() bool { return r.watching.Load() }
 
-// Wake makes the claimer look for due rows now.
-func (r *Relay) Wake() { signal(r.wake) }
+// wakeClaimer makes the claimer look for due rows now.
+func (r *Relay) wakeClaimer() { signal(r.wake) }
 
 // writeGrace is how long, past ShutdownTimeout, shutdown may spend writing
 // the final settlements (the database may be locked by the application).
@@ -319,7 +319,7 @@ func (r *Relay) reclaimed(n int64) {
 	if n > 0 {
 		r.log.Info("took back processing rows of an expired lease or a stopped claimer", zap.Int64("rows", n))
 		r.m.LeasesReclaimed.Add(float64(n))
-		r.Wake()
+		r.wakeClaimer()
 	}
 }
 
@@ -594,7 +594,7 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 				continue
 			}
 			delay := r.outage.deferRow(res.Err, r.log, r.m)
-			r.Wake() // the claimer may be idle: let it see the outage now
+			r.wakeClaimer() // the claimer may be idle: let it see the outage now
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
 		case publish.Invalid:
 			outs = append(outs, r.invalid(row, res.Err.Error()))

@@ -162,7 +162,7 @@ func TestSettleWindow(t *testing.T) {
 			t.Errorf("window %v: 10 batches settled in %d transactions", tc.window, settles)
 		}
 		store.add(5, "T") // a lone batch: settled when the window ends
-		r.Wake()
+		r.wakeClaimer()
 		testenv.Eventually(t, 10*time.Second, "the lone batch settled", func() bool { return len(store.outcomes()) == 105 })
 		cancel()
 		if err := <-done; err != nil {

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -783,28 +782,6 @@ var indexWhere = regexp.MustCompile(`(?is)\)\s*where\s+(.*)$`)
 func notNullOnly(where string) bool {
 	w := strings.NewReplacer(" ", "", "\t", "", "\n", "", "(", "", ")", "", `"`, "", "`", "", "[", "", "]", "").Replace(strings.ToLower(where))
 	return w == "event_idisnotnull" || w == "event_idnotnull"
-}
-
-// Applied lists the versions recorded for the outbox table of s.
-func Applied(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
-	if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "table", MigrationsTable); err != nil || !ok {
-		return nil, err
-	}
-	rows, err := s.Reader().QueryContext(ctx, `SELECT version FROM `+MigrationsTable+` WHERE target = ?`, s.Table())
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var vs []int
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		vs = append(vs, v)
-	}
-	sort.Ints(vs)
-	return vs, rows.Err()
 }
 
 // TableExists returns an error naming the outbox table when the file has

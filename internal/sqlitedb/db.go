@@ -252,9 +252,6 @@ func (s *DB) Path() string { return s.path }
 // Table returns the outbox table's name.
 func (s *DB) Table() string { return s.table }
 
-// Clock returns the clock rows are due by (Options.Clock).
-func (s *DB) Clock() *event.Clock { return s.clock }
-
 // Busy reports whether err is SQLite's "database is locked" or "busy":
 // another connection held the write lock longer than busy_timeout.
 func Busy(err error) bool {
