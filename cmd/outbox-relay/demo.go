@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
-	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/demo"
 )
 
@@ -81,10 +80,5 @@ func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, 
 		ctx, cancel = context.WithTimeout(ctx, duration)
 		defer cancel()
 	}
-	a, err := daemon.Open(ctx, cfg, log, daemon.Options{CreateDB: true, Version: version, Commit: buildCommit()})
-	if err != nil {
-		return err
-	}
-	defer a.Close()
-	return demo.Run(ctx, a, cfg, rate, dir, c.stdout, log)
+	return demo.Run(ctx, cfg, demo.Options{Rate: rate, Dir: dir, Out: c.stdout, Log: log, Version: version, Commit: buildCommit()})
 }

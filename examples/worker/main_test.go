@@ -43,7 +43,7 @@ func TestWorkerBesideTheRelay(t *testing.T) {
 	defer a.Close()
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- a.RunRelay(relayCtx) }()
+	go func() { relayDone <- a.Run(relayCtx) }()
 	defer func() { stopRelay(); <-relayDone }()
 
 	// The application: reviews of two movies, watchlist items, an event

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -64,12 +65,18 @@ type App struct {
 	keeper   *housekeeping.Keeper
 	synced   atomic.Bool // the stream was reconciled since start
 	version  string
+	listener net.Listener // Options.Listener
 }
 
 // Options vary what Open does for the commands that share it.
 type Options struct {
 	CreateDB        bool   // create a missing database file (demo)
 	Version, Commit string // of the build, for metrics and heartbeats
+	// Metrics are recorded on, when set; else a new set of its own.
+	Metrics *metrics.Metrics
+	// Listener, when set, serves /metrics, /healthz and /readyz instead of
+	// metrics.listen (the caller chose the address); Run closes it.
+	Listener net.Listener
 
 	// For tests of the whole wiring: Tune adjusts the options Open derived
 	// from the configuration (shorter heartbeats, say); the wrappers stand
@@ -79,12 +86,17 @@ type Options struct {
 	WrapStore     func(relay.Store) relay.Store
 	WrapPublisher func(relay.Publisher) relay.Publisher
 	Clock         *event.Clock
+	// Relay is given the relay Open built, whose state tests follow.
+	Relay func(*relay.Relay)
 }
 
 // Open wires everything the daemon needs; on error it closes what it opened.
 func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (_ *App, err error) {
 	keepFreedMemory()
-	a := &App{cfg: cfg, log: log, metrics: metrics.New(oo.Version, oo.Commit), natsURL: cfg.NATS.URL, version: oo.Version}
+	a := &App{cfg: cfg, log: log, metrics: oo.Metrics, natsURL: cfg.NATS.URL, version: oo.Version, listener: oo.Listener}
+	if a.metrics == nil {
+		a.metrics = metrics.New(oo.Version, oo.Commit)
+	}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -174,6 +186,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		pub = oo.WrapPublisher(pub)
 	}
 	a.relay = relay.New(store, pub, ro)
+	if oo.Relay != nil {
+		oo.Relay(a.relay)
+	}
 	ko.Commits, ko.Watching = a.relay.Commits(), a.relay.Watching
 	a.keeper = housekeeping.New(housekeeping.OnFile(a.db, cfg.Ordering.Parks()), ko)
 	return a, nil
@@ -284,26 +299,29 @@ func (a *App) Live(context.Context) error {
 	return nil
 }
 
-// ServeHTTP starts /metrics, /healthz and /readyz on metrics.listen (if
-// set) until stop is called; stop waits for the server to end.
-func (a *App) ServeHTTP() (addr string, stop func(), err error) {
-	if a.cfg.Metrics.Listen == "" {
-		return "", func() {}, nil
+// serveHTTP starts /metrics, /healthz and /readyz on Options.Listener or
+// metrics.listen (none if neither is set) until stop is called; stop
+// waits for the server to end.
+func (a *App) serveHTTP() (stop func(), err error) {
+	ln := a.listener
+	if ln == nil {
+		if a.cfg.Metrics.Listen == "" {
+			return func() {}, nil
+		}
+		if ln, err = net.Listen("tcp", a.cfg.Metrics.Listen); err != nil {
+			return nil, fmt.Errorf("metrics.listen %s: %w", a.cfg.Metrics.Listen, err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	bound, wait, err := metrics.Serve(ctx, a.cfg.Metrics.Listen, a.metrics.Handler(a.Live, a.Ready, a.relay.Role))
-	if err != nil {
-		cancel()
-		return "", nil, fmt.Errorf("metrics.listen %s: %w", a.cfg.Metrics.Listen, err)
-	}
-	a.log.Info("serving metrics", zap.Stringer("listen", bound))
-	return bound.String(), func() { cancel(); wait() }, nil
+	wait := metrics.Serve(ctx, ln, a.metrics.Handler(a.Live, a.Ready, a.relay.Role))
+	a.log.Info("serving metrics", zap.Stringer("listen", ln.Addr()))
+	return func() { cancel(); wait() }, nil
 }
 
 // Run serves HTTP, follows the consumer's advisories and runs the relay
-// until ctx ends.
+// and its housekeeping until ctx ends (see relay.Relay.Run).
 func (a *App) Run(ctx context.Context) error {
-	_, stop, err := a.ServeHTTP()
+	stop, err := a.serveHTTP()
 	if err != nil {
 		return err
 	}
@@ -322,12 +340,6 @@ func (a *App) Run(ctx context.Context) error {
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
 		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
 		zap.String("instance", a.claims.Instance()), zap.String("version", a.version))
-	return a.RunRelay(ctx)
-}
-
-// RunRelay runs the relay and its housekeeping until ctx ends (see
-// relay.Relay.Run).
-func (a *App) RunRelay(ctx context.Context) error {
 	// Housekeeping runs as long as the relay does.
 	keepCtx, stopKeeping := context.WithCancel(ctx)
 	kept := make(chan struct{})
@@ -335,12 +347,6 @@ func (a *App) RunRelay(ctx context.Context) error {
 	defer func() { stopKeeping(); <-kept }()
 	return a.relay.Run(ctx)
 }
-
-// DB, Metrics, Relay and NATSURL give the demo what it shows.
-func (a *App) DB() *sqlitedb.DB          { return a.db }
-func (a *App) Metrics() *metrics.Metrics { return a.metrics }
-func (a *App) Relay() *relay.Relay       { return a.relay }
-func (a *App) NATSURL() string           { return a.natsURL }
 
 // onExhausted records a message the consumer gave up on: JetStream has no
 // dead-letter queue, so the relay makes it as visible as its own dead
@@ -367,8 +373,12 @@ func (a *App) onExhausted(e streamsync.Exhausted) {
 	a.log.Error("event exhausted max deliveries", fields...)
 }
 
-// Close releases everything Open opened, in reverse order.
+// Close releases everything Open opened, in reverse order, and
+// Options.Listener.
 func (a *App) Close() {
+	if a.listener != nil {
+		a.listener.Close() // closed already if Run served it
+	}
 	if a.conn != nil {
 		a.conn.Close()
 	}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"time"
 
@@ -20,58 +21,98 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
-	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
 // eventTypes are what the demo application emits.
 var eventTypes = []string{"ReviewLogged", "ReviewEdited", "WatchlistItemAdded", "MovieDiscovered", "movie.enrichment.requested"}
 
-// Run serves a's HTTP endpoints, prints where to look, and runs the
-// application (rate events a second) and the relay until ctx ends; then
-// the relay drains what the application wrote (for 5 s at most) and a
-// summary is printed. The database and the JetStream data stay in dir.
-func Run(ctx context.Context, a *daemon.App, cfg config.Config, rate int, dir string, out io.Writer, log *zap.Logger) error {
-	httpAddr, stopHTTP, err := a.ServeHTTP()
+// Options say how the demo runs.
+type Options struct {
+	Rate            int    // events the application writes a second
+	Dir             string // where the database and the JetStream data stay
+	Out             io.Writer
+	Log             *zap.Logger
+	Version, Commit string // of the build
+}
+
+// Run starts the relay on cfg (an in-process JetStream server when
+// nats.url is "embedded"), prints where to look, and runs the application
+// (o.Rate events a second) and the relay until ctx ends; then the relay
+// drains what the application wrote (for 5 s at most) and a summary is
+// printed. The database and the JetStream data stay in o.Dir.
+func Run(ctx context.Context, cfg config.Config, o Options) error {
+	if cfg.NATS.URL == config.EmbeddedURL {
+		dir := cfg.NATS.Embedded.StoreDir
+		if dir == "" {
+			dir = cfg.Database.Path + ".nats"
+		}
+		emb, err := publish.StartEmbedded(cfg.NATS.Embedded.Listen, dir)
+		if err != nil {
+			return err
+		}
+		defer emb.Shutdown()
+		cfg.NATS.URL = emb.URL()
+	}
+	var ln net.Listener
+	if cfg.Metrics.Listen != "" {
+		var err error
+		if ln, err = net.Listen("tcp", cfg.Metrics.Listen); err != nil {
+			return fmt.Errorf("metrics.listen %s: %w", cfg.Metrics.Listen, err)
+		}
+	}
+	a, err := daemon.Open(ctx, cfg, o.Log, daemon.Options{CreateDB: true, Version: o.Version, Commit: o.Commit, Listener: ln})
+	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		return err
+	}
+	defer a.Close()
+	// The demo reads what it shows from the database, as an operator would.
+	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, ReadOnly: true})
 	if err != nil {
 		return err
 	}
-	defer stopHTTP()
+	defer db.Close()
 
-	shownURL := config.RedactURLs(a.NATSURL()) // credentials are never printed
+	out := o.Out
+	shownURL := config.RedactURLs(cfg.NATS.URL) // credentials are never printed
 	fmt.Fprintf(out, "outbox-relay demo\n")
 	fmt.Fprintf(out, "  database  %s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
 	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.<event_type>)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix)
-	if httpAddr != "" {
-		fmt.Fprintf(out, "  metrics   http://%s/metrics\n", httpAddr)
+	if ln != nil {
+		fmt.Fprintf(out, "  metrics   http://%s/metrics\n", ln.Addr())
 	}
 	fmt.Fprintf(out, "Look at the stream with the nats CLI (github.com/nats-io/natscli) while it runs:\n")
 	fmt.Fprintf(out, "  nats --server %s stream info %s\n", shownURL, cfg.Stream.Name)
 	fmt.Fprintf(out, "  nats --server %s stream view %s\n", shownURL, cfg.Stream.Name)
 	fmt.Fprintf(out, "  nats --server %s sub '%s.>'\n", shownURL, cfg.Stream.SubjectPrefix)
-	fmt.Fprintf(out, "The application writes %d events/s. Press Ctrl-C to stop.\n", rate)
+	fmt.Fprintf(out, "The application writes %d events/s. Press Ctrl-C to stop.\n", o.Rate)
 
 	// The relay outlives the application by a moment, to drain what it wrote.
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
 	relayErr := make(chan error, 1)
-	go func() { relayErr <- a.RunRelay(relayCtx) }()
+	go func() { relayErr <- a.Run(relayCtx) }()
 	var written int64
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
 		var err error
-		written, err = WriteEvents(ctx, cfg.Database.Path, cfg.Database.Table, rate, func(err error) {
-			log.Warn("demo application write failed", zap.Error(err))
+		written, err = WriteEvents(ctx, cfg.Database.Path, cfg.Database.Table, o.Rate, func(err error) {
+			o.Log.Warn("demo application write failed", zap.Error(err))
 		})
 		if err != nil {
-			log.Error("demo application stopped", zap.Error(err))
+			o.Log.Error("demo application stopped", zap.Error(err))
 		}
 	}()
-	progress(ctx, out, a)
+	progress(ctx, out, a, db)
 	<-writerDone
 	drainDeadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(drainDeadline) {
-		if b, err := housekeeping.Backlog(context.Background(), a.DB(), false); err == nil && b.Pending+b.Processing == 0 {
+		if b, err := housekeeping.Backlog(context.Background(), db, false); err == nil && b.Pending+b.Processing == 0 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -79,51 +120,63 @@ func Run(ctx context.Context, a *daemon.App, cfg config.Config, rate int, dir st
 	stopRelay()
 	err = <-relayErr
 	fmt.Fprintln(out)
-	b, _ := housekeeping.Backlog(context.Background(), a.DB(), false)
-	fmt.Fprintf(out, "demo stopped: the application wrote %d events, the relay published %.0f, %d not yet published, %d dead-lettered; data kept in %s\n",
-		written, metrics.Value(a.Metrics().Published), b.Pending+b.Processing, b.DeadLettered, dir)
+	b, _ := housekeeping.Backlog(context.Background(), db, false)
+	done, _, _, _ := published(context.Background(), db, 0)
+	fmt.Fprintf(out, "demo stopped: the application wrote %d events, the relay published %d, %d not yet published, %d dead-lettered; data kept in %s\n",
+		written, done, b.Pending+b.Processing, b.DeadLettered, o.Dir)
 	return err
 }
 
-// progress prints one live line per second until ctx ends.
-func progress(ctx context.Context, out io.Writer, a *daemon.App) {
+// progress prints one live line per second until ctx ends: rows published
+// (done), the backlog, the average time from a row's created_at to done
+// over the last second, and whether the relay is ready.
+func progress(ctx context.Context, out io.Writer, a *daemon.App, db *sqlitedb.DB) {
 	tty := isTerminal(out)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var lastPub, lastLagSum, lastLagCount float64
+	var lastPub int64
+	lastAt := time.Now().UnixMilli()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		pub := metrics.Value(a.Metrics().Published)
-		lagSum, lagCount := histogram(a.Metrics())
-		lag := "-"
-		if n := lagCount - lastLagCount; n > 0 {
-			lag = (time.Duration((lagSum - lastLagSum) / n * float64(time.Second))).Round(100 * time.Microsecond).String()
-		}
-		b, err := housekeeping.Backlog(ctx, a.DB(), false)
+		now := time.Now().UnixMilli()
+		pub, recent, avgLag, err := published(ctx, db, lastAt)
 		if err != nil {
 			continue
 		}
-		state := "flowing"
-		if err := a.Relay().Paused(); err != nil {
-			state = "paused: " + err.Error()
+		b, err := housekeeping.Backlog(ctx, db, false)
+		if err != nil {
+			continue
 		}
-		line := fmt.Sprintf("published %8.0f  (%5.0f/s)  backlog %6d  avg lag %8s  dead-lettered %d  %s",
+		lag := "-"
+		if recent > 0 {
+			lag = (time.Duration(avgLag * float64(time.Millisecond))).Round(100 * time.Microsecond).String()
+		}
+		state := "flowing"
+		if err := a.Ready(ctx); err != nil {
+			state = "not ready: " + err.Error()
+		}
+		line := fmt.Sprintf("published %8d  (%5d/s)  backlog %6d  avg lag %8s  dead-lettered %d  %s",
 			pub, pub-lastPub, b.Pending+b.Processing, lag, b.DeadLettered, state)
 		if tty {
 			fmt.Fprintf(out, "\r%-110s", line)
 		} else {
 			fmt.Fprintln(out, line)
 		}
-		lastPub, lastLagSum, lastLagCount = pub, lagSum, lagCount
+		lastPub, lastAt = pub, now
 	}
 }
 
-func histogram(m *metrics.Metrics) (sum, count float64) {
-	return metrics.HistogramSumCount(m.DeliveryLag)
+// published counts the done rows, and of them those done after since
+// (Unix ms) with their average milliseconds from created_at to done.
+func published(ctx context.Context, db *sqlitedb.DB, since int64) (done, recent int64, avgLagMs float64, err error) {
+	var avg sql.NullFloat64
+	err = db.Reader().QueryRowContext(ctx, `SELECT count(*), count(CASE WHEN processed_at > ?1 THEN 1 END),
+	avg(CASE WHEN processed_at > ?1 THEN processed_at - created_at END) FROM `+db.Table()+` WHERE status = 'done'`, since).Scan(&done, &recent, &avg)
+	return done, recent, avg.Float64, err
 }
 
 func isTerminal(w io.Writer) bool {

@@ -175,14 +175,9 @@ func (m *Metrics) Handler(live, ready Check, role func() string) http.Handler {
 	return mux
 }
 
-// Serve listens on addr and serves h until ctx ends. It returns once the
-// listener is open (so a busy port fails startup) with the address it got;
-// wait returns when the server has stopped.
-func Serve(ctx context.Context, addr string, h http.Handler) (bound net.Addr, wait func() error, err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, err
-	}
+// Serve serves h on ln until ctx ends, then closes it; wait returns when
+// the server has stopped.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler) (wait func() error) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan error, 1)
 	go func() {
@@ -198,5 +193,5 @@ func Serve(ctx context.Context, addr string, h http.Handler) (bound net.Addr, wa
 		defer cancel()
 		srv.Shutdown(shutCtx)
 	}()
-	return ln.Addr(), func() error { return <-done }, nil
+	return func() error { return <-done }
 }

@@ -83,9 +83,12 @@ func harnessConfig(dbPath, natsURL string, ho harnessOptions) config.Config {
 func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harness {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
+	h := &harness{t: t, metrics: metrics.New("test", "test"), logs: logs, done: make(chan error, 1)}
 	app, err := daemon.Open(context.Background(), harnessConfig(dbPath, natsURL, ho), zap.New(core), daemon.Options{
 		Version: "test",
 		Commit:  "test",
+		Metrics: h.metrics,
+		Relay:   func(r *relay.Relay) { h.relay = r },
 		Clock:   ho.clock,
 		Tune: func(o *relay.Options, k *housekeeping.Options) {
 			// Seconds in production; tests of failover and recovery
@@ -109,7 +112,7 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		t.Fatal(err)
 	}
 	t.Cleanup(app.Close)
-	h := &harness{t: t, app: app, relay: app.Relay(), metrics: app.Metrics(), logs: logs, done: make(chan error, 1)}
+	h.app = app
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() { h.done <- app.Run(ctx) }()
