@@ -151,21 +151,12 @@ func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 	return n
 }
 
-// insert writes one row and returns its id.
-func insert(t *testing.T, db *sql.DB, ev testenv.Event) int64 {
-	t.Helper()
-	if err := testenv.Insert(db, ev); err != nil {
-		t.Fatal(err)
-	}
-	return int64(count(t, db, `SELECT max(id) FROM event_queue`))
-}
-
 // probe inserts a row of type Probe and waits until it is done: the
 // source has claimed after everything the test did before it, and every
 // row before it in id order was seen by that claim or an earlier one.
 func probe(t *testing.T, db *sql.DB) {
 	t.Helper()
-	id := insert(t, db, testenv.NewEvent("Probe", []byte("probe")))
+	id := testenv.InsertIDs(t, db, testenv.NewEvent("Probe", []byte("probe")))[0]
 	testenv.Eventually(t, wait, "the probe row handled", func() bool { return rowOf(t, db, id).Status == "done" })
 }
 
@@ -266,7 +257,7 @@ func TestTableSourceRetriesOnTheBackoffAndDeadLettersAtMaxAttempts(t *testing.T)
 			h.Handle("Probe", "probe", func(context.Context, ledger.Event) error { return nil })
 			seen := func() []int { mu.Lock(); defer mu.Unlock(); return slices.Clone(deliveries) }
 
-			id := insert(t, db, testenv.NewEvent("Thing", []byte("x")))
+			id := testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("x")))[0]
 			start(t, db, h, ledger.TableOptions{MaxAttempts: 3, Backoff: tc.backoff, Now: clk.Now})
 
 			for attempt := 1; attempt < 3; attempt++ {
@@ -306,7 +297,7 @@ func TestTableSourceSpendsAnAttemptWhenTheLedgerFails(t *testing.T) {
 	ran := atomic.Int32{}
 	h.Handle("Thing", "count", func(context.Context, ledger.Event) error { ran.Add(1); return nil })
 	testenv.MustExec(t, db, `DROP TABLE processed_events`)
-	id := insert(t, db, testenv.NewEvent("Thing", []byte("x")))
+	id := testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("x")))[0]
 	start(t, db, h, ledger.TableOptions{})
 	testenv.Eventually(t, wait, "an attempt spent", func() bool { return rowOf(t, db, id).Attempts == 1 })
 	row := rowOf(t, db, id)
@@ -321,7 +312,7 @@ func TestTableSourceDefersARowWhoseLedgerClaimIsHeldElsewhere(t *testing.T) {
 	h := newHandlers(t, db, clk, time.Minute)
 	h.HandleTx("Thing", "count", recordTx("count"))
 	ev := testenv.NewEvent("Thing", []byte("x"))
-	id := insert(t, db, ev)
+	id := testenv.InsertIDs(t, db, ev)[0]
 	// Another process is running the handler on this event.
 	started := clk.Ms() - 1000
 	testenv.MustExec(t, db, `INSERT INTO processed_events (event_id, handler, status, started_at) VALUES (?, 'count', 'in_progress', ?)`, *ev.EventID, started)
@@ -352,9 +343,9 @@ func TestTableSourceTakesBackRowsWhoseClaimOutlivedTheLease(t *testing.T) {
 	db := appDB(t)
 	h := newHandlers(t, db, nil, 0)
 	h.HandleTx("Thing", "count", recordTx("count"))
-	stale := insert(t, db, testenv.NewEvent("Thing", []byte("stale")))
-	noTime := insert(t, db, testenv.NewEvent("Thing", []byte("no claim time")))
-	fresh := insert(t, db, testenv.NewEvent("Thing", []byte("fresh")))
+	stale := testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("stale")))[0]
+	noTime := testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("no claim time")))[0]
+	fresh := testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("fresh")))[0]
 	now := time.Now()
 	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'processing', claimed_by = 'crashed', claimed_at = ? WHERE id = ?`,
 		now.Add(-ledger.DefaultTableLease-time.Second).UnixMilli(), stale)
@@ -388,7 +379,7 @@ func TestTableSourceRefusesToStartWhileARelayHeartbeats(t *testing.T) {
 	h := newHandlers(t, db, nil, 0)
 	var ran atomic.Int32
 	h.Handle("Thing", "count", func(context.Context, ledger.Event) error { ran.Add(1); return nil })
-	id := insert(t, db, testenv.NewEvent("Thing", []byte("x")))
+	id := testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("x")))[0]
 	heartbeat(t, db, "relay-1", "relay-host", 4242, time.Now().Add(-time.Second))
 
 	s, err := ledger.NewTableSource(db, h, ledger.TableOptions{PollInterval: 10 * time.Millisecond})
@@ -435,7 +426,7 @@ func TestTableSourceStopsWhenARelayStartsHeartbeating(t *testing.T) {
 	})
 	var ids []int64
 	for range 3 {
-		ids = append(ids, insert(t, db, testenv.NewEvent("Thing", []byte("x"))))
+		ids = append(ids, testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("x")))[0])
 	}
 	_, r := start(t, db, h, ledger.TableOptions{})
 	<-entered
@@ -475,7 +466,7 @@ func TestTableSourceShutdownFinishesTheRowUnderWayAndReleasesTheRest(t *testing.
 	})
 	var ids []int64
 	for range 5 {
-		ids = append(ids, insert(t, db, testenv.NewEvent("Thing", []byte("x"))))
+		ids = append(ids, testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("x")))[0])
 	}
 	_, r := start(t, db, h, ledger.TableOptions{Batch: 10})
 	<-entered
@@ -536,7 +527,7 @@ func TestTableSourcesNeverHandleARowTwice(t *testing.T) {
 	db := appDB(t)
 	const rows = 8
 	for i := range rows {
-		insert(t, db, testenv.Event{EventType: "Slow", Payload: []byte(fmt.Sprint(i))})
+		testenv.InsertIDs(t, db, testenv.Event{EventType: "Slow", Payload: []byte(fmt.Sprint(i))})
 	}
 	var mu sync.Mutex
 	runs := map[string]int{}
@@ -578,7 +569,7 @@ func TestTableSourceAndARealRelay(t *testing.T) {
 	defer a.Close()
 	relayCtx, stopRelay := context.WithCancel(context.Background())
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- a.RunRelay(relayCtx) }()
+	go func() { relayDone <- a.Run(relayCtx) }()
 	db := testenv.AppDB(t, path)
 	testenv.Eventually(t, wait, "the relay's heartbeat", func() bool {
 		return count(t, db, `SELECT count(*) FROM `+schema.InstancesTable) > 0
@@ -603,7 +594,7 @@ func TestTableSourceAndARealRelay(t *testing.T) {
 	}
 	// The relay stopped and sent everything; the source takes what comes
 	// after it.
-	id := insert(t, db, testenv.NewEvent("Thing", []byte("x")))
+	id := testenv.InsertIDs(t, db, testenv.NewEvent("Thing", []byte("x")))[0]
 	start(t, db, h, ledger.TableOptions{})
 	testenv.Eventually(t, wait, "the row done by the source", func() bool { return rowOf(t, db, id).Status == "done" })
 	if ran.Load() != 1 {

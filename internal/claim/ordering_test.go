@@ -15,20 +15,12 @@ import (
 // their ids.
 func insertKeyed(t *testing.T, db *sql.DB, keys ...string) []int64 {
 	t.Helper()
-	var ids []int64
-	for _, k := range keys {
-		ev := testenv.NewEvent("Keyed", []byte(k))
-		ev.OrderingKey = k
-		if err := testenv.Insert(db, ev); err != nil {
-			t.Fatal(err)
-		}
-		var id int64
-		if err := db.QueryRow(`SELECT max(id) FROM event_queue`).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
+	evs := make([]testenv.Event, len(keys))
+	for i, k := range keys {
+		evs[i] = testenv.NewEvent("Keyed", []byte(k))
+		evs[i].OrderingKey = k
 	}
-	return ids
+	return testenv.InsertIDs(t, db, evs...)
 }
 
 // claimIDs claims up to 100 rows and returns their ids.

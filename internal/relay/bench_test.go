@@ -4,8 +4,6 @@ import (
 	"context"
 	"os"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/config"
-	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -74,33 +71,6 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// memStore hands out n in-memory rows and counts settled ones: the relay
-// without SQLite, to measure the publish pipeline alone.
-type memStore struct {
-	testenv.NopStore
-	mu      sync.Mutex
-	next, n int64
-	settled atomic.Int64
-	payload []byte
-}
-
-func (m *memStore) Claim(_ context.Context, limit int, _ int64) ([]event.Row, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	k := min(int64(limit), m.n-m.next)
-	rows := make([]event.Row, k)
-	for i := range rows {
-		m.next++
-		rows[i] = event.Row{ID: m.next, EventID: event.NewID(), EventType: "Bench", Payload: m.payload, CreatedAt: time.Now().UnixMilli()}
-	}
-	return rows, nil
-}
-
-func (m *memStore) Settle(_ context.Context, outs []event.Outcome) ([]int, error) {
-	m.settled.Add(int64(len(outs)))
-	return nil, nil
-}
-
 // benchJetStream connects to a fresh in-process server whose stream the
 // relay's configuration describes; the connection closes with b.
 func benchJetStream(b *testing.B) (*publish.Conn, *publish.JetStream) {
@@ -125,14 +95,15 @@ func benchJetStream(b *testing.B) (*publish.Conn, *publish.JetStream) {
 // server with rows from memory: the relay minus SQLite. ns/op is per row.
 func BenchmarkPublishPipeline(b *testing.B) {
 	_, js := benchJetStream(b)
-	store := &memStore{n: int64(b.N), payload: make([]byte, 256)}
+	store := &testenv.MemStore{}
+	store.AddN(b.N, "Bench", make([]byte, 256))
 	r := relay.New(store, js, relay.Options{SubjectPrefix: "events", BatchSize: envInt("BENCH_BATCH", 1000), MaxInFlight: envInt("BENCH_IN_FLIGHT", 4000),
 		PollInterval: time.Millisecond, MaxAttempts: 10, ShutdownTimeout: time.Second, SettleWindow: envDuration("BENCH_SETTLE_WINDOW")})
 	ctx, cancel := context.WithCancel(context.Background())
 	b.ResetTimer()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	for store.settled.Load() < int64(b.N) {
+	for n, _ := store.Settled(); n < b.N; n, _ = store.Settled() {
 		time.Sleep(time.Millisecond)
 	}
 	b.StopTimer()

@@ -68,9 +68,9 @@ func (p *scriptedPublisher) answer(id int64, r publish.Result) {
 // released (no attempt spent, deferred for ordering); once they are all
 // settled the key sends again.
 func TestKeyRowsGoOneAtATime(t *testing.T) {
-	store := &fakeStore{}
+	store := &testenv.MemStore{}
 	for i, key := range []string{"a", "b", "a", "a", ""} {
-		store.pending = append(store.pending, event.Row{ID: int64(i + 1), EventID: event.NewID(), EventType: "T", OrderingKey: key})
+		store.Add(event.Row{ID: int64(i + 1), EventType: "T", OrderingKey: key})
 	}
 	pub := &scriptedPublisher{answers: map[int64]chan publish.Result{}}
 	m := metrics.New("", "")
@@ -99,9 +99,9 @@ func TestKeyRowsGoOneAtATime(t *testing.T) {
 	pub.answer(1, publish.Result{Kind: publish.Stored})
 	sent(1, 2, 3, 5)
 	pub.answer(3, publish.Result{Kind: publish.Rejected, Err: errors.New("message size exceeds maximum allowed")})
-	testenv.Eventually(t, 5*time.Second, "five rows settled", func() bool { return len(store.outcomes()) == 5 })
+	testenv.Eventually(t, 5*time.Second, "five rows settled", func() bool { return len(store.Outcomes()) == 5 })
 	got := map[int64]event.Outcome{}
-	for _, o := range store.outcomes() {
+	for _, o := range store.Outcomes() {
 		got[o.Row.ID] = o
 	}
 	if got[3].Settlement != event.Retry || got[4].Settlement != event.Release || got[4].Reason != metrics.DeferOrdering {
@@ -116,9 +116,7 @@ func TestKeyRowsGoOneAtATime(t *testing.T) {
 	})
 	// Everything of key a is settled: a new row of it is sent (in the
 	// relay, the claim decides whether it may come).
-	store.mu.Lock()
-	store.pending = append(store.pending, event.Row{ID: 6, EventID: event.NewID(), EventType: "T", OrderingKey: "a"})
-	store.mu.Unlock()
+	store.Add(event.Row{ID: 6, EventType: "T", OrderingKey: "a"})
 	r.wakeClaimer()
 	sent(1, 2, 3, 5, 6)
 }
@@ -129,13 +127,13 @@ func TestKeyRowsGoOneAtATime(t *testing.T) {
 // letter never passes an earlier row still to go (with
 // ordering.on_dead_letter: skip, the rows behind it would go next).
 func TestInvalidRowWaitsForItsTurn(t *testing.T) {
-	store := &fakeStore{}
+	store := &testenv.MemStore{}
 	for i, r := range []struct{ key, typ string }{
 		{"a", "T"}, {"a", "bad type"}, {"a", "T"}, // behind a refused row
 		{"b", "T"}, {"b", "bad type"}, {"b", "T"}, // behind a stored row
 		{"c", "bad type"}, {"c", "T"}, // first of its key
 	} {
-		store.pending = append(store.pending, event.Row{ID: int64(i + 1), EventID: event.NewID(), EventType: r.typ, OrderingKey: r.key})
+		store.Add(event.Row{ID: int64(i + 1), EventType: r.typ, OrderingKey: r.key})
 	}
 	pub := &scriptedPublisher{answers: map[int64]chan publish.Result{}}
 	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: 10 * time.Millisecond,
@@ -150,9 +148,9 @@ func TestInvalidRowWaitsForItsTurn(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, "rows 1 and 4 sent", func() bool { return len(pub.sentIDs()) == 2 })
 	pub.answer(1, publish.Result{Kind: publish.Rejected, Err: errors.New("refused")})
 	pub.answer(4, publish.Result{Kind: publish.Stored})
-	testenv.Eventually(t, 5*time.Second, "eight rows settled", func() bool { return len(store.outcomes()) == 8 })
+	testenv.Eventually(t, 5*time.Second, "eight rows settled", func() bool { return len(store.Outcomes()) == 8 })
 	got := map[int64]event.Outcome{}
-	for _, o := range store.outcomes() {
+	for _, o := range store.Outcomes() {
 		got[o.Row.ID] = o
 	}
 	want := map[int64]event.Settlement{1: event.Retry, 2: event.Release, 3: event.Release, 4: event.Done, 5: event.DeadLetter, 6: event.Release, 7: event.DeadLetter, 8: event.Release}

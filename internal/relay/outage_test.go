@@ -61,7 +61,7 @@ func (p *trialPublisher) count() int {
 	return p.published
 }
 
-func runRelay(t *testing.T, store *fakeStore, pub Publisher) *Relay {
+func runRelay(t *testing.T, store *testenv.MemStore, pub Publisher) *Relay {
 	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 100, MaxInFlight: 500, PollInterval: 20 * time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -74,8 +74,8 @@ func runRelay(t *testing.T, store *fakeStore, pub Publisher) *Relay {
 // relay waits for its answer before claiming more, so a broker that answers
 // probes but not publishes costs one row a try, not a window of them.
 func TestHalfOpenTriesOneRow(t *testing.T) {
-	store := &fakeStore{}
-	store.add(1000, "T")
+	store := &testenv.MemStore{}
+	store.AddN(1000, "T", nil)
 	pub := &trialPublisher{delay: 300 * time.Millisecond, result: publish.Result{Kind: publish.Transport, Err: errors.New("timeout waiting for ack")}}
 	r := runRelay(t, store, pub)
 	testenv.Eventually(t, 10*time.Second, "paused", func() bool { return r.Paused() != nil })
@@ -91,13 +91,13 @@ func TestHalfOpenTriesOneRow(t *testing.T) {
 // merits (too large, say) is up: the outage ends, and the rejection spends
 // the row's attempt as any rejection does.
 func TestHalfOpenEndsOnARejection(t *testing.T) {
-	store := &fakeStore{}
-	store.add(50, "T")
+	store := &testenv.MemStore{}
+	store.AddN(50, "T", nil)
 	pub := &trialPublisher{result: publish.Result{Kind: publish.Rejected, Err: errors.New("nats: API error: code=400 err_code=10054 description=message size exceeds maximum allowed")}}
 	r := runRelay(t, store, pub)
 	testenv.Eventually(t, 10*time.Second, "paused", func() bool { return r.Paused() != nil })
 	pub.up.Store(true)
-	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.outcomes()) >= 50 })
+	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.Outcomes()) >= 50 })
 	if err := r.Paused(); err != nil {
 		t.Fatalf("the broker answered every publish, yet the relay reports an outage: %v", err)
 	}

@@ -13,53 +13,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// fakeStore is an in-memory outbox for driving the state machine.
-type fakeStore struct {
-	testenv.NopStore
-	mu      sync.Mutex
-	pending []event.Row
-	settled []event.Outcome
-	settles int // Settle calls: transactions
-}
-
-func (s *fakeStore) add(n int, eventType string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i := 0; i < n; i++ {
-		id := int64(len(s.pending) + len(s.settled) + 1)
-		s.pending = append(s.pending, event.Row{ID: id, EventID: event.NewID(), EventType: eventType, CreatedAt: time.Now().UnixMilli()})
-	}
-}
-
-func (s *fakeStore) Claim(_ context.Context, limit int, _ int64) ([]event.Row, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := min(limit, len(s.pending))
-	rows := append([]event.Row(nil), s.pending[:n]...)
-	s.pending = s.pending[n:]
-	return rows, nil
-}
-
-func (s *fakeStore) Settle(_ context.Context, outs []event.Outcome) ([]int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.settled = append(s.settled, outs...)
-	s.settles++
-	return nil, nil
-}
-
-func (s *fakeStore) outcomes() []event.Outcome {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]event.Outcome(nil), s.settled...)
-}
-
-func (s *fakeStore) Backlog(context.Context) (event.Backlog, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return event.Backlog{Pending: int64(len(s.pending))}, nil
-}
-
 // heldPublisher keeps every ack pending until release is closed.
 type heldPublisher struct {
 	mu          sync.Mutex
@@ -105,8 +58,8 @@ func (p *heldPublisher) state() (outstanding, maxOut int) {
 // TestInFlightBound: the relay keeps at most max_in_flight acks outstanding
 // and claims more as soon as they are settled.
 func TestInFlightBound(t *testing.T) {
-	store := &fakeStore{}
-	store.add(100, "T")
+	store := &testenv.MemStore{}
+	store.AddN(100, "T", nil)
 	pub := &heldPublisher{release: make(chan struct{})}
 	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 30, PollInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -118,12 +71,12 @@ func TestInFlightBound(t *testing.T) {
 		t.Fatalf("outstanding %d, max %d; want 30", n, maxOut)
 	}
 	close(pub.release)
-	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.outcomes()) == 100 })
+	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.Outcomes()) == 100 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range store.outcomes() {
+	for _, o := range store.Outcomes() {
 		if o.Settlement != event.Done {
 			t.Fatalf("outcome %+v", o)
 		}
@@ -144,8 +97,8 @@ func TestSettleWindow(t *testing.T) {
 		{0, func(n int) bool { return n == 10 }},
 		{50 * time.Millisecond, func(n int) bool { return n <= 2 }},
 	} {
-		store := &fakeStore{}
-		store.add(100, "T")
+		store := &testenv.MemStore{}
+		store.AddN(100, "T", nil)
 		pub := &heldPublisher{release: make(chan struct{})}
 		r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 400, PollInterval: time.Millisecond,
 			MaxAttempts: 3, ShutdownTimeout: time.Second, SettleWindow: tc.window})
@@ -154,16 +107,14 @@ func TestSettleWindow(t *testing.T) {
 		go func() { done <- r.Run(ctx) }()
 		testenv.Eventually(t, 10*time.Second, "100 outstanding", func() bool { n, _ := pub.state(); return n == 100 })
 		close(pub.release)
-		testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.outcomes()) == 100 })
-		store.mu.Lock()
-		settles := store.settles
-		store.mu.Unlock()
+		testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.Outcomes()) == 100 })
+		_, settles := store.Settled()
 		if !tc.settles(settles) {
 			t.Errorf("window %v: 10 batches settled in %d transactions", tc.window, settles)
 		}
-		store.add(5, "T") // a lone batch: settled when the window ends
+		store.AddN(5, "T", nil) // a lone batch: settled when the window ends
 		r.wakeClaimer()
-		testenv.Eventually(t, 10*time.Second, "the lone batch settled", func() bool { return len(store.outcomes()) == 105 })
+		testenv.Eventually(t, 10*time.Second, "the lone batch settled", func() bool { return len(store.Outcomes()) == 105 })
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
@@ -201,8 +152,8 @@ func (storedAck) Wait(context.Context) publish.Result { return publish.Result{Ki
 // settled when its window ends, while the next batch's acks are still
 // outstanding.
 func TestSettleWindowDoesNotWaitForLaterAcks(t *testing.T) {
-	store := &fakeStore{}
-	store.add(20, "T")
+	store := &testenv.MemStore{}
+	store.AddN(20, "T", nil)
 	pub := &laterHeldPublisher{heldPublisher: heldPublisher{release: make(chan struct{})}}
 	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 100, PollInterval: time.Millisecond,
 		MaxAttempts: 3, ShutdownTimeout: time.Second, SettleWindow: 20 * time.Millisecond})
@@ -211,10 +162,10 @@ func TestSettleWindowDoesNotWaitForLaterAcks(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 	testenv.Eventually(t, 10*time.Second, "the first batch settled while the second is held", func() bool {
 		n, _ := pub.state()
-		return n == 10 && len(store.outcomes()) == 10
+		return n == 10 && len(store.Outcomes()) == 10
 	})
 	close(pub.release)
-	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.outcomes()) == 20 })
+	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.Outcomes()) == 20 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -246,8 +197,8 @@ func (failedAck) Wait(context.Context) publish.Result {
 // never recover; the relay releases its rows and Run returns the error so
 // the process exits and is restarted, instead of pausing forever.
 func TestClosedConnectionIsFatal(t *testing.T) {
-	store := &fakeStore{}
-	store.add(5, "T")
+	store := &testenv.MemStore{}
+	store.AddN(5, "T", nil)
 	flaky := &flakyReady{closedPublisher: closedPublisher{}}
 	// The commit watch and the heartbeat run, as in the daemon: neither may keep Run from returning.
 	r := New(store, flaky, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, MaxAttempts: 3, ShutdownTimeout: time.Second,
@@ -263,7 +214,7 @@ func TestClosedConnectionIsFatal(t *testing.T) {
 	if !errors.Is(err, publish.ErrClosed) {
 		t.Fatalf("Run = %v, want ErrClosed", err)
 	}
-	outs := store.outcomes()
+	outs := store.Outcomes()
 	if len(outs) != 5 {
 		t.Fatalf("%d outcomes, want 5 released", len(outs))
 	}
@@ -291,7 +242,7 @@ func (f *flakyReady) Ready(ctx context.Context) error {
 
 // replacedStore is a store whose file was replaced before the relay's
 // first heartbeat: every write says so.
-type replacedStore struct{ fakeStore }
+type replacedStore struct{ testenv.MemStore }
 
 func (*replacedStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
 	return 0, fmt.Errorf("heartbeat: %w", event.ErrDatabaseReplaced)
@@ -318,7 +269,7 @@ func TestReplacedBeforeTheFirstHeartbeat(t *testing.T) {
 // lockedStore is an outbox whose file the application keeps locked once
 // rows are claimed: every settle waits until its context ends.
 type lockedStore struct {
-	fakeStore
+	testenv.MemStore
 	gaveUp chan struct{} // closed when a settle's context ended
 	once   sync.Once
 }
@@ -335,7 +286,7 @@ func (s *lockedStore) Settle(ctx context.Context, _ []event.Outcome) ([]int, err
 // rows stay pending in the table for the next relay.
 func TestClosedConnectionWithTheDatabaseLocked(t *testing.T) {
 	store := &lockedStore{gaveUp: make(chan struct{})}
-	store.add(5, "T")
+	store.AddN(5, "T", nil)
 	r := New(store, &flakyReady{closedPublisher: closedPublisher{}}, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10,
 		MaxAttempts: 3, ShutdownTimeout: 100 * time.Millisecond})
 	done := make(chan error, 1)

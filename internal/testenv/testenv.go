@@ -320,11 +320,27 @@ func NewEvent(eventType string, payload []byte) Event {
 
 // Insert writes events in one transaction, the way an application does.
 func Insert(db *sql.DB, evs ...Event) error {
+	_, err := insert(db, evs)
+	return err
+}
+
+// InsertIDs inserts events in one transaction and returns their row ids.
+func InsertIDs(t testing.TB, db *sql.DB, evs ...Event) []int64 {
+	t.Helper()
+	ids, err := insert(db, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func insert(db *sql.DB, evs []Event) ([]int64, error) {
 	tx, err := db.Begin()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tx.Rollback()
+	ids := make([]int64, 0, len(evs))
 	for _, e := range evs {
 		var id any
 		if e.EventID != nil {
@@ -336,11 +352,17 @@ func Insert(db *sql.DB, evs ...Event) error {
 			q = `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, ?, ?, ?)`
 			args = append(args, e.OrderingKey)
 		}
-		if _, err := tx.Exec(q, args...); err != nil {
-			return err
+		res, err := tx.Exec(q, args...)
+		if err != nil {
+			return nil, err
 		}
+		rowID, err := res.LastInsertId()
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, rowID)
 	}
-	return tx.Commit()
+	return ids, tx.Commit()
 }
 
 // Counts returns the number of rows per status.
