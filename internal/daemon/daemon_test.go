@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
@@ -86,4 +88,67 @@ func TestExhaustedRecordedOnce(t *testing.T) {
 	if err := app.QueryRow(`SELECT count(*) FROM outbox_relay_exhausted WHERE stream_seq = 42`).Scan(&rows); err != nil || rows != 1 {
 		t.Fatalf("%d exhausted rows (%v), want 1", rows, err)
 	}
+}
+
+// TestReconciledWhenTheBrokerFirstAnswers: started while the broker is
+// down, the relay is not ready and publishes nothing; once the broker
+// answers, the stream it finds (an operator's, with the server's 2-minute
+// duplicate window) gets the relay's window, counted and with the
+// operator's other fields kept, and the rows go out.
+func TestReconciledWhenTheBrokerFirstAnswers(t *testing.T) {
+	n := testenv.StartNATS(t)
+	ctx := context.Background()
+	if _, err := n.JetStream(t).CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"},
+		Duplicates: 2 * time.Minute, Description: "the operator's"}); err != nil {
+		t.Fatal(err)
+	}
+	n.Stop()
+	a, cfg := openTest(t, n, nil)
+	app := testenv.AppDB(t, cfg.Database.Path)
+	testenv.InsertN(t, app, 3, "WhileDown")
+	testenv.Eventually(t, 20*time.Second, "not ready, saying it is the broker", func() bool {
+		err := a.Ready(ctx)
+		return err != nil && strings.HasPrefix(err.Error(), "broker: ")
+	})
+	if c := testenv.Counts(t, app); c["done"] != 0 {
+		t.Fatalf("rows published with the broker down: %v", c)
+	}
+	n.Restart()
+	testenv.Eventually(t, 30*time.Second, "the rows published", func() bool { return testenv.Counts(t, app)["done"] == 3 })
+	testenv.Eventually(t, 20*time.Second, "ready", func() bool { return a.Ready(ctx) == nil })
+	s, err := n.JetStream(t).Stream(ctx, cfg.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config; got.Duplicates != time.Hour || got.Description != "the operator's" {
+		t.Fatalf("stream after reconciling: duplicate window %v, description %q; want 1h and the operator's", got.Duplicates, got.Description)
+	}
+	if got := metrics.Value(a.metrics.StreamConfigPatched.WithLabelValues("duplicate_window")); got != 1 {
+		t.Fatalf("stream_config_patched_total{field=duplicate_window} = %v, want 1", got)
+	}
+}
+
+// TestReadinessSaysWhichPartIsNot: /readyz names the database when the
+// outbox table is gone (a claim fails on something waiting cannot heal)
+// and the broker when its connection is down.
+func TestReadinessSaysWhichPartIsNot(t *testing.T) {
+	n := testenv.StartNATS(t)
+	a, cfg := openTest(t, n, nil)
+	ctx := context.Background()
+	testenv.Eventually(t, 20*time.Second, "ready", func() bool { return a.Ready(ctx) == nil })
+	app := testenv.AppDB(t, cfg.Database.Path)
+	testenv.MustExec(t, app, `ALTER TABLE event_queue RENAME TO event_queue_gone`)
+	testenv.Eventually(t, 20*time.Second, "not ready: the database", func() bool {
+		err := a.Ready(ctx)
+		return err != nil && strings.HasPrefix(err.Error(), "database: ") && strings.Contains(err.Error(), "no such table")
+	})
+	testenv.MustExec(t, app, `ALTER TABLE event_queue_gone RENAME TO event_queue`)
+	testenv.Eventually(t, 20*time.Second, "ready again", func() bool { return a.Ready(ctx) == nil })
+	n.Stop()
+	testenv.Eventually(t, 20*time.Second, "not ready: the broker", func() bool {
+		err := a.Ready(ctx)
+		return err != nil && strings.HasPrefix(err.Error(), "broker: ")
+	})
+	n.Restart()
+	testenv.Eventually(t, 30*time.Second, "ready once the broker is back", func() bool { return a.Ready(ctx) == nil })
 }

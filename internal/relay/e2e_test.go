@@ -29,7 +29,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-// harness is a relay wired by the daemon, as the command line wires it,
+// harness is a relay wired by the daemon, as outbox-relay run wires it,
 // on real parts.
 type harness struct {
 	t       testing.TB
@@ -57,7 +57,7 @@ type harnessOptions struct {
 	wrapStore     func(relay.Store) relay.Store
 	mutateOpt     func(*relay.Options)
 	mutateKeeper  func(*housekeeping.Options)
-	clock         *event.Clock // shared by the store and the loop, as the command line does
+	clock         *event.Clock // shared by the store and the loop, as the daemon does
 }
 
 var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}

@@ -66,7 +66,7 @@ type Options struct {
 	// transaction; 0: one transaction a batch.
 	SettleWindow time.Duration
 	// Ready, when set, replaces Publisher.Ready as the outage probe (the
-	// command line adds creating the stream once the broker answers).
+	// daemon adds reconciling the stream once the broker answers).
 	Ready func(ctx context.Context) error
 	// Clock gives the times of retries and deferrals; share the store's.
 	Clock   *event.Clock
