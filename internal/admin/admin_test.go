@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/lead"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -20,13 +21,13 @@ import (
 func TestOneRelayLeads(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MigratedDB(t)
-	first, second := claim.New(db, claim.Options{}), claim.New(testenv.OpenDB(t, db.Path()), claim.Options{})
-	testenv.InsertRows(t, testenv.AppDB(t, db.Path()), 3, "pending")
-	if rows, err := first.Claim(ctx, 3, 0); err != nil || len(rows) != 3 {
-		t.Fatal(rows, err)
-	}
-	for _, s := range []*claim.Store{first, second, first} {
-		if _, err := s.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil {
+	first, second := lead.New(db), lead.New(testenv.OpenDB(t, db.Path()))
+	for _, l := range []*lead.Lease{first, second, first} {
+		inFlight := 0
+		if l == first {
+			inFlight = 3
+		}
+		if _, err := l.Heartbeat(ctx, "test", inFlight, time.Hour, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Millisecond) // started_at orders the relays
@@ -47,7 +48,7 @@ func TestOneRelayLeads(t *testing.T) {
 	if err := first.Leave(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := second.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil || !second.Leads() {
+	if _, err := second.Heartbeat(ctx, "test", 0, time.Hour, time.Minute); err != nil || !second.Leads() {
 		t.Fatalf("after the leader left, the second leads %v (%v)", second.Leads(), err)
 	}
 }

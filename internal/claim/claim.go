@@ -1,8 +1,7 @@
-// Package claim owns the relay's rows in flight and the lead: taking due
-// rows (read, held in memory, not written), settling each once when its
-// outcome is known, fenced by the lead in the same transaction, and the
-// heartbeats that say which relay leads and take back rows a dead claimer
-// marked processing.
+// Package claim owns the relay's rows in flight: taking due rows (read,
+// held in memory, not written) in the order their ordering keys allow, and
+// settling each once when its outcome is known, fenced by the lead (see
+// package lead) in the same transaction.
 package claim
 
 import (
@@ -18,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -40,24 +38,28 @@ type Options struct {
 	// most (0: no limit), so that a busy key cannot fill the pipeline that
 	// the other keys share.
 	KeyDepth int
+	// Fence, when set, is asked inside every settle transaction whether
+	// this relay may write (*lead.Lease): one that lost the lead writes
+	// nothing. Without it the store writes whenever asked.
+	Fence Fence
+}
+
+// Fence says whether a settle may write, inside its transaction.
+type Fence interface {
+	LeadsIn(ctx context.Context, tx *sql.Tx) (bool, error)
 }
 
 // DefaultRescan is Options.Rescan's default.
 const DefaultRescan = time.Second
 
-// Store takes and settles the outbox table's rows on db, and heartbeats
-// for this relay. Its rows in flight are its own: one Store per relay.
+// Store takes and settles the outbox table's rows on db. Its rows in
+// flight are its own: one Store per relay.
 type Store struct {
-	db           *sqlitedb.DB
-	instance     string
-	leads        atomic.Bool // this relay led at its latest heartbeat
-	q            queries
-	lastBeat     time.Time // the last committed heartbeat; one heartbeat loop per store
-	beatingSince time.Time // since when heartbeats have been on time
-
-	registered atomic.Bool   // a heartbeat committed: settles are fenced by the lead
-	rescan     time.Duration // a claim reads the whole pending index at least this often
-	keyDepth   int           // rows of one ordering key held at most; 0: no limit
+	db       *sqlitedb.DB
+	q        queries
+	fence    Fence
+	rescan   time.Duration // a claim reads the whole pending index at least this often
+	keyDepth int           // rows of one ordering key held at most; 0: no limit
 	// skipDeadLetters: a dead letter does not keep its key's later rows.
 	skipDeadLetters bool
 
@@ -65,10 +67,10 @@ type Store struct {
 	held held // the rows in flight (see Claim)
 }
 
-// New returns a Store on db, with a new instance id. It does not touch the
-// schema; closing db is the caller's.
+// New returns a Store on db. It does not touch the schema; closing db is
+// the caller's.
 func New(db *sqlitedb.DB, opts Options) *Store {
-	s := &Store{db: db, instance: event.NewID(), q: newQueries(db.Table()), rescan: opts.Rescan, keyDepth: opts.KeyDepth, skipDeadLetters: opts.SkipDeadLetters}
+	s := &Store{db: db, q: newQueries(db.Table()), fence: opts.Fence, rescan: opts.Rescan, keyDepth: opts.KeyDepth, skipDeadLetters: opts.SkipDeadLetters}
 	s.held.ids = map[int64]struct{}{}
 	s.held.keys = map[string]int{}
 	s.held.waiting = map[string]bool{}
@@ -81,7 +83,7 @@ func New(db *sqlitedb.DB, opts Options) *Store {
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release, reclaim string
+	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release string
 }
 
 // pendingRow is the condition of every settle write: the row is still
@@ -125,16 +127,6 @@ func newQueries(t string) queries {
 		retry:      fmt.Sprintf(`UPDATE %s SET attempts = ?, available_at = ?, last_error = ? WHERE `+pendingRow, t),
 		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ? WHERE `+pendingRow, t),
 		release:    fmt.Sprintf(`UPDATE %s SET available_at = ? WHERE `+pendingRow, t),
-		// Rows marked processing by a claimer that writes its claims (an
-		// older relay, or another implementation of the same design) are
-		// taken back when their lease expired, or at once when their owner
-		// stopped heartbeating (crashed); a live owner's claims are never
-		// taken before the lease.
-		reclaim: fmt.Sprintf(`UPDATE %s SET status = 'pending', claimed_at = NULL, claimed_by = NULL
-WHERE status = 'processing' AND (
-	claimed_at IS NULL OR claimed_at < ?1
-	OR (claimed_by IS NOT NULL AND claimed_by <> ?2
-		AND claimed_by NOT IN (SELECT instance_id FROM `+schema.InstancesTable+` WHERE heartbeat_at >= ?3)))`, t),
 	}
 }
 
@@ -158,7 +150,7 @@ type held struct {
 // first row, up to maxBytes of payload (0: no byte limit), and holds them
 // in memory until Settle: it writes nothing, so the application's write
 // lock is not taken to claim. Only one relay per file claims (the leader,
-// see Heartbeat); its Settle writes only while it leads.
+// see package lead); its Settle writes only while it leads (Options.Fence).
 //
 // While rows are in flight a claim reads only past the highest of them (a
 // new row's id is above every row in the table, and the held rows are in
@@ -353,20 +345,13 @@ func (s *Store) rescanDue(now int64) bool {
 	return due
 }
 
-// rescanAll makes the next claim read the whole pending index, the keys found
-// waiting included: rows went back to pending (a heartbeat reclaimed
+// Rescan makes the next claim read the whole pending index, the keys
+// found waiting included: rows went back to pending (a heartbeat reclaimed
 // them).
-func (s *Store) rescanAll() {
+func (s *Store) Rescan() {
 	s.mu.Lock()
 	s.held.nextRescan, s.held.nextLook = time.Time{}, time.Time{}
 	s.mu.Unlock()
-}
-
-// inFlight returns how many rows are claimed and not yet settled.
-func (s *Store) inFlight() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.held.ids)
 }
 
 // readRows reads claimed rows, in id order, the row before each of the
@@ -477,9 +462,9 @@ func blob(v any) []byte {
 // Settle writes the outcomes of claimed rows in one transaction and lets
 // go of the rows. Done rows are settled by one statement. Each write is
 // conditioned on the row being still pending; stale lists the indexes of
-// the outcomes that changed nothing. A relay that has heartbeated writes
-// only while it leads, checked in the same transaction: one that was
-// paused (SIGSTOP, a frozen VM) and lost the lead writes nothing, and every
+// the outcomes that changed nothing. With a Fence, the store writes only
+// while it leads, checked in the same transaction: one that was paused
+// (SIGSTOP, a frozen VM) and lost the lead writes nothing, and every
 // outcome is stale. A release that makes a row due at once writes nothing
 // (the row is pending and due already).
 func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error) {
@@ -580,6 +565,14 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) 
 	}
 	slices.Sort(stale)
 	return stale, nil
+}
+
+// leadsIn asks the fence, if any, whether tx may write settlements.
+func (s *Store) leadsIn(ctx context.Context, tx *sql.Tx) (bool, error) {
+	if s.fence == nil {
+		return true, nil
+	}
+	return s.fence.LeadsIn(ctx, tx)
 }
 
 // letGo forgets settled rows as in flight and remembers when the rows it

@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
+	"github.com/outbox-relay/outbox-relay/internal/lead"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -187,10 +188,6 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	if !strings.Contains(plan, "SEARCH e USING COVERING INDEX event_queue_ordering (ordering_key=? AND id<?)") {
 		t.Errorf("claim plan %q: want the ordering index for the row before", plan)
 	}
-	plan = testenv.QueryPlan(t, s.db, s.q.reclaim, now, "x", now)
-	if !strings.Contains(plan, "USING INDEX event_queue_processing") || strings.Contains(plan, "SCAN event_queue\x00") {
-		t.Errorf("reclaim plan %q: want the processing index", plan)
-	}
 	b, err := housekeeping.Backlog(context.Background(), s.db, true)
 	if err != nil || b.Pending != 1000 {
 		t.Fatalf("backlog %+v %v", b, err)
@@ -357,29 +354,30 @@ func TestSettleOutcomes(t *testing.T) {
 // table, where they are still pending.
 func TestSettleIsFencedByTheLead(t *testing.T) {
 	ctx := context.Background()
-	a := newStore(t)
-	b := openStore(t, a.db.Path())
+	dba := testenv.MigratedDB(t)
+	dbb := testenv.OpenDB(t, dba.Path())
+	la, lb := lead.New(dba), lead.New(dbb)
+	a, b := New(dba, Options{Fence: la}), New(dbb, Options{Fence: lb})
 	db := testenv.AppDB(t, a.db.Path())
 	testenv.InsertRows(t, db, 2, "pending")
-	for _, s := range []*Store{a, b} {
-		if _, err := s.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil {
+	for _, l := range []*lead.Lease{la, lb} {
+		if _, err := l.Heartbeat(ctx, "test", 0, time.Hour, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Millisecond) // started_at orders the relays
 	}
-	if !a.Leads() || b.Leads() {
-		t.Fatalf("a leads %v, b leads %v; want the first relay to lead", a.Leads(), b.Leads())
+	if !la.Leads() || lb.Leads() {
+		t.Fatalf("a leads %v, b leads %v; want the first relay to lead", la.Leads(), lb.Leads())
 	}
 	old, err := a.Claim(ctx, 2, 0)
 	if err != nil || len(old) != 2 {
 		t.Fatal(old, err)
 	}
-	// a is paused past the staleness window; b, beating on time, judges it
-	// dead and leads.
-	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 120000 WHERE instance_id = ?`, a.Instance())
-	b.beatingSince = time.Now().Add(-2 * time.Minute)
-	if _, err := b.Heartbeat(ctx, "test", time.Hour, time.Minute); err != nil || !b.Leads() {
-		t.Fatalf("b leads %v (%v) after a went silent", b.Leads(), err)
+	// a is paused past the staleness window; b judges it dead (removing
+	// its heartbeat row) and leads.
+	testenv.MustExec(t, db, `DELETE FROM `+schema.InstancesTable+` WHERE instance_id = ?`, la.Instance())
+	if _, err := lb.Heartbeat(ctx, "test", 0, time.Hour, time.Minute); err != nil || !lb.Leads() {
+		t.Fatalf("b leads %v (%v) after a went silent", lb.Leads(), err)
 	}
 	// a resumes, still believing it leads: its settle writes nothing.
 	stale, err := a.Settle(ctx, []event.Outcome{{Row: old[0], Settlement: event.Done}, event.Reject(old[1], "refused", 5, time.Now())})
@@ -398,51 +396,8 @@ func TestSettleIsFencedByTheLead(t *testing.T) {
 	if n := settleOne(t, b, event.Outcome{Row: fresh[0], Settlement: event.Done}); n != 0 {
 		t.Fatal("the leader could not settle")
 	}
-	if a.inFlight() != 0 || b.inFlight() != 1 {
-		t.Fatalf("in flight: a %d, b %d; want 0 and 1", a.inFlight(), b.inFlight())
-	}
-}
-
-func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
-	ctx := context.Background()
-	live := newStore(t)
-	dead := openStore(t, live.db.Path())
-	other := openStore(t, live.db.Path())
-	db := testenv.AppDB(t, live.db.Path())
-	testenv.InsertRows(t, db, 6, "pending")
-	for _, s := range []*Store{live, dead} {
-		if _, err := s.Heartbeat(ctx, "test", time.Hour, 5*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		if n := testenv.LegacyClaim(t, db, s.Instance(), 3); n != 3 {
-			t.Fatal(n)
-		}
-	}
-	// Both owners are alive: nothing is taken before the lease.
-	if n, err := other.Heartbeat(ctx, "test", time.Hour, 5*time.Second); err != nil || n != 0 {
-		t.Fatalf("reclaimed %d (%v) while both owners are alive", n, err)
-	}
-	// dead stops heartbeating (kill -9): its claims come back at once, to a
-	// relay that has been heartbeating on time for a staleness window.
-	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 60000 WHERE instance_id = ?`, dead.Instance())
-	other.beatingSince = time.Now().Add(-time.Minute)
-	n, err := other.Heartbeat(ctx, "test", time.Hour, 5*time.Second)
-	if err != nil || n != 3 {
-		t.Fatalf("reclaimed %d (%v), want the dead owner's 3", n, err)
-	}
-	var pending, liveHeld, instances int
-	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'pending'`).Scan(&pending)
-	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'processing' AND claimed_by = ?`, live.Instance()).Scan(&liveHeld)
-	db.QueryRow(`SELECT count(*) FROM ` + schema.InstancesTable).Scan(&instances)
-	if pending != 3 || liveHeld != 3 || instances != 2 {
-		t.Fatalf("pending %d, live holds %d, instances %d; want 3, 3, 2", pending, liveHeld, instances)
-	}
-	if err := live.Leave(ctx); err != nil {
-		t.Fatal(err)
-	}
-	db.QueryRow(`SELECT count(*) FROM ` + schema.InstancesTable).Scan(&instances)
-	if instances != 1 {
-		t.Fatalf("%d instances after Leave", instances)
+	if inFlight(a) != 0 || inFlight(b) != 1 {
+		t.Fatalf("in flight: a %d, b %d; want 0 and 1", inFlight(a), inFlight(b))
 	}
 }
 
@@ -468,8 +423,8 @@ func TestClaimsNeverRepeatRowsInFlight(t *testing.T) {
 		}
 		all = append(all, rows...)
 	}
-	if len(seen) != 2000 || len(all) != 2000 || s.inFlight() != 2000 {
-		t.Fatalf("%d rows claimed (%d distinct, %d in flight), want 2000 once each", len(all), len(seen), s.inFlight())
+	if len(seen) != 2000 || len(all) != 2000 || inFlight(s) != 2000 {
+		t.Fatalf("%d rows claimed (%d distinct, %d in flight), want 2000 once each", len(all), len(seen), inFlight(s))
 	}
 	outs := make([]event.Outcome, len(all))
 	for i, r := range all {
@@ -572,64 +527,10 @@ func TestDeferredRowsBelowInFlightAreClaimedWhenDue(t *testing.T) {
 	if got, err := s.Claim(ctx, 10, 0); err != nil || len(got) != 0 {
 		t.Fatalf("claimed %v (%v): the scheduled row waits for the rescan", got, err)
 	}
-	s.rescanAll()
+	s.Rescan()
 	got, err = s.Claim(ctx, 10, 0)
 	if err != nil || len(got) != 1 || got[0].EventID != "scheduled" {
 		t.Fatalf("claimed %+v (%v), want the scheduled row at the rescan", got, err)
-	}
-}
-
-// TestHeldUpHeartbeatJudgesNobody: when the application held the write lock
-// longer than the staleness limit, every relay's heartbeat waited; the first
-// one through must not take the others for dead.
-func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
-	ctx := context.Background()
-	a := newStore(t)
-	b := openStore(t, a.db.Path())
-	db := testenv.AppDB(t, a.db.Path())
-	testenv.InsertRows(t, db, 5, "pending")
-	const stale = 1500 * time.Millisecond
-	for _, s := range []*Store{a, b} {
-		if _, err := s.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := testenv.LegacyClaim(t, db, b.Instance(), 5); n != 5 {
-		t.Fatal(n)
-	}
-	tx, err := db.Begin() // the application's long transaction
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES ('long', 'T', 'x')`)
-	time.AfterFunc(2*time.Second, func() { tx.Commit() })
-	n, err := a.Heartbeat(ctx, "t", time.Hour, stale) // waits 2 s for the lock
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
-		t.Fatalf("a held-up heartbeat reclaimed %d rows of a relay that was only held up too", n)
-	}
-	// b really is dead now: the next, timely heartbeats take its rows.
-	time.Sleep(stale)
-	if _, err := a.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
-		t.Fatal(err)
-	}
-	var reclaimed int64
-	step := func() bool {
-		n, err := a.Heartbeat(ctx, "t", time.Hour, stale)
-		if err != nil {
-			t.Fatal(err)
-		}
-		reclaimed += n
-		return reclaimed == 5
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !step() {
-		if time.Now().After(deadline) {
-			t.Fatalf("dead relay's rows not reclaimed (%d)", reclaimed)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -663,43 +564,8 @@ func TestSettleInPartsAndLostRows(t *testing.T) {
 	if st := state(t, db, rows[2].ID); st.Status != "pending" || st.Attempts != 1 {
 		t.Errorf("retried row %+v", st)
 	}
-	if s.inFlight() != 0 {
-		t.Errorf("%d rows still in flight", s.inFlight())
-	}
-}
-
-// TestJudgeOnlyAfterBeatingOnTime: a relay that has just started (or just
-// got the lock back) does not take another for dead until it has itself
-// been heartbeating on time for a staleness window.
-func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
-	ctx := context.Background()
-	const stale = 600 * time.Millisecond
-	dead := newStore(t)
-	db := testenv.AppDB(t, dead.db.Path())
-	testenv.InsertRows(t, db, 2, "pending")
-	if _, err := dead.Heartbeat(ctx, "t", time.Hour, stale); err != nil {
-		t.Fatal(err)
-	}
-	if n := testenv.LegacyClaim(t, db, dead.Instance(), 2); n != 2 {
-		t.Fatal(n)
-	}
-	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 60000`)
-	judge := openStore(t, dead.db.Path())
-	start := time.Now() // before the first heartbeat, which starts the judge's clock
-	if n, err := judge.Heartbeat(ctx, "t", time.Hour, stale); err != nil || n != 0 {
-		t.Fatalf("a relay's first heartbeat reclaimed %d (%v)", n, err)
-	}
-	var n int64
-	for n == 0 && time.Since(start) < 5*time.Second {
-		time.Sleep(50 * time.Millisecond)
-		k, err := judge.Heartbeat(ctx, "t", time.Hour, stale)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n = k
-	}
-	if n != 2 || time.Since(start) < stale {
-		t.Fatalf("reclaimed %d after %v; want 2, not before %v", n, time.Since(start), stale)
+	if inFlight(s) != 0 {
+		t.Errorf("%d rows still in flight", inFlight(s))
 	}
 }
 
@@ -709,7 +575,8 @@ func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
 func TestNoWritesToAReplacedFile(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
-	if _, err := s.Heartbeat(ctx, "test", time.Minute, 6*time.Second); err != nil {
+	l := lead.New(s.db)
+	if _, err := l.Heartbeat(ctx, "test", 0, time.Minute, 6*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	testenv.InsertRows(t, testenv.AppDB(t, s.db.Path()), 3, "pending") // due: a claim gets to its write
@@ -720,7 +587,7 @@ func TestNoWritesToAReplacedFile(t *testing.T) {
 	if err := os.Rename(other, s.db.Path()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Heartbeat(ctx, "test", time.Minute, 6*time.Second); !errors.Is(err, event.ErrDatabaseReplaced) {
+	if _, err := l.Heartbeat(ctx, "test", 0, time.Minute, 6*time.Second); !errors.Is(err, event.ErrDatabaseReplaced) {
 		t.Errorf("heartbeat on a replaced file: %v", err)
 	}
 	if _, err := s.Claim(ctx, 10, 0); !errors.Is(err, event.ErrDatabaseReplaced) {
@@ -732,6 +599,13 @@ func TestNoWritesToAReplacedFile(t *testing.T) {
 	if err := s.db.Ping(ctx); !errors.Is(err, event.ErrDatabaseReplaced) || !strings.Contains(err.Error(), s.db.Path()) {
 		t.Errorf("ping on a replaced file: %v", err)
 	}
+}
+
+// inFlight returns how many rows s holds in flight.
+func inFlight(s *Store) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held.ids)
 }
 
 // forget drops the rows in flight without settling them (benchmarks put

@@ -87,7 +87,7 @@ func TestKeyWaitsBehindItsRetriedRow(t *testing.T) {
 	wantIDs(t, "behind the retried row", claimIDs(t, s), more[0], more[2])
 	// The retried row becomes due: its key follows in order.
 	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = 0 WHERE id = ?`, ids[0])
-	s.rescanAll()
+	s.Rescan()
 	wantIDs(t, "once the retried row is due", claimIDs(t, s), ids[0], ids[2], ids[4], more[1])
 }
 
@@ -115,7 +115,7 @@ func TestDeadLetterHoldsItsKey(t *testing.T) {
 			wantIDs(t, "behind a held dead letter", claimIDs(t, s))
 			// An operator's retry: the row is pending again, and first.
 			testenv.MustExec(t, db, `UPDATE event_queue SET status = 'pending', attempts = 0, processed_at = NULL WHERE id = ?`, ids[0])
-			s.rescanAll()
+			s.Rescan()
 			wantIDs(t, "after the retry", claimIDs(t, s), ids[0], ids[1], more[0])
 		})
 	}
@@ -136,7 +136,7 @@ func TestDueRowBelowTheCursorKeepsItsKey(t *testing.T) {
 	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = 0 WHERE id = ?`, ids[2])
 	more := insertKeyed(t, db, "a", "")
 	wantIDs(t, "past the rows in flight", claimIDs(t, s), more[1])
-	s.rescanAll()
+	s.Rescan()
 	wantIDs(t, "the whole index", claimIDs(t, s), ids[2], more[0])
 }
 
@@ -162,7 +162,7 @@ func TestKeyDepthLeavesRoom(t *testing.T) {
 	more := insertKeyed(t, db, "a", "b")
 	// The full key's rows do not use up the claim's limit, even in a
 	// claim that reads the whole index.
-	s.rescanAll()
+	s.Rescan()
 	if next, err := s.Claim(context.Background(), 1, 0); err != nil || len(next) != 1 || next[0].ID != more[1] {
 		t.Fatalf("claim of 1 while the key is full: %+v %v, want row %d", next, err, more[1])
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
+	"github.com/outbox-relay/outbox-relay/internal/lead"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -46,7 +47,7 @@ const (
 // staleAfter is how long a relay may go without a heartbeat before its
 // claims are taken for a dead relay's: a crash is recovered in about this
 // long. A heartbeat held up by the application's lock does not count (see
-// claim.Store.Heartbeat), so it need not cover database.busy_timeout.
+// lead.Lease.Heartbeat), so it need not cover database.busy_timeout.
 const staleAfter = 6 * time.Second
 
 // App is a wired relay: database, broker, publisher, loop and HTTP.
@@ -58,6 +59,7 @@ type App struct {
 	natsURL  string
 	db       *sqlitedb.DB
 	claims   *claim.Store
+	lease    *lead.Lease
 	conn     *publish.Conn
 	js       *publish.JetStream // nil in core mode
 	pub      relay.Publisher
@@ -80,10 +82,11 @@ type Options struct {
 
 	// For tests of the whole wiring: Tune adjusts the options Open derived
 	// from the configuration (shorter heartbeats, say); the wrappers stand
-	// between the relay and its store or publisher (injected faults); Clock
+	// between the relay and its store, lead or publisher (injected faults); Clock
 	// replaces the clock the database and the relay share.
 	Tune          func(*relay.Options, *housekeeping.Options)
 	WrapStore     func(relay.Store) relay.Store
+	WrapLead      func(relay.Lead) relay.Lead
 	WrapPublisher func(relay.Publisher) relay.Publisher
 	Clock         *event.Clock
 	// Relay is given the relay Open built, whose state tests follow.
@@ -127,7 +130,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if err = applySchema(ctx, a.db, cfg.Schema.Mode, log); err != nil {
 		return nil, sqlitedb.NotWritable(cfg.Database.Path, err)
 	}
+	a.lease = lead.New(a.db)
 	a.claims = claim.New(a.db, claim.Options{
+		Fence:           a.lease,
 		Rescan:          cfg.Relay.PollInterval,
 		SkipDeadLetters: !cfg.Ordering.Parks(),
 		// A busy key may fill half the pipeline; the other keys share the rest.
@@ -153,6 +158,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		PollInterval:      cfg.Relay.PollInterval,
 		WatchInterval:     watchInterval,
 		Watch:             a.db.Watch,
+		Lead:              a.lease,
 		HeartbeatInterval: heartbeatInterval,
 		StaleAfter:        staleAfter,
 		Lease:             cfg.Relay.Lease,
@@ -180,6 +186,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	var store relay.Store = a.claims
 	if oo.WrapStore != nil {
 		store = oo.WrapStore(store)
+	}
+	if oo.WrapLead != nil {
+		ro.Lead = oo.WrapLead(ro.Lead)
 	}
 	pub := a.pub
 	if oo.WrapPublisher != nil {
@@ -339,7 +348,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
 		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
-		zap.String("instance", a.claims.Instance()), zap.String("version", a.version))
+		zap.String("instance", a.lease.Instance()), zap.String("version", a.version))
 	// Housekeeping runs as long as the relay does.
 	keepCtx, stopKeeping := context.WithCancel(ctx)
 	kept := make(chan struct{})

@@ -55,6 +55,7 @@ type harnessOptions struct {
 	replicas      int           // of the stream the relay creates
 	wrapPublisher func(relay.Publisher) relay.Publisher
 	wrapStore     func(relay.Store) relay.Store
+	wrapLead      func(relay.Lead) relay.Lead
 	mutateOpt     func(*relay.Options)
 	mutateKeeper  func(*housekeeping.Options)
 	clock         *event.Clock // shared by the store and the loop, as the daemon does
@@ -106,6 +107,7 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 			}
 		},
 		WrapStore:     ho.wrapStore,
+		WrapLead:      ho.wrapLead,
 		WrapPublisher: ho.wrapPublisher,
 	})
 	if err != nil {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/lead"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -288,16 +288,16 @@ func TestShutdownWaitsForAcks(t *testing.T) {
 	}
 }
 
-// frozenHeartbeats is a store whose heartbeats, after the first, wait for
+// frozenHeartbeats is a lead whose heartbeats, after the first, wait for
 // gate: with the stalled publisher, a whole process paused (SIGSTOP, a
 // frozen VM).
 type frozenHeartbeats struct {
-	relay.Store
+	relay.Lead
 	gate  chan struct{}
 	beats atomic.Int64
 }
 
-func (s *frozenHeartbeats) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (int64, error) {
+func (s *frozenHeartbeats) Heartbeat(ctx context.Context, version string, inFlight int, lease, staleAfter time.Duration) (int64, error) {
 	if s.beats.Add(1) > 1 {
 		select {
 		case <-s.gate:
@@ -305,7 +305,7 @@ func (s *frozenHeartbeats) Heartbeat(ctx context.Context, version string, lease,
 			return 0, ctx.Err()
 		}
 	}
-	return s.Store.Heartbeat(ctx, version, lease, staleAfter)
+	return s.Lead.Heartbeat(ctx, version, inFlight, lease, staleAfter)
 }
 
 // TestStaleRelayCannotOverwrite: a leader paused past the staleness window
@@ -318,7 +318,7 @@ func TestStaleRelayCannotOverwrite(t *testing.T) {
 	testenv.InsertN(t, app, 50, "Lease")
 	gate := make(chan struct{})
 	stale := newStalledRelay(t, path, n.URL(), harnessOptions{lease: 2 * time.Second, batch: 50, inFlight: 50,
-		wrapStore: func(s relay.Store) relay.Store { return &frozenHeartbeats{Store: s, gate: gate} }}, gate)
+		wrapLead: func(l relay.Lead) relay.Lead { return &frozenHeartbeats{Lead: l, gate: gate} }}, gate)
 	testenv.Eventually(t, 10*time.Second, "rows in flight at the stalled relay", func() bool { return metrics.Value(stale.metrics.InFlight) == 50 })
 	fresh := startRelay(t, path, n.URL(), harnessOptions{lease: 2 * time.Second})
 	waitAllSettled(t, app, 50, 20*time.Second)
@@ -353,9 +353,9 @@ func TestDeadRelayClaimsRecoveredFast(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	testenv.InsertN(t, app, 40, "Crash")
-	dead := claim.New(testenv.OpenDB(t, path), claim.Options{})
+	dead := lead.New(testenv.OpenDB(t, path))
 	ctx := context.Background()
-	if _, err := dead.Heartbeat(ctx, "dead", 10*time.Minute, 2*time.Second); err != nil {
+	if _, err := dead.Heartbeat(ctx, "dead", 0, 10*time.Minute, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := app.Exec(`UPDATE event_queue SET status = 'processing', claimed_at = ?, claimed_by = ?`, time.Now().UnixMilli(), dead.Instance()); err != nil {
@@ -371,9 +371,9 @@ func TestDeadRelayClaimsRecoveredFast(t *testing.T) {
 	metricsReach(t, h, map[string]float64{"outbox_relay_leases_reclaimed_total": 40})
 }
 
-// noGoodbye is a store whose relay dies without removing its heartbeat
+// noGoodbye is a lead whose relay dies without removing its heartbeat
 // row, as a killed process does.
-type noGoodbye struct{ relay.Store }
+type noGoodbye struct{ relay.Lead }
 
 func (noGoodbye) Leave(context.Context) error { return nil }
 
@@ -385,7 +385,7 @@ func TestOneRelayLeadsTheOtherStandsBy(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	a := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute, wrapStore: func(s relay.Store) relay.Store { return noGoodbye{s} }})
+	a := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute, wrapLead: func(l relay.Lead) relay.Lead { return noGoodbye{l} }})
 	testenv.Eventually(t, 10*time.Second, "the first relay to lead", func() bool { return metrics.Value(a.metrics.Leader) == 1 })
 	b := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute})
 	testenv.Eventually(t, 10*time.Second, "the second relay to stand by", func() bool {

@@ -396,11 +396,11 @@ func TestFullStreamStaysPaused(t *testing.T) {
 	}
 }
 
-// failingClaims is the real store whose claims fail while its heartbeats
-// succeed (a table the relay can no longer read, say).
+// failingClaims is the real store whose claims fail while the heartbeats
+// of the real lead succeed (a table the relay can no longer read, say).
 type failingClaims struct {
 	relay.Store
-	claims, beats atomic.Int64
+	claims atomic.Int64
 }
 
 func (s *failingClaims) Claim(context.Context, int, int64) ([]event.Row, error) {
@@ -408,9 +408,15 @@ func (s *failingClaims) Claim(context.Context, int, int64) ([]event.Row, error) 
 	return nil, errors.New("no such table: event_queue")
 }
 
-func (s *failingClaims) Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (int64, error) {
-	s.beats.Add(1)
-	return s.Store.Heartbeat(ctx, version, lease, staleAfter)
+// countedBeats counts the heartbeats of the real lead.
+type countedBeats struct {
+	relay.Lead
+	beats atomic.Int64
+}
+
+func (l *countedBeats) Heartbeat(ctx context.Context, version string, inFlight int, lease, staleAfter time.Duration) (int64, error) {
+	l.beats.Add(1)
+	return l.Lead.Heartbeat(ctx, version, inFlight, lease, staleAfter)
 }
 
 // TestDatabaseTroubleLoggedOncePerEpisode: claims that keep failing are
@@ -419,10 +425,13 @@ func (s *failingClaims) Heartbeat(ctx context.Context, version string, lease, st
 func TestDatabaseTroubleLoggedOncePerEpisode(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
-	fs := &failingClaims{}
-	h := startRelay(t, path, n.URL(), harnessOptions{wrapStore: func(s relay.Store) relay.Store { fs.Store = s; return fs }})
+	fs, cb := &failingClaims{}, &countedBeats{}
+	h := startRelay(t, path, n.URL(), harnessOptions{
+		wrapStore: func(s relay.Store) relay.Store { fs.Store = s; return fs },
+		wrapLead:  func(l relay.Lead) relay.Lead { cb.Lead = l; return cb },
+	})
 	testenv.Eventually(t, 20*time.Second, "several failed claims and heartbeats", func() bool {
-		return fs.claims.Load() >= 5 && fs.beats.Load() >= 5
+		return fs.claims.Load() >= 5 && cb.beats.Load() >= 5
 	})
 	if c := logCount(h, "database unavailable; retrying"); c != 1 {
 		t.Fatalf("logged the trouble %d times, want once", c)

@@ -20,21 +20,31 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 )
 
-// Store is the SQLite side: rows in flight and the lead (*claim.Store).
+// Store is the SQLite side: the rows in flight (*claim.Store).
 type Store interface {
 	// Claim claims due rows: up to limit, and past the first row up to
 	// maxBytes of payload (0: no byte limit).
 	Claim(ctx context.Context, limit int, maxBytes int64) ([]event.Row, error)
 	// Settle writes outcomes; stale lists those whose claim was lost.
 	Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error)
-	Heartbeat(ctx context.Context, version string, lease, staleAfter time.Duration) (reclaimed int64, err error)
-	// Leads reports whether this relay led at its latest heartbeat: one
-	// relay per database file claims, the others stand by.
-	Leads() bool
-	Leave(ctx context.Context) error
 	// Waiting reports whether due rows were left unclaimed for lack of
 	// room in their ordering key: claim again as rows settle.
 	Waiting() bool
+	// Rescan makes the next claim look at every pending row: rows went
+	// back to pending (a heartbeat reclaimed them).
+	Rescan()
+}
+
+// Lead is this relay's heartbeat row and the lead (*lead.Lease): one relay
+// per database file claims, the others stand by.
+type Lead interface {
+	// Heartbeat says this relay is alive with inFlight rows, and takes
+	// back rows left processing by dead claimers (how many it returns).
+	Heartbeat(ctx context.Context, version string, inFlight int, lease, staleAfter time.Duration) (reclaimed int64, err error)
+	// Leads reports whether this relay led at its latest heartbeat.
+	Leads() bool
+	// Leave removes this relay's heartbeat row, and with it the lead.
+	Leave(ctx context.Context) error
 }
 
 // Publisher is the NATS side (implemented by *publish.JetStream and *publish.Core).
@@ -55,7 +65,11 @@ type Options struct {
 	WatchInterval    time.Duration // commit detection: the fallback poll of PRAGMA data_version
 	// Watch announces commits to the database (sqlitedb.DB.Watch) until
 	// ctx ends; without it, or with a zero WatchInterval, the relay polls.
-	Watch             func(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error
+	Watch func(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error
+	// Lead keeps the heartbeat and says whether this relay leads; without
+	// it, or with a zero HeartbeatInterval, the relay is alone on its file:
+	// it always leads and keeps no heartbeat.
+	Lead              Lead
 	HeartbeatInterval time.Duration // instance heartbeat and reclaim period
 	StaleAfter        time.Duration // a relay silent this long is dead; its claims are reclaimed
 	Lease             time.Duration
@@ -128,6 +142,9 @@ func New(store Store, pub Publisher, o Options) *Relay {
 	}
 	if o.MaxInFlight < o.BatchSize {
 		o.MaxInFlight = o.BatchSize
+	}
+	if o.Lead == nil {
+		o.HeartbeatInterval = 0 // alone on the file: nothing to beat for
 	}
 	r := &Relay{
 		store:    store,
@@ -282,8 +299,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	loops.Wait()
 	stopHeartbeat()
 	heartbeat.Wait()
-	if err := r.store.Leave(writeCtx); err != nil {
-		r.log.Warn("remove instance heartbeat", zap.Error(err))
+	if r.o.HeartbeatInterval > 0 {
+		if err := r.o.Lead.Leave(writeCtx); err != nil {
+			r.log.Warn("remove instance heartbeat", zap.Error(err))
+		}
 	}
 	r.log.Info("relay stopped")
 	return fatal
@@ -296,7 +315,7 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) firstHeartbeat(ctx context.Context) error {
 	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	for {
-		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
+		n, err := r.beat(ctx)
 		if err == nil {
 			r.beatTrouble.OK()
 			r.reclaimed(n)
@@ -314,11 +333,18 @@ func (r *Relay) firstHeartbeat(ctx context.Context) error {
 	}
 }
 
-// reclaimed counts and logs rows a heartbeat made claimable again.
+// beat heartbeats with the rows in flight.
+func (r *Relay) beat(ctx context.Context) (reclaimed int64, err error) {
+	return r.o.Lead.Heartbeat(ctx, r.o.Version, int(r.inflight.Load()), r.o.Lease, r.o.StaleAfter)
+}
+
+// reclaimed counts and logs rows a heartbeat made claimable again, and
+// has the next claim look for them.
 func (r *Relay) reclaimed(n int64) {
 	if n > 0 {
 		r.log.Info("took back processing rows of an expired lease or a stopped claimer", zap.Int64("rows", n))
 		r.m.LeasesReclaimed.Add(float64(n))
+		r.store.Rescan()
 		r.wakeClaimer()
 	}
 }
@@ -728,7 +754,7 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := r.store.Heartbeat(ctx, r.o.Version, r.o.Lease, r.o.StaleAfter)
+		n, err := r.beat(ctx)
 		if r.stopIfReplaced(err) {
 			continue
 		}
@@ -746,7 +772,7 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 
 // lead follows the store's answer to who leads, logging changes.
 func (r *Relay) lead() {
-	leads := r.store.Leads()
+	leads := r.o.Lead.Leads()
 	said := r.roleSaid.Swap(true)
 	if r.leading.Swap(leads) == leads && said {
 		return

@@ -202,7 +202,7 @@ func TestClosedConnectionIsFatal(t *testing.T) {
 	flaky := &flakyReady{closedPublisher: closedPublisher{}}
 	// The commit watch and the heartbeat run, as in the daemon: neither may keep Run from returning.
 	r := New(store, flaky, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, MaxAttempts: 3, ShutdownTimeout: time.Second,
-		WatchInterval: time.Millisecond, HeartbeatInterval: 10 * time.Millisecond})
+		WatchInterval: time.Millisecond, Lead: aloneLead{}, HeartbeatInterval: 10 * time.Millisecond})
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	var err error
@@ -240,11 +240,21 @@ func (f *flakyReady) Ready(ctx context.Context) error {
 	return f.closedPublisher.Ready(ctx)
 }
 
-// replacedStore is a store whose file was replaced before the relay's
-// first heartbeat: every write says so.
-type replacedStore struct{ testenv.MemStore }
+// aloneLead is the lead of a relay alone on its file: every heartbeat
+// succeeds and it always leads.
+type aloneLead struct{}
 
-func (*replacedStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
+func (aloneLead) Heartbeat(context.Context, string, int, time.Duration, time.Duration) (int64, error) {
+	return 0, nil
+}
+func (aloneLead) Leads() bool                 { return true }
+func (aloneLead) Leave(context.Context) error { return nil }
+
+// replacedLead is the lead on a file that was replaced before the relay's
+// first heartbeat: every write says so.
+type replacedLead struct{ aloneLead }
+
+func (replacedLead) Heartbeat(context.Context, string, int, time.Duration, time.Duration) (int64, error) {
 	return 0, fmt.Errorf("heartbeat: %w", event.ErrDatabaseReplaced)
 }
 
@@ -252,8 +262,8 @@ func (*replacedStore) Heartbeat(context.Context, string, time.Duration, time.Dur
 // first heartbeat stops the relay with that error instead of a retry that
 // can never succeed.
 func TestReplacedBeforeTheFirstHeartbeat(t *testing.T) {
-	r := New(&replacedStore{}, &heldPublisher{release: make(chan struct{})}, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10,
-		PollInterval: time.Millisecond, HeartbeatInterval: time.Second, StaleAfter: 6 * time.Second, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	r := New(&testenv.MemStore{}, &heldPublisher{release: make(chan struct{})}, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10,
+		PollInterval: time.Millisecond, Lead: replacedLead{}, HeartbeatInterval: time.Second, StaleAfter: 6 * time.Second, MaxAttempts: 3, ShutdownTimeout: time.Second})
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	select {

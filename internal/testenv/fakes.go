@@ -12,27 +12,19 @@ import (
 )
 
 // NopStore is the part of the relay's store that a fake outbox in memory
-// has no use for: it always leads. A fake embeds it and writes Claim and
-// Settle (and overrides what a test needs).
+// has no use for. A fake embeds it and writes Claim and Settle (and
+// overrides what a test needs).
 type NopStore struct{}
-
-// Leads reports true: a fake is the only relay on its outbox.
-func (NopStore) Leads() bool { return true }
-
-// Heartbeat does nothing.
-func (NopStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (int64, error) {
-	return 0, nil
-}
-
-// Leave does nothing.
-func (NopStore) Leave(context.Context) error { return nil }
 
 // Waiting reports false: a fake holds no ordering keys back.
 func (NopStore) Waiting() bool { return false }
 
+// Rescan does nothing.
+func (NopStore) Rescan() {}
+
 // MemStore is an outbox in memory, for driving the relay without SQLite:
 // Claim hands out the rows added, in order, and Settle records their
-// outcomes. It always leads (NopStore).
+// outcomes.
 type MemStore struct {
 	NopStore
 	mu      sync.Mutex

@@ -1,0 +1,150 @@
+// Package lead owns this relay's heartbeat row in the database file and
+// the lead: of the relays heartbeating on one file, the longest-running
+// one claims and publishes, the others stand by. Heartbeats also take back
+// rows that a claimer which writes its claims (marking rows processing)
+// left behind when its lease expired or it stopped heartbeating.
+package lead
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
+)
+
+// Lease is this relay's heartbeat row and its claim to the lead. One
+// heartbeat loop calls Heartbeat; the other methods may be called from any
+// goroutine.
+type Lease struct {
+	db       *sqlitedb.DB
+	instance string
+	reclaim  string      // the statement taking back rows left processing
+	leads    atomic.Bool // this relay led at its latest heartbeat
+	// registered: a heartbeat committed, so settles are fenced by the lead.
+	registered   atomic.Bool
+	lastBeat     time.Time // the last committed heartbeat
+	beatingSince time.Time // since when heartbeats have been on time
+}
+
+// New returns a Lease on db with a new instance id; nothing is written
+// before the first Heartbeat.
+func New(db *sqlitedb.DB) *Lease {
+	return &Lease{db: db, instance: event.NewID(),
+		// Rows marked processing by a claimer that writes its claims (an
+		// older relay, or another implementation of the same design) are
+		// taken back when their lease expired, or at once when their owner
+		// stopped heartbeating (crashed); a live owner's claims are never
+		// taken before the lease.
+		reclaim: fmt.Sprintf(`UPDATE %s SET status = 'pending', claimed_at = NULL, claimed_by = NULL
+WHERE status = 'processing' AND (
+	claimed_at IS NULL OR claimed_at < ?1
+	OR (claimed_by IS NOT NULL AND claimed_by <> ?2
+		AND claimed_by NOT IN (SELECT instance_id FROM `+schema.InstancesTable+` WHERE heartbeat_at >= ?3)))`, db.Table()),
+	}
+}
+
+// LeadsIn reports, inside tx, whether this relay may write settlements:
+// it has never heartbeated (a relay alone, that keeps no heartbeat), or it
+// is the leader now. Checked in the settle's own transaction, it fences a
+// relay that was paused (SIGSTOP, a frozen VM) and lost the lead meanwhile.
+func (l *Lease) LeadsIn(ctx context.Context, tx *sql.Tx) (bool, error) {
+	if !l.registered.Load() {
+		return true, nil
+	}
+	var leader string
+	err := tx.QueryRowContext(ctx, leaderSQL).Scan(&leader)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return leader == l.instance, err
+}
+
+// Heartbeat records that this instance is alive, with the rows it has in
+// flight, and makes rows marked processing by a writing claimer
+// reclaimable whose lease expired or whose owner stopped heartbeating for
+// staleAfter; it removes such owners' heartbeat rows, and with them their
+// lead. It returns how many rows went back to pending. From the first
+// heartbeat on, LeadsIn is true only while this relay leads.
+//
+// Another relay is judged dead only when this one has itself been
+// heartbeating on time for a whole staleAfter: a heartbeat held up for a
+// third of staleAfter (waiting for the lock, or following a late one) means
+// the application likely held the write lock, every relay's heartbeat
+// waited too, and their silence proves nothing until they have had as long
+// again to catch up.
+func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lease, staleAfter time.Duration) (reclaimed int64, err error) {
+	defer func() { err = sqlitedb.NotWritable(l.db.Path(), err) }()
+	host, _ := os.Hostname()
+	asked := time.Now()
+	tx, err := l.db.Begin(ctx) // BEGIN IMMEDIATE: waits for the lock
+	if err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
+	defer tx.Rollback()
+	now := sqlitedb.NowMs() // taken with the lock held, so it is not already late
+	heldUp := time.Since(asked) > staleAfter/3 || (!l.lastBeat.IsZero() && time.Since(l.lastBeat) > staleAfter/3)
+	if heldUp || l.beatingSince.IsZero() {
+		l.beatingSince = time.UnixMilli(now)
+	}
+	// Judge others only after beating on time for a whole staleness window
+	// ourselves: then a silent relay was silent while the lock was to be had.
+	judge := !heldUp && time.UnixMilli(now).Sub(l.beatingSince) >= staleAfter
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight)
+VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6)
+ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in_flight = excluded.in_flight`,
+		l.instance, now, host, os.Getpid(), version, inFlight); err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
+	staleBefore := now - staleAfter.Milliseconds()
+	if !judge {
+		staleBefore = 0 // judge nobody dead this round; expired leases still count
+	}
+	res, err := tx.ExecContext(ctx, l.reclaim, now-lease.Milliseconds(), l.instance, staleBefore)
+	if err != nil {
+		return 0, fmt.Errorf("reclaim rows: %w", err)
+	}
+	reclaimed, _ = res.RowsAffected()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM `+schema.InstancesTable+` WHERE heartbeat_at < ?`, staleBefore); err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
+	var leader string
+	if err := tx.QueryRowContext(ctx, leaderSQL).Scan(&leader); err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
+	l.lastBeat = time.UnixMilli(now)
+	l.registered.Store(true)
+	l.leads.Store(leader == l.instance)
+	return reclaimed, nil
+}
+
+// leaderSQL names the relay that leads: the longest-running one among the
+// heartbeat rows. A relay that stops heartbeating loses its row (and the
+// lead) once another has judged it dead (see Heartbeat), so a standby
+// takes over in about the time crash recovery takes.
+const leaderSQL = `SELECT instance_id FROM ` + schema.InstancesTable + ` ORDER BY started_at, instance_id LIMIT 1`
+
+// Leads reports whether this relay led at its latest heartbeat. Only the
+// leader claims rows; the others stand by.
+func (l *Lease) Leads() bool { return l.leads.Load() }
+
+// Leave removes this instance's heartbeat row, and with it the lead; call
+// it after the rows in flight have been settled.
+func (l *Lease) Leave(ctx context.Context) error {
+	if _, err := l.db.Exec(ctx, `DELETE FROM `+schema.InstancesTable+` WHERE instance_id = ?`, l.instance); err != nil {
+		return fmt.Errorf("remove instance: %w", err)
+	}
+	return nil
+}
+
+// Instance returns the id of this relay's heartbeat row.
+func (l *Lease) Instance() string { return l.instance }

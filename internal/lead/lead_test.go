@@ -1,0 +1,166 @@
+package lead
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+func newLease(t testing.TB) *Lease {
+	t.Helper()
+	return New(testenv.MigratedDB(t))
+}
+
+// openLease returns a Lease on the database at path: another relay's.
+func openLease(t testing.TB, path string) *Lease {
+	t.Helper()
+	return New(testenv.OpenDB(t, path))
+}
+
+// TestReclaimReadsTheProcessingIndex: taking back rows left processing
+// reads the index of processing rows, not the table.
+func TestReclaimReadsTheProcessingIndex(t *testing.T) {
+	l := newLease(t)
+	testenv.InsertRows(t, testenv.AppDB(t, l.db.Path()), 1000, "done")
+	now := time.Now().UnixMilli()
+	plan := testenv.QueryPlan(t, l.db, l.reclaim, now, "x", now)
+	if !strings.Contains(plan, "USING INDEX event_queue_processing") || strings.Contains(plan, "SCAN event_queue\x00") {
+		t.Errorf("reclaim plan %q: want the processing index", plan)
+	}
+}
+
+func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
+	ctx := context.Background()
+	live := newLease(t)
+	dead := openLease(t, live.db.Path())
+	other := openLease(t, live.db.Path())
+	db := testenv.AppDB(t, live.db.Path())
+	testenv.InsertRows(t, db, 6, "pending")
+	for _, s := range []*Lease{live, dead} {
+		if _, err := s.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if n := testenv.LegacyClaim(t, db, s.Instance(), 3); n != 3 {
+			t.Fatal(n)
+		}
+	}
+	// Both owners are alive: nothing is taken before the lease.
+	if n, err := other.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil || n != 0 {
+		t.Fatalf("reclaimed %d (%v) while both owners are alive", n, err)
+	}
+	// dead stops heartbeating (kill -9): its claims come back at once, to a
+	// relay that has been heartbeating on time for a staleness window.
+	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 60000 WHERE instance_id = ?`, dead.Instance())
+	other.beatingSince = time.Now().Add(-time.Minute)
+	n, err := other.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second)
+	if err != nil || n != 3 {
+		t.Fatalf("reclaimed %d (%v), want the dead owner's 3", n, err)
+	}
+	var pending, liveHeld, instances int
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'pending'`).Scan(&pending)
+	db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'processing' AND claimed_by = ?`, live.Instance()).Scan(&liveHeld)
+	db.QueryRow(`SELECT count(*) FROM ` + schema.InstancesTable).Scan(&instances)
+	if pending != 3 || liveHeld != 3 || instances != 2 {
+		t.Fatalf("pending %d, live holds %d, instances %d; want 3, 3, 2", pending, liveHeld, instances)
+	}
+	if err := live.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db.QueryRow(`SELECT count(*) FROM ` + schema.InstancesTable).Scan(&instances)
+	if instances != 1 {
+		t.Fatalf("%d instances after Leave", instances)
+	}
+}
+
+// TestHeldUpHeartbeatJudgesNobody: when the application held the write lock
+// longer than the staleness limit, every relay's heartbeat waited; the first
+// one through must not take the others for dead.
+func TestHeldUpHeartbeatJudgesNobody(t *testing.T) {
+	ctx := context.Background()
+	a := newLease(t)
+	b := openLease(t, a.db.Path())
+	db := testenv.AppDB(t, a.db.Path())
+	testenv.InsertRows(t, db, 5, "pending")
+	const stale = 1500 * time.Millisecond
+	for _, s := range []*Lease{a, b} {
+		if _, err := s.Heartbeat(ctx, "t", 0, time.Hour, stale); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testenv.LegacyClaim(t, db, b.Instance(), 5); n != 5 {
+		t.Fatal(n)
+	}
+	tx, err := db.Begin() // the application's long transaction
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES ('long', 'T', 'x')`)
+	time.AfterFunc(2*time.Second, func() { tx.Commit() })
+	n, err := a.Heartbeat(ctx, "t", 0, time.Hour, stale) // waits 2 s for the lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("a held-up heartbeat reclaimed %d rows of a relay that was only held up too", n)
+	}
+	// b really is dead now: the next, timely heartbeats take its rows.
+	time.Sleep(stale)
+	if _, err := a.Heartbeat(ctx, "t", 0, time.Hour, stale); err != nil {
+		t.Fatal(err)
+	}
+	var reclaimed int64
+	step := func() bool {
+		n, err := a.Heartbeat(ctx, "t", 0, time.Hour, stale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reclaimed += n
+		return reclaimed == 5
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !step() {
+		if time.Now().After(deadline) {
+			t.Fatalf("dead relay's rows not reclaimed (%d)", reclaimed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestJudgeOnlyAfterBeatingOnTime: a relay that has just started (or just
+// got the lock back) does not take another for dead until it has itself
+// been heartbeating on time for a staleness window.
+func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
+	ctx := context.Background()
+	const stale = 600 * time.Millisecond
+	dead := newLease(t)
+	db := testenv.AppDB(t, dead.db.Path())
+	testenv.InsertRows(t, db, 2, "pending")
+	if _, err := dead.Heartbeat(ctx, "t", 0, time.Hour, stale); err != nil {
+		t.Fatal(err)
+	}
+	if n := testenv.LegacyClaim(t, db, dead.Instance(), 2); n != 2 {
+		t.Fatal(n)
+	}
+	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 60000`)
+	judge := openLease(t, dead.db.Path())
+	start := time.Now() // before the first heartbeat, which starts the judge's clock
+	if n, err := judge.Heartbeat(ctx, "t", 0, time.Hour, stale); err != nil || n != 0 {
+		t.Fatalf("a relay's first heartbeat reclaimed %d (%v)", n, err)
+	}
+	var n int64
+	for n == 0 && time.Since(start) < 5*time.Second {
+		time.Sleep(50 * time.Millisecond)
+		k, err := judge.Heartbeat(ctx, "t", 0, time.Hour, stale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = k
+	}
+	if n != 2 || time.Since(start) < stale {
+		t.Fatalf("reclaimed %d after %v; want 2, not before %v", n, time.Since(start), stale)
+	}
+}
