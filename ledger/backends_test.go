@@ -40,7 +40,13 @@ func (d *deliveries) runs(id string) ([]time.Time, []int) {
 // (max_deliver = MaxAttempts) on the same (scaled) schedule.
 func TestBothBackendsAgree(t *testing.T) {
 	const attempts = 3
-	scaled := func(n int) time.Duration { return ledger.Backoff(n) / 50 } // 100, 200 ms
+	for n, want := range map[int]time.Duration{1: 5 * time.Second, 2: 10 * time.Second, 3: 20 * time.Second, 6: 160 * time.Second, 7: 300 * time.Second, 20: 300 * time.Second} {
+		if got := ledger.Backoff(n); got != want {
+			t.Fatalf("Backoff(%d) = %v, want %v (5 s doubling, at most 300 s)", n, got, want)
+		}
+	}
+	jsSchedule, tableSchedule := &schedule{div: 50}, &schedule{div: 50} // 100, 200 ms
+	scaled := func(n int) time.Duration { return ledger.Backoff(n) / 50 }
 	var evs []testenv.Event
 	for i := range 8 {
 		typ := "OrderPlaced"
@@ -85,7 +91,7 @@ func TestBothBackendsAgree(t *testing.T) {
 	fromJS := newDeliveries()
 	h := newHandlers(t, jsDB, nil, 0)
 	register(h, fromJS)
-	runWorker(t, durable(t, js, time.Minute, attempts), h, ledger.WorkerOptions{Backoff: scaled})
+	runWorker(t, durable(t, js, time.Minute, attempts), h, ledger.WorkerOptions{Backoff: jsSchedule.backoff})
 	for _, ev := range evs {
 		publishData(t, js, *ev.EventID, ev.EventType, ev.Payload)
 	}
@@ -99,7 +105,7 @@ func TestBothBackendsAgree(t *testing.T) {
 	fromTable := newDeliveries()
 	h = newHandlers(t, tableDB, nil, 0)
 	register(h, fromTable)
-	start(t, tableDB, h, ledger.TableOptions{MaxAttempts: attempts, Backoff: scaled, PollInterval: 20 * time.Millisecond})
+	start(t, tableDB, h, ledger.TableOptions{MaxAttempts: attempts, Backoff: tableSchedule.backoff, PollInterval: 20 * time.Millisecond})
 	testenv.Eventually(t, 30*time.Second, "the table's rows settled", func() bool {
 		return count(t, tableDB, `SELECT count(*) FROM event_queue WHERE status IN ('done', 'dead_lettered')`) == len(evs)
 	})
@@ -123,6 +129,34 @@ func TestBothBackendsAgree(t *testing.T) {
 			}
 		}
 	}
+	// Each refused event waited Backoff(1), then Backoff(2), on both.
+	for name, sch := range map[string]*schedule{"JetStream": jsSchedule, "the table": tableSchedule} {
+		if got := sch.steps(); fmt.Sprint(got) != "[1 1 2 2]" {
+			t.Errorf("from %s, the retry delays asked for were steps %v of the schedule; want 1 then 2 for each of the 2 refused events", name, got)
+		}
+	}
+}
+
+// schedule is the retry schedule divided by div, for tests that cannot
+// wait seconds; it records the steps (deliveries or attempts) asked for.
+type schedule struct {
+	div   time.Duration
+	mu    sync.Mutex
+	asked []int
+}
+
+func (s *schedule) backoff(n int) time.Duration {
+	s.mu.Lock()
+	s.asked = append(s.asked, n)
+	s.mu.Unlock()
+	return ledger.Backoff(n) / s.div
+}
+
+// steps returns the steps asked for, sorted.
+func (s *schedule) steps() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(slices.Values(s.asked))
 }
 
 // effects lists a database's effects as "event_id handler", sorted.

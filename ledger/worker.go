@@ -90,8 +90,10 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 }
 
 // Run handles messages until ctx ends, then stops fetching, lets the
-// handlers that are running finish, and returns nil. Messages fetched but
-// not started are redelivered after the consumer's ack_wait. It returns an
+// handlers that are running finish, and returns nil. A message in hand
+// but not started is Nak'ed, so that another worker gets it at once; one
+// still in the pull's buffer comes back after the consumer's ack_wait. It
+// returns an
 // error when the messages stop without ctx ending (the consumer was
 // deleted, the connection closed for good).
 func (w *Worker) Run(ctx context.Context) error {

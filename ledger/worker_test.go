@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"sync"
@@ -162,8 +163,9 @@ func TestWorkersHandleEachEventOnce(t *testing.T) {
 	cons := durable(t, js, 300*time.Millisecond, -1)
 	const events = 24
 	again := &redeliveries{again: map[string]chan struct{}{}}
-	var slowRuns sync.Map // event id -> *atomic.Int64
-	for range 2 {
+	var slowRuns sync.Map        // event id -> *atomic.Int64
+	var received [2]atomic.Int64 // deliveries per worker
+	for w := range 2 {
 		h := handlersWith(t, testenv.AppDB(t, path), ledger.Options{}, nil)
 		h.Handle("OrderPlaced", "slow", func(_ context.Context, ev ledger.Event) error {
 			n, _ := slowRuns.LoadOrStore(ev.ID, new(atomic.Int64))
@@ -178,7 +180,7 @@ func TestWorkersHandleEachEventOnce(t *testing.T) {
 		h.HandleTx("OrderPlaced", "record", recordTx("record"))
 		h.HandleTx("OrderPlaced", "bill", recordTx("bill"))
 		// Room for every message and its second delivery at once.
-		runWorker(t, watched{cons, again.seen}, h, ledger.WorkerOptions{Concurrency: 2 * events})
+		runWorker(t, watched{cons, func(m jetstream.Msg) { received[w].Add(1); again.seen(m) }}, h, ledger.WorkerOptions{Concurrency: 2 * events})
 	}
 	ids := make([]string, events)
 	for i := range ids {
@@ -198,6 +200,10 @@ func TestWorkersHandleEachEventOnce(t *testing.T) {
 		if n, ok := slowRuns.Load(id); !ok || n.(*atomic.Int64).Load() != 1 {
 			t.Errorf("the slow handler ran %v times for %s; want once", n, id)
 		}
+	}
+	t.Logf("deliveries per worker: %d and %d", received[0].Load(), received[1].Load())
+	if received[0].Load() == 0 || received[1].Load() == 0 {
+		t.Errorf("deliveries per worker %d and %d: both workers must take messages", received[0].Load(), received[1].Load())
 	}
 	var total, distinct int
 	db.QueryRow(`SELECT count(*), count(DISTINCT event_id || '/' || handler) FROM effects`).Scan(&total, &distinct)
@@ -225,8 +231,9 @@ func TestWorkerExhaustsMaxDeliver(t *testing.T) {
 		return errors.New("refused by the payment provider")
 	})
 	core, logs := observer.New(zapcore.InfoLevel)
-	scaled := func(n int) time.Duration { return ledger.Backoff(n) / 25 } // 200 ms, 400 ms, 800 ms
-	runWorker(t, cons, h, ledger.WorkerOptions{Backoff: scaled, Log: zap.New(core)})
+	sch := &schedule{div: 25} // 200 ms, 400 ms, 800 ms
+	scaled := func(n int) time.Duration { return ledger.Backoff(n) / sch.div }
+	runWorker(t, cons, h, ledger.WorkerOptions{Backoff: sch.backoff, Log: zap.New(core)})
 	id := event.NewID()
 	publish(t, js, id, "Doomed")
 	exhausted := func() []observer.LoggedEntry {
@@ -244,6 +251,10 @@ func TestWorkerExhaustsMaxDeliver(t *testing.T) {
 		if gap, want := at[i].Sub(at[i-1]), scaled(i); gap < want {
 			t.Errorf("delivery %d came %v after delivery %d; the schedule says %v", i+1, gap, i, want)
 		}
+	}
+	// The delays were the schedule's steps 1, 2 and 3: 5 s doubling (scaled).
+	if got := sch.steps(); fmt.Sprint(got) != "[1 2 3]" {
+		t.Errorf("the retry delays asked for were steps %v of the schedule; want [1 2 3]", got)
 	}
 	lines := exhausted()
 	if len(lines) != 1 || lines[0].Level != zapcore.ErrorLevel {
