@@ -71,10 +71,7 @@ type Store struct {
 // the caller's.
 func New(db *sqlitedb.DB, opts Options) *Store {
 	s := &Store{db: db, q: newQueries(db.Table()), fence: opts.Fence, rescan: opts.Rescan, keyDepth: opts.KeyDepth, skipDeadLetters: opts.SkipDeadLetters}
-	s.held.ids = map[int64]struct{}{}
-	s.held.keys = map[string]int{}
-	s.held.waiting = map[string]bool{}
-	s.held.overflow = map[string]bool{}
+	s.held = newHeld()
 	if s.rescan <= 0 {
 		s.rescan = DefaultRescan
 	}
@@ -140,10 +137,17 @@ type held struct {
 	overflow map[string]bool // keys whose due rows were left for lack of room
 	// waiting are keys found waiting behind a row (see order), left alone
 	// by claims until nextLook.
-	waiting    map[string]bool
-	nextLook   time.Time
+	waiting  map[string]bool
+	nextLook time.Time
+	// gone are the ids let go since the current claim began: they were in
+	// flight when it read the table, which may show them still pending.
+	gone       map[int64]struct{}
 	deferred   []int64   // due times (Unix ms, Options.Clock) of rows this store deferred
 	nextRescan time.Time // when a claim next reads the whole pending index
+}
+
+func newHeld() held {
+	return held{ids: map[int64]struct{}{}, keys: map[string]int{}, waiting: map[string]bool{}, gone: map[int64]struct{}{}, overflow: map[string]bool{}}
 }
 
 // Claim takes due pending rows in id order, up to limit rows and, past the
@@ -180,6 +184,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	now := s.db.DueMs()
 	query, after := s.q.takeAfter, any(nil)
 	s.mu.Lock()
+	clear(s.held.gone)
 	if !time.Now().Before(s.held.nextLook) {
 		// Look at the waiting keys again: what they wait for may have
 		// been settled, become due, or been retried by an operator.
@@ -311,8 +316,14 @@ func (s *Store) mayFollow(p prevRow, kept map[int64]bool) bool {
 	case event.StatusDeadLettered:
 		return s.skipDeadLetters
 	case event.StatusPending:
+		// Held, or settled since the read began (the read may show the
+		// row pending although it was done by the time it was read): in
+		// flight as far as the read knows. A row before it that was then
+		// refused keeps it back in the lanes, which withhold the rows of
+		// claims that began before a key's failure was settled.
 		_, held := s.held.ids[p.ID.Int64]
-		return held || kept[p.ID.Int64]
+		_, gone := s.held.gone[p.ID.Int64]
+		return held || gone || kept[p.ID.Int64]
 	case event.StatusProcessing:
 		return false
 	}
@@ -583,6 +594,7 @@ func (s *Store) letGo(outs []event.Outcome, stale []int) {
 	h := &s.held
 	for i, o := range outs {
 		delete(h.ids, o.Row.ID)
+		h.gone[o.Row.ID] = struct{}{}
 		if k := o.Row.OrderingKey; k != "" {
 			if h.keys[k]--; h.keys[k] <= 0 {
 				delete(h.keys, k)

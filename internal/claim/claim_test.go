@@ -612,6 +612,6 @@ func inFlight(s *Store) int {
 // their pool back this way).
 func (s *Store) forget() {
 	s.mu.Lock()
-	s.held = held{ids: map[int64]struct{}{}}
+	s.held = newHeld()
 	s.mu.Unlock()
 }

@@ -64,6 +64,35 @@ func settleAll(t *testing.T, s *Store, rows []event.Row, outs map[int64]event.Ou
 	}
 }
 
+// TestRowSettledDuringTheReadIsInFlight: a claim's read can show a row
+// pending that a settle committed meanwhile and let go of; the next row of
+// its key may still follow it (it was in flight when the read began),
+// instead of waiting a rescan interval. Only until the next claim begins:
+// by then the table shows what the row became.
+func TestRowSettledDuringTheReadIsInFlight(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertKeyed(t, db, "a")
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil || len(rows) != 1 {
+		t.Fatal(rows, err)
+	}
+	settleAll(t, s, rows, nil) // committed after the read below began
+	next := []event.Row{{ID: ids[0] + 1, OrderingKey: "a"}}
+	asRead := []prevRow{{ID: sql.NullInt64{Int64: ids[0], Valid: true}, Status: sql.NullString{String: "pending", Valid: true}}}
+	if kept, _ := s.order(next, asRead, nil); len(kept) != 1 {
+		t.Fatalf("the row after one settled during the read waits: kept %v", kept)
+	}
+	// The next claim begins: a row the table shows pending and no claim
+	// holds is one to wait for (retried for later, say).
+	if _, err := s.Claim(context.Background(), 100, 0); err != nil {
+		t.Fatal(err)
+	}
+	if kept, _ := s.order(next, asRead, nil); len(kept) != 0 {
+		t.Fatalf("the row after a pending row nobody holds is kept: %v", kept)
+	}
+}
+
 // TestKeyWaitsBehindItsRetriedRow: the rows of a key come in id order in
 // one claim; after its first row is retried, the rest of the key waits
 // (also rows written later) while other keys and unordered rows go on,
