@@ -469,7 +469,8 @@ func TestVerifyNamesEveryMissingPiece(t *testing.T) {
 	s := testenv.OpenDB(t, path)
 	err := schema.Verify(context.Background(), s)
 	for _, want := range []string{"column event_queue.event_id", "column event_queue.claimed_at", "column event_queue.claimed_by",
-		"index event_queue_event_id", "index event_queue_pending", "table processed_events", "table " + schema.InstancesTable, "table " + schema.ExhaustedTable} {
+		"column event_queue.ordering_key", "index event_queue_event_id", "index event_queue_pending", "index event_queue_ordering",
+		"table processed_events", "table " + schema.InstancesTable, "table " + schema.ExhaustedTable} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Verify error %v does not name %s", err, want)
 		}
