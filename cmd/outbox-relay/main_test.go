@@ -74,7 +74,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 func TestMigrateCommand(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "new.db")
 	code, out, errOut := runCLI(t, "migrate", "--database-path", path)
-	if code != 0 || !strings.Contains(out, "applied migrations [101 102 103 104 105]") {
+	if code != 0 || !strings.Contains(out, "applied migrations [101 102 103 104 105 106]") {
 		t.Fatalf("migrate: %d %q %q", code, out, errOut)
 	}
 	code, out, _ = runCLI(t, "migrate", "--database-path", path)

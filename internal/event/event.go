@@ -53,6 +53,9 @@ type Row struct {
 	// OrderingKey is the row's ordering_key: rows with the same key are
 	// published in id order, one at a time. Empty: the row is not ordered.
 	OrderingKey string
+	// Headers is the row's headers column as stored (JSON text; empty:
+	// none), read by ParseHeaders before publishing.
+	Headers string
 	// Problem says why the row could not be read as the relay needs it (a
 	// created_at that is no time, say): it is dead-lettered with this reason
 	// instead of being published.
@@ -114,15 +117,24 @@ type Outcome struct {
 	Attempts    int       // attempts after this outcome (Retry, DeadLetter)
 	AvailableAt time.Time // when the row may be claimed again (Retry, Release)
 	Error       string    // last_error (Retry, DeadLetter)
-	Reason      string    // why a row was released (Release), for metrics
+	// Reason is why a row was released (Release) or dead-lettered
+	// (DeadLetter), for metrics.
+	Reason string
 }
+
+// Why rows are dead-lettered (the values of dead_lettered_total's label).
+const (
+	DeadLetterMaxAttempts = "max_attempts" // rejected relay.max_attempts times
+	DeadLetterInvalid     = "invalid"      // can never be published as it is
+	DeadLetterTooLarge    = "too_large"    // above the server's or the stream's size limit
+)
 
 // Reject returns the outcome of a broker rejection of r at now: one attempt
 // spent, retried after RetryBackoff, dead-lettered once maxAttempts is reached.
 func Reject(r Row, reason string, maxAttempts int, now time.Time) Outcome {
 	attempts := r.Attempts + 1
 	if attempts >= maxAttempts {
-		return Outcome{Row: r, Settlement: DeadLetter, Attempts: attempts, Error: reason}
+		return Outcome{Row: r, Settlement: DeadLetter, Attempts: attempts, Error: reason, Reason: DeadLetterMaxAttempts}
 	}
 	return Outcome{Row: r, Settlement: Retry, Attempts: attempts, AvailableAt: now.Add(RetryBackoff(attempts)), Error: reason}
 }
@@ -130,7 +142,7 @@ func Reject(r Row, reason string, maxAttempts int, now time.Time) Outcome {
 // Invalid returns the outcome of a row that can never be published: it is
 // dead-lettered at once, spending one attempt.
 func Invalid(r Row, reason string) Outcome {
-	return Outcome{Row: r, Settlement: DeadLetter, Attempts: r.Attempts + 1, Error: reason}
+	return Outcome{Row: r, Settlement: DeadLetter, Attempts: r.Attempts + 1, Error: reason, Reason: DeadLetterInvalid}
 }
 
 // Retry backoff parameters shared by every path that spends an attempt:
@@ -199,23 +211,24 @@ func ValidateEventID(id string) error {
 	if id == "" {
 		return fmt.Errorf("event_id is empty: the broker could not deduplicate it")
 	}
-	return validateHeaderValue("event_id", id, "it would be deduplicated against")
+	return validateHeaderValue("event_id", id, "it would be deduplicated against", 255)
 }
 
 // ValidateOrderingKey reports why a non-empty ordering key cannot be the
 // Outbox-Ordering-Key header as it is stored (see validateHeaderValue).
 func ValidateOrderingKey(key string) error {
-	return validateHeaderValue("ordering_key", key, "it would arrive as")
+	return validateHeaderValue("ordering_key", key, "it would arrive as", 255)
 }
 
 // validateHeaderValue reports why the value of column cannot be a NATS
 // header value as it is stored: invalid UTF-8, surrounding whitespace (a
 // header value loses it; trimmed says what that would do), control
-// characters (a header value cannot hold them) or longer than 255 bytes.
-func validateHeaderValue(column, v, trimmed string) error {
+// characters (a header value cannot hold them) or longer than maxLen
+// bytes (0: no limit).
+func validateHeaderValue(column, v, trimmed string, maxLen int) error {
 	switch {
-	case len(v) > 255:
-		return fmt.Errorf("%s is %d bytes, more than 255", column, len(v))
+	case maxLen > 0 && len(v) > maxLen:
+		return fmt.Errorf("%s is %d bytes, more than %d", column, len(v), maxLen)
 	case !utf8.ValidString(v):
 		return fmt.Errorf("%s is not valid UTF-8 text (a BLOB?)", column)
 	case strings.TrimSpace(v) != v:

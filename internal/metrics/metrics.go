@@ -37,7 +37,7 @@ type Metrics struct {
 	Duplicates          prometheus.Counter
 	Deferred            *prometheus.CounterVec
 	Retries             prometheus.Counter
-	DeadLettered        prometheus.Counter
+	DeadLettered        *prometheus.CounterVec
 	LeasesReclaimed     prometheus.Counter
 	Backlog             *prometheus.GaugeVec
 	OldestPendingAge    prometheus.Gauge
@@ -67,7 +67,8 @@ func New(version, commit string) *Metrics {
 	m.Published = counter("published_total", "Rows acknowledged by the broker and marked done (duplicates included).")
 	m.Duplicates = counter("duplicates_total", "Publishes the stream acknowledged as duplicates of an earlier Nats-Msg-Id.")
 	m.Retries = counter("retries_total", "Broker rejections that spent an attempt and scheduled a retry.")
-	m.DeadLettered = counter("dead_lettered_total", "Rows marked dead_lettered.")
+	m.DeadLettered = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "dead_lettered_total",
+		Help: "Rows marked dead_lettered, by reason (max_attempts, invalid, too_large)."}, []string{"reason"})
 	m.LeasesReclaimed = counter("leases_reclaimed_total", "Claimed rows made claimable again because their lease expired or their relay died.")
 	m.ConsumerExhausted = counter("consumer_exhausted_total", "Messages the durable consumer gave up on after max_deliver deliveries.")
 	m.Deferred = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "deferred_total",
@@ -96,7 +97,7 @@ func New(version, commit string) *Metrics {
 		Help: "Rows deleted by retention, by table."}, []string{"table"})
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
-	for _, c := range []prometheus.Collector{m.Deferred, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.BrokerConnected, m.Leader, m.InFlight,
+	for _, c := range []prometheus.Collector{m.Deferred, m.DeadLettered, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.BrokerConnected, m.Leader, m.InFlight,
 		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.PrunedRows, m.BuildInfo} {
 		f(c)
 	}
@@ -106,6 +107,9 @@ func New(version, commit string) *Metrics {
 	// Known label values start at 0, so rate() and alerts see them at once.
 	for _, reason := range []string{DeferOutage, DeferShutdown, DeferOrdering} {
 		m.Deferred.WithLabelValues(reason)
+	}
+	for _, reason := range []string{event.DeadLetterMaxAttempts, event.DeadLetterInvalid, event.DeadLetterTooLarge} {
+		m.DeadLettered.WithLabelValues(reason)
 	}
 	for _, table := range []string{event.PruneOutbox, event.PruneProcessedEvents} {
 		m.PrunedRows.WithLabelValues(table)

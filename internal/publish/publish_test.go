@@ -90,9 +90,9 @@ func TestClassifyRealOutcomes(t *testing.T) {
 		{"message larger than the stream's max_msg_size", func() Result {
 			return publishOne(p, "small.big", row("Big", make([]byte, 500)))
 		}, Rejected, "message size exceeds maximum"},
-		{"payload larger than the server's max_payload", func() Result {
+		{"payload larger than the server's max_payload: refused before it is sent", func() Result {
 			return publishOne(p, "events.Huge", row("Huge", make([]byte, 2<<20)))
-		}, Rejected, "maximum payload exceeded"},
+		}, Invalid, "more than the server's max_payload of 1048576"},
 		{"stream full with discard new (503)", func() Result { return publishOne(p, "full.two", row("Full", []byte("y"))) }, Transport, "maximum messages exceeded"},
 		// A stream that does not capture the relay's subjects is wrong for
 		// every row: an outage until it is fixed, never a rejection.
@@ -266,10 +266,70 @@ func TestConnectWhileBrokerDownStartsPaused(t *testing.T) {
 }
 
 func TestNewMsgHeaders(t *testing.T) {
-	m := NewMsg(Message{Subject: "events.T", Row: event.Row{ID: 42, EventID: "id-1", EventType: "T", Payload: []byte{0, 1}, CreatedAt: 1700000000123}})
+	m := NewMsg(Message{Subject: "events.T", Row: event.Row{ID: 42, EventID: "id-1", EventType: "T", Payload: []byte{0, 1}, CreatedAt: 1700000000123},
+		Headers: map[string][]string{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}, "X-Tags": {"a", "b"}}})
 	if m.Header.Get(HeaderMsgID) != "id-1" || m.Header.Get(HeaderEventType) != "T" || m.Header.Get(HeaderRowID) != "42" ||
 		m.Header.Get(HeaderCreatedAt) != "2023-11-14T22:13:20.123Z" || string(m.Data) != "\x00\x01" {
 		t.Fatalf("message %+v", m)
+	}
+	if m.Header.Get("traceparent") != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" || fmt.Sprint(m.Header.Values("X-Tags")) != "[a b]" {
+		t.Fatalf("the row's headers: %v", m.Header)
+	}
+}
+
+// sized returns a message for the EVENTS stream whose Size is size.
+func sized(t *testing.T, size int) Message {
+	t.Helper()
+	m := Message{Row: row("Sized", nil), Subject: "events.Sized", Headers: map[string][]string{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}}
+	m.Row.Payload = make([]byte, size-Size(NewMsg(m)))
+	if got := Size(NewMsg(m)); got != size {
+		t.Fatalf("sized message of %d bytes, want %d", got, size)
+	}
+	return m
+}
+
+// TestSizeGuard: Size is what the client and the server count (a message
+// of exactly max_payload is sent, one byte more is refused by the client);
+// the publisher refuses a message over the server's max_payload or the
+// stream's max_msg_size before sending it, naming the sizes, and sends one
+// at the limit.
+func TestSizeGuard(t *testing.T) {
+	const maxPayload, maxMsgSize = 4096, 2048
+	n := testenv.StartNATS(t, func(o *server.Options) { o.MaxPayload = maxPayload })
+	if _, err := n.JetStream(t).CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, MaxMsgSize: maxMsgSize}); err != nil {
+		t.Fatal(err)
+	}
+	raw := n.Conn(t)
+	if err := raw.PublishMsg(NewMsg(sized(t, maxPayload))); err != nil {
+		t.Fatalf("the client refused a message of exactly max_payload by Size: %v", err)
+	}
+	if err := raw.PublishMsg(NewMsg(sized(t, maxPayload+1))); !errors.Is(err, nats.ErrMaxPayload) {
+		t.Fatalf("a message one byte over max_payload by Size: %v, want nats.ErrMaxPayload", err)
+	}
+	p := newJS(t, connect(t, n.URL(), config.NATS{}), 5*time.Second)
+	wait := func(m Message) Result {
+		return p.Publish(context.Background(), []Message{m})[0].Wait(context.Background())
+	}
+	if r := wait(sized(t, maxMsgSize)); r.Kind != Stored {
+		t.Fatalf("a message of exactly max_msg_size: %v %v", r.Kind, r.Err)
+	}
+	for size, want := range map[int][]string{
+		maxMsgSize + 1: {"the message is 2049 bytes", "more than the stream's max_msg_size of 2048", "max_payload 4096"},
+		maxPayload + 1: {"more than the server's max_payload of 4096 and the stream's max_msg_size of 2048"},
+	} {
+		r := wait(sized(t, size))
+		if r.Kind != Invalid || !errors.Is(r.Err, ErrTooLarge) {
+			t.Fatalf("a message of %d bytes: %v %v; want Invalid, ErrTooLarge", size, r.Kind, r.Err)
+		}
+		for _, w := range want {
+			if !strings.Contains(r.Err.Error(), w) {
+				t.Errorf("error %q does not say %q", r.Err, w)
+			}
+		}
+	}
+	info, err := n.JetStream(t).Stream(context.Background(), "EVENTS")
+	if err != nil || info.CachedInfo().State.Msgs != 1 {
+		t.Fatalf("stream holds %v messages (%v); want only the one at the limit", info.CachedInfo().State.Msgs, err)
 	}
 }
 

@@ -1,13 +1,16 @@
 package publish
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -35,25 +38,67 @@ const createdAtLayout = "2006-01-02T15:04:05.000Z07:00"
 type Message struct {
 	Row     event.Row
 	Subject string
+	// Headers are the row's own (its headers column, read by
+	// event.ParseHeaders); the relay's are added to them.
+	Headers map[string][]string
 }
 
-// NewMsg builds the NATS message for a row: the payload byte for byte and
-// the relay's headers.
+// NewMsg builds the NATS message for a row: the payload byte for byte, the
+// row's headers and the relay's.
 func NewMsg(m Message) *nats.Msg {
-	msg := &nats.Msg{
-		Subject: m.Subject,
-		Data:    m.Row.Payload,
-		Header: nats.Header{
-			HeaderMsgID:     {m.Row.EventID},
-			HeaderEventType: {m.Row.EventType},
-			HeaderRowID:     {strconv.FormatInt(m.Row.ID, 10)},
-			HeaderCreatedAt: {time.UnixMilli(m.Row.CreatedAt).UTC().Format(createdAtLayout)},
-		},
+	h := make(nats.Header, len(m.Headers)+5)
+	for name, vals := range m.Headers {
+		h[name] = vals
 	}
+	h[HeaderMsgID] = []string{m.Row.EventID}
+	h[HeaderEventType] = []string{m.Row.EventType}
+	h[HeaderRowID] = []string{strconv.FormatInt(m.Row.ID, 10)}
+	h[HeaderCreatedAt] = []string{time.UnixMilli(m.Row.CreatedAt).UTC().Format(createdAtLayout)}
 	if m.Row.OrderingKey != "" {
-		msg.Header[HeaderOrderingKey] = []string{m.Row.OrderingKey}
+		h[HeaderOrderingKey] = []string{m.Row.OrderingKey}
 	}
-	return msg
+	return &nats.Msg{Subject: m.Subject, Data: m.Row.Payload, Header: h}
+}
+
+// ErrTooLarge marks a message that no retry can publish: it is larger
+// than the server's max_payload or the stream's max_msg_size.
+var ErrTooLarge = errors.New("message too large")
+
+// Size returns the bytes msg counts against the server's max_payload and
+// the stream's max_msg_size: its headers as the client sends them, and
+// its data.
+func Size(msg *nats.Msg) int {
+	if len(msg.Header) == 0 {
+		return len(msg.Data)
+	}
+	var b bytes.Buffer
+	b.WriteString("NATS/1.0\r\n")
+	http.Header(msg.Header).Write(&b) // how nats.go writes them
+	b.WriteString("\r\n")
+	return b.Len() + len(msg.Data)
+}
+
+// tooLarge returns an error wrapping ErrTooLarge when msg is larger than
+// maxPayload (the server's) or maxMsgSize (the stream's; 0 or less: no
+// limit), giving the message's size and both limits; nil when it fits.
+func tooLarge(msg *nats.Msg, maxPayload, maxMsgSize int64) error {
+	size := int64(Size(msg))
+	var over []string
+	if maxPayload > 0 && size > maxPayload {
+		over = append(over, fmt.Sprintf("the server's max_payload of %d", maxPayload))
+	}
+	if maxMsgSize > 0 && size > maxMsgSize {
+		over = append(over, fmt.Sprintf("the stream's max_msg_size of %d", maxMsgSize))
+	}
+	if len(over) == 0 {
+		return nil
+	}
+	limits := fmt.Sprintf("max_payload %d", maxPayload)
+	if maxMsgSize > 0 {
+		limits += fmt.Sprintf(", max_msg_size %d", maxMsgSize)
+	}
+	return fmt.Errorf("%w: the message is %d bytes (payload %d, headers %d), more than %s (%s); raise the limit, then dead-letters retry",
+		ErrTooLarge, size, len(msg.Data), size-int64(len(msg.Data)), strings.Join(over, " and "), limits)
 }
 
 // Kind is the class of a publish outcome.
@@ -74,7 +119,8 @@ const (
 	// ordering key was not stored; no attempt is spent.
 	Withheld
 	// Invalid: not sent, because the row can never be published as it is
-	// (Result.Err says why); it is dead-lettered at once.
+	// (Result.Err says why; it wraps ErrTooLarge for a message above the
+	// server's or the stream's size limit); it is dead-lettered at once.
 	Invalid
 )
 
@@ -195,6 +241,10 @@ type JetStream struct {
 
 	mu     sync.Mutex
 	handle jetstream.Stream // for reading back a duplicate's original
+	// The stream's max_msg_size (0: none, or unknown) as last read, if
+	// read since the stream last refused a message for its size.
+	maxMsgSize int64
+	sizeKnown  bool
 }
 
 // NewJetStream returns a publisher on c for the stream named stream.
@@ -214,7 +264,7 @@ func NewJetStream(c *Conn, stream string, maxInFlight int, ackTimeout time.Durat
 func (p *JetStream) API() jetstream.JetStream { return p.js }
 
 // Publish starts publishing msgs in order and returns one Ack each.
-func (p *JetStream) Publish(_ context.Context, msgs []Message) []Ack {
+func (p *JetStream) Publish(ctx context.Context, msgs []Message) []Ack {
 	acks := make([]Ack, len(msgs))
 	for i, m := range msgs {
 		// A subject the server refused a moment ago would only time out
@@ -223,10 +273,58 @@ func (p *JetStream) Publish(_ context.Context, msgs []Message) []Ack {
 			acks[i] = resolved{Kind: Rejected, Err: deniedErr(m.Subject)}
 			continue
 		}
-		fut, err := p.js.PublishMsgAsync(NewMsg(m))
+		msg := NewMsg(m)
+		if err := p.fits(ctx, msg); err != nil {
+			acks[i] = resolved{Kind: Invalid, Err: err}
+			continue
+		}
+		fut, err := p.js.PublishMsgAsync(msg)
 		acks[i] = &jsAck{p: p, subject: m.Subject, rowID: m.Row.ID, fut: fut, err: err}
 	}
 	return acks
+}
+
+// fits reports, wrapping ErrTooLarge, when msg is larger than the
+// server's max_payload or the stream's max_msg_size. The stream's limit
+// is read when first needed, and again before a message over it is
+// refused (the limit may have been raised since: such rows are rare, and
+// each is refused once); a limit that cannot be read is left to the
+// stream to enforce.
+func (p *JetStream) fits(ctx context.Context, msg *nats.Msg) error {
+	maxPayload := p.conn.NC.MaxPayload()
+	p.mu.Lock()
+	limit, known := p.maxMsgSize, p.sizeKnown
+	p.mu.Unlock()
+	err := tooLarge(msg, maxPayload, limit)
+	if !known || err != nil {
+		err = tooLarge(msg, maxPayload, p.readMaxMsgSize(ctx))
+	}
+	return err
+}
+
+// readMaxMsgSize reads the stream's max_msg_size (0 when it has none or
+// cannot be read) and remembers it.
+func (p *JetStream) readMaxMsgSize(ctx context.Context) int64 {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var limit int64
+	if s, err := p.streamHandle(ctx); err == nil {
+		if info, err := s.Info(ctx); err == nil && info.Config.MaxMsgSize > 0 {
+			limit = int64(info.Config.MaxMsgSize)
+		}
+	}
+	p.mu.Lock()
+	p.maxMsgSize, p.sizeKnown = limit, true
+	p.mu.Unlock()
+	return limit
+}
+
+// sizeRefused makes the next message read the stream's max_msg_size again:
+// the stream refused a message for its size (it was lowered).
+func (p *JetStream) sizeRefused() {
+	p.mu.Lock()
+	p.sizeKnown = false
+	p.mu.Unlock()
 }
 
 type jsAck struct {
@@ -262,6 +360,10 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 // an attempt on it.
 func (p *JetStream) classify(subject string, err error) Result {
 	kind := Classify(err)
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
+		p.sizeRefused()
+	}
 	if kind == Transport && p.conn.Denied(subject) {
 		return Result{Kind: Rejected, Err: deniedErr(subject)}
 	}
@@ -327,7 +429,12 @@ func (p *Core) Publish(_ context.Context, msgs []Message) []Ack {
 			acks[i] = resolved{Kind: Transport, Err: connErr}
 			continue
 		}
-		err := p.conn.NC.PublishMsg(NewMsg(m))
+		msg := NewMsg(m)
+		if err := tooLarge(msg, p.conn.NC.MaxPayload(), 0); err != nil {
+			acks[i] = resolved{Kind: Invalid, Err: err}
+			continue
+		}
+		err := p.conn.NC.PublishMsg(msg)
 		if kind := Classify(err); kind != Stored {
 			acks[i] = resolved{Kind: kind, Err: err}
 			if kind == Transport {

@@ -447,7 +447,7 @@ func TestInvalidEventTypesDeadLettered(t *testing.T) {
 			t.Errorf("dead letter %q: last_error %q processed %v", typ, reason, processed)
 		}
 	}
-	metricsReach(t, h, map[string]float64{"outbox_relay_dead_lettered_total": float64(len(bad) + 1)})
+	metricsReach(t, h, map[string]float64{`outbox_relay_dead_lettered_total{reason="invalid"}`: float64(len(bad) + 1)})
 	if msgs := testenv.StreamMessages(t, n.JetStream(t), "EVENTS"); len(msgs) != len(bad)+1 {
 		t.Fatalf("stream holds %d, want %d", len(msgs), len(bad)+1)
 	}

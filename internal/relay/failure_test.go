@@ -146,26 +146,34 @@ func TestStartsPausedWithoutStream(t *testing.T) {
 	}
 }
 
-// TestRejectionsSpendAttemptsThenDeadLetter: a message too large for the
-// stream is retried with the shared backoff, then dead-lettered; the rows
-// around it flow.
+// TestRejectionsSpendAttemptsThenDeadLetter: a message the stream refuses
+// (its size limit was lowered after the relay read it) is retried with the
+// shared backoff, and the rows around it flow; on the next try the relay
+// reads the limit again and dead-letters the row at once, at the last
+// attempt here.
 func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 	n := testenv.StartNATS(t)
-	if _, err := n.JetStream(t).CreateStream(context.Background(), jetstream.StreamConfig{
-		Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: 1000,
-	}); err != nil {
+	js := n.JetStream(t)
+	ctx := context.Background()
+	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	testenv.InsertN(t, app, 5, "Small")
+	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
+	waitAllSettled(t, app, 5, 10*time.Second) // the relay has read the stream's (absent) size limit
+	cfg.MaxMsgSize = 1000
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
 	big := testenv.NewEvent("Big", make([]byte, 5000))
 	if err := testenv.Insert(app, big); err != nil {
 		t.Fatal(err)
 	}
 	testenv.InsertN(t, app, 5, "Small")
 	started := time.Now()
-	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
 	var attempts int
 	var availableAt int64
 	var lastError string
@@ -173,7 +181,7 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 		app.QueryRow(`SELECT attempts, available_at, coalesce(last_error, '') FROM event_queue WHERE event_id = ?`, *big.EventID).Scan(&attempts, &availableAt, &lastError)
 		return attempts == 1
 	})
-	// The rejection happened between the start and now; the retry is due
+	// The rejection happened between the insert and now; the retry is due
 	// RetryBackoff(1) after it.
 	if at := time.UnixMilli(availableAt); at.Before(started.Add(event.RetryBackoff(1)).Add(-time.Millisecond)) || at.After(time.Now().Add(event.RetryBackoff(1))) {
 		t.Errorf("retry scheduled at %v, want %v after the rejection (between %v and %v)", at, event.RetryBackoff(1), started, time.Now())
@@ -181,6 +189,7 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 	if !strings.Contains(lastError, "message size exceeds maximum") {
 		t.Errorf("last_error %q", lastError)
 	}
+	waitAllSettled(t, app, 10, 10*time.Second)
 	if c := testenv.Counts(t, app); c["done"] != 10 || c["pending"] != 1 {
 		t.Fatalf("after the first rejection: %v", c)
 	}
@@ -194,10 +203,61 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 		app.QueryRow(`SELECT status, attempts, coalesce(last_error, ''), processed_at FROM event_queue WHERE event_id = ?`, *big.EventID).Scan(&status, &attempts, &lastError, &processed)
 		return status == "dead_lettered"
 	})
-	if attempts != 2 || !processed.Valid || !strings.Contains(lastError, "message size exceeds maximum") {
+	if attempts != 2 || !processed.Valid || !strings.Contains(lastError, "more than the stream's max_msg_size of 1000") {
 		t.Fatalf("dead letter: attempts %d processed %v last_error %q", attempts, processed, lastError)
 	}
-	metricsReach(t, h, map[string]float64{"outbox_relay_retries_total": 1, "outbox_relay_dead_lettered_total": 1})
+	metricsReach(t, h, map[string]float64{"outbox_relay_retries_total": 1, `outbox_relay_dead_lettered_total{reason="too_large"}`: 1})
+}
+
+// TestOversizedRowDeadLetteredAtOnce: a row above the stream's
+// max_msg_size is dead-lettered on its first try, without retries, with a
+// reason that gives its size and the limits, while the rows around it
+// flow; once the limit is raised, dead-letters retry publishes it.
+func TestOversizedRowDeadLetteredAtOnce(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, MaxMsgSize: 1000}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	testenv.InsertN(t, app, 5, "Small")
+	big := testenv.NewEvent("Big", make([]byte, 5000))
+	if err := testenv.Insert(app, big); err != nil {
+		t.Fatal(err)
+	}
+	testenv.InsertN(t, app, 5, "Small")
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, 11, 10*time.Second)
+	var status, lastError string
+	var attempts int
+	app.QueryRow(`SELECT status, attempts, coalesce(last_error, '') FROM event_queue WHERE event_id = ?`, *big.EventID).Scan(&status, &attempts, &lastError)
+	if status != "dead_lettered" || attempts != 1 {
+		t.Fatalf("oversized row %s after %d attempts; want dead_lettered on the first", status, attempts)
+	}
+	for _, want := range []string{"payload 5000", "more than the stream's max_msg_size of 1000", "max_payload 1048576"} {
+		if !strings.Contains(lastError, want) {
+			t.Errorf("last_error %q does not say %q", lastError, want)
+		}
+	}
+	if c := testenv.Counts(t, app); c["done"] != 10 {
+		t.Fatalf("the rows around it: %v", c)
+	}
+	metricsReach(t, h, map[string]float64{"outbox_relay_retries_total": 0, `outbox_relay_dead_lettered_total{reason="too_large"}`: 1,
+		`outbox_relay_dead_lettered_total{reason="max_attempts"}`: 0})
+
+	cfg.MaxMsgSize = 8192
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	testenv.MustExec(t, app, `UPDATE event_queue SET status = 'pending', attempts = 0, available_at = 0, processed_at = NULL WHERE event_id = ?`, *big.EventID)
+	h.relay.Wake()
+	waitAllSettled(t, app, 11, 10*time.Second)
+	if c := testenv.Counts(t, app); c["done"] != 11 {
+		t.Fatalf("after raising the limit and retrying: %v", c)
+	}
 }
 
 // stallingPublisher holds every acknowledgement until its gate opens.

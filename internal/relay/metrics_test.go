@@ -104,7 +104,7 @@ func TestMetricsTellTheStory(t *testing.T) {
 	metricsReach(t, h, map[string]float64{
 		"outbox_relay_published_total":                                                          280, // 200 + 50 again + 30 after the outage
 		"outbox_relay_duplicates_total":                                                         50,
-		"outbox_relay_dead_lettered_total":                                                      1,
+		`outbox_relay_dead_lettered_total{reason="invalid"}`:                                    1,
 		"outbox_relay_retries_total":                                                            0,
 		`outbox_relay_deferred_total{reason="outage"}`:                                          30,
 		`outbox_relay_deferred_total{reason="shutdown"}`:                                        0,

@@ -57,7 +57,10 @@ type Publisher interface {
 // Options tune the loop. Zero intervals disable the corresponding timer so
 // tests can drive the loop by hand.
 type Options struct {
-	SubjectPrefix    string
+	SubjectPrefix string
+	// ReservedHeaders are header names a row's headers column may not set
+	// beyond Nats-* and Outbox-* (those the message format sets).
+	ReservedHeaders  []string
 	BatchSize        int
 	MaxInFlight      int
 	MaxInFlightBytes int           // payload bytes in flight at most (large payloads); 0: no limit
@@ -467,16 +470,12 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 	var nowAt []int           // indexes in b.acks of now
 	var keyed []*laneAck      // of now, the rows with a key; nil for others
 	for _, row := range rows {
-		invalid := r.check(row)
+		m, invalid := r.message(row)
 		if invalid != nil && row.OrderingKey == "" {
-			b.outcomes = append(b.outcomes, r.invalid(row, invalid.Error()))
+			b.outcomes = append(b.outcomes, r.invalid(row, invalid))
 			continue
 		}
 		// A keyed row that is invalid waits for its turn in its lane.
-		m := publish.Message{Row: row}
-		if invalid == nil {
-			m.Subject, _ = event.Subject(r.o.SubjectPrefix, row.EventType)
-		}
 		b.msgs = append(b.msgs, m)
 		var lane *laneAck
 		if row.OrderingKey != "" {
@@ -506,26 +505,42 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 
 // invalid returns the outcome of a row that can never be published as it
 // is, and logs it.
-func (r *Relay) invalid(row event.Row, reason string) event.Outcome {
-	r.log.Warn("dead-lettered invalid row", zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.String("reason", reason))
-	return event.Invalid(row, reason)
+func (r *Relay) invalid(row event.Row, why error) event.Outcome {
+	r.log.Warn("dead-lettered invalid row", zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.String("reason", why.Error()))
+	o := event.Invalid(row, why.Error())
+	if errors.Is(why, publish.ErrTooLarge) {
+		o.Reason = event.DeadLetterTooLarge
+	}
+	return o
 }
 
-// check reports why row cannot be published as it is.
-func (r *Relay) check(row event.Row) error {
+// message returns the message to publish for row, or why the row cannot
+// be published as it is.
+// (A row too large for the broker is found by the publisher, which knows
+// the limits.)
+func (r *Relay) message(row event.Row) (publish.Message, error) {
+	m := publish.Message{Row: row}
 	if row.Problem != "" {
-		return errors.New(row.Problem)
+		return m, errors.New(row.Problem)
 	}
-	if _, err := event.Subject(r.o.SubjectPrefix, row.EventType); err != nil {
-		return err
+	subject, err := event.Subject(r.o.SubjectPrefix, row.EventType)
+	if err != nil {
+		return m, err
 	}
 	if err := event.ValidateEventID(row.EventID); err != nil {
-		return err
+		return m, err
 	}
 	if row.OrderingKey != "" {
-		return event.ValidateOrderingKey(row.OrderingKey)
+		if err := event.ValidateOrderingKey(row.OrderingKey); err != nil {
+			return m, err
+		}
 	}
-	return nil
+	headers, err := event.ParseHeaders(row.Headers, r.o.ReservedHeaders...)
+	if err != nil {
+		return m, err
+	}
+	m.Subject, m.Headers = subject, headers
+	return m, nil
 }
 
 // settleLoop waits for each batch's acknowledgements in order (until
@@ -623,7 +638,7 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 			r.wakeClaimer() // the claimer may be idle: let it see the outage now
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
 		case publish.Invalid:
-			outs = append(outs, r.invalid(row, res.Err.Error()))
+			outs = append(outs, r.invalid(row, res.Err))
 		case publish.Withheld:
 			// It waits behind its key's row that was not stored; the claim
 			// takes it again once that row is published (or skipped).
@@ -694,7 +709,7 @@ func (r *Relay) count(outs []event.Outcome, stale []int) {
 		case event.Retry:
 			r.m.Retries.Inc()
 		case event.DeadLetter:
-			r.m.DeadLettered.Inc()
+			r.m.DeadLettered.WithLabelValues(o.Reason).Inc()
 		case event.Release:
 			r.m.Deferred.WithLabelValues(o.Reason).Inc()
 		}

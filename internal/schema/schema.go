@@ -48,6 +48,33 @@ var migrations = []migration{
 	{103, "consumer_exhausted", migrateExhausted},
 	{104, "relay_in_flight", migrateInFlight},
 	{105, "ordering_key", migrateOrderingKey},
+	{106, "message_metadata", migrateMetadata},
+}
+
+// migrateMetadata adds two optional columns: headers (NULL: none), a JSON
+// object whose entries become the message's headers, and stream_seq, the
+// stream sequence JetStream assigned a row's message, written when the row
+// is marked done.
+func migrateMetadata(ctx context.Context, s *sqlitedb.DB) error {
+	t := s.Table()
+	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		cols, err := sqlitedb.Columns(ctx, tx, t)
+		if err != nil {
+			return err
+		}
+		for _, c := range []struct{ name, decl string }{{"headers", "TEXT"}, {"stream_seq", "INTEGER"}} {
+			if !cols[c.name] {
+				if _, err := tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s %s`, t, c.name, c.decl)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", t, err)
+	}
+	return nil
 }
 
 // migrateOrderingKey adds the optional ordering_key column (NULL: the row
@@ -376,7 +403,7 @@ func migrationTx(ctx context.Context, s *sqlitedb.DB, minPause time.Duration, he
 
 // Required lists what the relay needs of the schema, for Verify.
 var (
-	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by", "ordering_key"}
+	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by", "ordering_key", "headers", "stream_seq"}
 	requiredIndexes = []string{"_pending", "_processing", "_dead_lettered", "_ordering"}
 	requiredTables  = []string{"processed_events", InstancesTable, ExhaustedTable}
 )

@@ -346,7 +346,7 @@ func TestMigrateBackfillsInShortTransactions(t *testing.T) {
 func assertMigrated(t *testing.T, s *sqlitedb.DB) {
 	t.Helper()
 	ctx := context.Background()
-	if got, err := applied(ctx, s); err != nil || fmt.Sprint(got) != "[101 102 103 104 105]" {
+	if got, err := applied(ctx, s); err != nil || fmt.Sprint(got) != "[101 102 103 104 105 106]" {
 		t.Fatalf("recorded %v, %v", got, err)
 	}
 	if err := schema.Verify(ctx, s); err != nil {
@@ -448,7 +448,7 @@ func TestMigrateFreshAndIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(applied) != "[101 102 103 104 105]" {
+	if fmt.Sprint(applied) != "[101 102 103 104 105 106]" {
 		t.Fatalf("applied %v", applied)
 	}
 	if err := schema.Verify(ctx, s); err != nil {
@@ -469,7 +469,7 @@ func TestVerifyNamesEveryMissingPiece(t *testing.T) {
 	s := testenv.OpenDB(t, path)
 	err := schema.Verify(context.Background(), s)
 	for _, want := range []string{"column event_queue.event_id", "column event_queue.claimed_at", "column event_queue.claimed_by",
-		"column event_queue.ordering_key", "index event_queue_event_id", "index event_queue_pending", "index event_queue_ordering",
+		"column event_queue.ordering_key", "column event_queue.headers", "column event_queue.stream_seq", "index event_queue_event_id", "index event_queue_pending", "index event_queue_ordering",
 		"table processed_events", "table " + schema.InstancesTable, "table " + schema.ExhaustedTable} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Verify error %v does not name %s", err, want)
@@ -609,7 +609,7 @@ func assertMigratedOnce(t *testing.T, path string) {
 	t.Helper()
 	s := testenv.OpenDB(t, path)
 	got, err := applied(context.Background(), s)
-	if err != nil || fmt.Sprint(got) != "[101 102 103 104 105]" {
+	if err != nil || fmt.Sprint(got) != "[101 102 103 104 105 106]" {
 		t.Fatalf("migrations recorded %v, %v", got, err)
 	}
 	if err := schema.Verify(context.Background(), s); err != nil {

@@ -82,6 +82,17 @@ func (n *NATS) Restart() {
 	n.start()
 }
 
+// Reload changes the server's options in place (users and permissions,
+// say) and keeps them for later restarts.
+func (n *NATS) Reload(change func(*server.Options)) {
+	n.t.Helper()
+	change(&n.opts)
+	opts := n.opts
+	if err := n.Srv.ReloadOptions(&opts); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
 // Conn opens a plain client connection, closed when the test ends.
 func (n *NATS) Conn(t testing.TB) *nats.Conn {
 	t.Helper()
@@ -310,6 +321,7 @@ type Event struct {
 	EventType   string
 	Payload     []byte
 	OrderingKey string // empty: NULL
+	Headers     string // the headers column; empty: NULL
 }
 
 // NewEvent returns an event with a fresh id.
@@ -346,12 +358,15 @@ func insert(db *sql.DB, evs []Event) ([]int64, error) {
 		if e.EventID != nil {
 			id = *e.EventID
 		}
-		q := `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, ?, ?)`
-		args := []any{id, e.EventType, e.Payload}
-		if e.OrderingKey != "" { // a table from before ordering keys has no such column
-			q = `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, ?, ?, ?)`
-			args = append(args, e.OrderingKey)
+		// Optional columns only when set: a table from before them has none.
+		cols, args := "event_id, event_type, payload", []any{id, e.EventType, e.Payload}
+		if e.OrderingKey != "" {
+			cols, args = cols+", ordering_key", append(args, e.OrderingKey)
 		}
+		if e.Headers != "" {
+			cols, args = cols+", headers", append(args, e.Headers)
+		}
+		q := `INSERT INTO event_queue (` + cols + `) VALUES (?` + strings.Repeat(", ?", len(args)-1) + `)`
 		res, err := tx.Exec(q, args...)
 		if err != nil {
 			return nil, err
