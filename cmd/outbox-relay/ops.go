@@ -102,6 +102,9 @@ func (c *cli) statusCommand() *cobra.Command {
 					role, r.InFlight, r.StartedAt.UTC().Format(time.RFC3339), roundAge(now.Sub(r.HeartbeatAt).Seconds()))
 			}
 			fmt.Fprintf(w, "consumer exhausted\t%d message(s) (dead-letters list --consumer)\n", st.ConsumerExhausted)
+			if st.LastStreamSeq > 0 {
+				fmt.Fprintf(w, "stream sequence\t%d on the latest done row (audit checks each row's)\n", st.LastStreamSeq)
+			}
 			switch {
 			case !cfg.Ordering.Parks():
 				fmt.Fprintf(w, "parked keys\tnone (ordering.on_dead_letter: %s)\n", cfg.Ordering.OnDeadLetter)

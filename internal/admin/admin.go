@@ -8,6 +8,7 @@ package admin
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -84,6 +85,10 @@ type Status struct {
 	// longest parked of them (StatusOptions.ParkedKeys).
 	ParkedKeyCount int64       `json:"parked_key_count"`
 	ParkedKeys     []ParkedKey `json:"parked_keys"`
+	// LastStreamSeq is the stream sequence recorded on the latest done row
+	// (0: none recorded): compare it with the stream's last sequence, or
+	// run audit.
+	LastStreamSeq uint64 `json:"last_stream_seq"`
 }
 
 // StatusOptions say what ReadStatus lists besides the counts.
@@ -155,6 +160,17 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 	}
 	if st.Relays, err = instances(ctx, tx); err != nil {
 		return st, err
+	}
+	if cols, err := sqlitedb.Columns(ctx, tx, s.Table()); err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	} else if cols["stream_seq"] {
+		// The latest done row is near the end of the table: walked from it.
+		var seq sql.NullInt64
+		err := tx.QueryRowContext(ctx, `SELECT CAST(stream_seq AS INTEGER) FROM `+s.Table()+` WHERE status = 'done' ORDER BY id DESC LIMIT 1`).Scan(&seq)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return st, fmt.Errorf("read status: %w", err)
+		}
+		st.LastStreamSeq = uint64(max(seq.Int64, 0))
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+schema.ExhaustedTable).Scan(&st.ConsumerExhausted); err != nil {
 		return st, fmt.Errorf("read status: %w", err)
@@ -330,6 +346,48 @@ FROM `+schema.ExhaustedTable+` ORDER BY observed_at DESC, id DESC LIMIT ?`, limi
 		}
 		e.StreamSeq, e.ObservedAt = uint64(seq), time.UnixMilli(observed)
 		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// DoneRow is a done row as the audit reads it.
+type DoneRow struct {
+	ID      int64
+	EventID string
+	// StreamSeq is the stream sequence recorded when the row was marked
+	// done; 0 when none was (done before sequences were recorded, or
+	// published with core NATS).
+	StreamSeq uint64
+}
+
+// DoneRows reads up to limit done rows processed at or after since (Unix
+// ms) with ids below before, newest first: one short read, safe while
+// relays and the application write. A file from before the stream_seq
+// column has none recorded.
+func DoneRows(ctx context.Context, s *sqlitedb.DB, since, before int64, limit int) ([]DoneRow, error) {
+	cols, err := sqlitedb.Columns(ctx, s.Reader(), s.Table())
+	if err != nil {
+		return nil, fmt.Errorf("read done rows: %w", err)
+	}
+	seq := "0"
+	if cols["stream_seq"] {
+		seq = "coalesce(CAST(stream_seq AS INTEGER), 0)"
+	}
+	rows, err := s.Reader().QueryContext(ctx, `SELECT id, coalesce(CAST(event_id AS TEXT), ''), `+seq+` FROM `+s.Table()+`
+WHERE status = 'done' AND id < ?2 AND `+schema.MsSQL("processed_at")+` >= ?1 ORDER BY id DESC LIMIT ?3`, since, before, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read done rows: %w", err)
+	}
+	defer rows.Close()
+	var out []DoneRow
+	for rows.Next() {
+		var d DoneRow
+		var seq int64
+		if err := rows.Scan(&d.ID, &d.EventID, &seq); err != nil {
+			return nil, fmt.Errorf("read done rows: %w", err)
+		}
+		d.StreamSeq = uint64(max(seq, 0))
+		out = append(out, d)
 	}
 	return out, rows.Err()
 }

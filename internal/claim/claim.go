@@ -124,7 +124,9 @@ func newQueries(t string) queries {
 		takeRescan: takeSQL(t, `id NOT IN (SELECT value FROM json_each(?1))`),
 		assignID:   fmt.Sprintf(`UPDATE %s SET event_id = coalesce(event_id, ?) WHERE id = ? RETURNING event_id`, t),
 		settledAt:  fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
-		done:       fmt.Sprintf(`UPDATE %s SET status = 'done', processed_at = ?2 WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'pending'`, t),
+		// ?1: [[id, stream_seq], ...]; a stream_seq of 0 is none.
+		done: fmt.Sprintf(`UPDATE %[1]s SET status = 'done', processed_at = ?2, stream_seq = nullif(j.seq, 0)
+FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHERE %[1]s.id = j.id AND status = 'pending'`, t),
 		retry:      fmt.Sprintf(`UPDATE %s SET attempts = ?, available_at = ?, last_error = ? WHERE `+pendingRow, t),
 		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ? WHERE `+pendingRow, t),
 		release:    fmt.Sprintf(`UPDATE %s SET available_at = ? WHERE `+pendingRow, t),
@@ -580,7 +582,7 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) 
 				}
 			}
 		})
-		res, err := tx.ExecContext(ctx, s.q.done, ids, now)
+		res, err := tx.ExecContext(ctx, s.q.done, doneJSON(outs, done), now)
 		if err != nil {
 			return nil, fmt.Errorf("settle rows: %w", err)
 		}
@@ -660,6 +662,23 @@ func (s *Store) notSettled(ctx context.Context, tx *sql.Tx, outs []event.Outcome
 		}
 	}
 	return lost, rows.Err()
+}
+
+// doneJSON returns the rows at indexes idx of outs as a JSON array of
+// [id, stream_seq] pairs, for the done statement.
+func doneJSON(outs []event.Outcome, idx []int) string {
+	b := []byte{'['}
+	for k, i := range idx {
+		if k > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = strconv.AppendInt(b, outs[i].Row.ID, 10)
+		b = append(b, ',')
+		b = strconv.AppendUint(b, outs[i].StreamSeq, 10)
+		b = append(b, ']')
+	}
+	return string(append(b, ']'))
 }
 
 // jsonIDs returns ids as a JSON array, for json_each.

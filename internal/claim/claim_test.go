@@ -188,6 +188,11 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	if !strings.Contains(plan, "SEARCH e USING COVERING INDEX event_queue_ordering (ordering_key=? AND id<?)") {
 		t.Errorf("claim plan %q: want the ordering index for the row before", plan)
 	}
+	// Marking rows done seeks each by its id.
+	plan = testenv.QueryPlan(t, s.db, s.q.done, "[[1,5],[2,6]]", now)
+	if !strings.Contains(plan, "SEARCH event_queue USING INTEGER PRIMARY KEY (rowid=?)") || regexp.MustCompile(`SCAN event_queue($|;)`).MatchString(plan) {
+		t.Errorf("done plan %q: want each row sought by its id", plan)
+	}
 	b, err := housekeeping.Backlog(context.Background(), s.db, true)
 	if err != nil || b.Pending != 1000 {
 		t.Fatalf("backlog %+v %v", b, err)

@@ -120,6 +120,9 @@ type Outcome struct {
 	// Reason is why a row was released (Release) or dead-lettered
 	// (DeadLetter), for metrics.
 	Reason string
+	// StreamSeq is the stream sequence of the row's message (Done; 0 when
+	// the broker gives none, in core NATS).
+	StreamSeq uint64
 }
 
 // Why rows are dead-lettered (the values of dead_lettered_total's label).

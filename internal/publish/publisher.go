@@ -149,6 +149,9 @@ type Result struct {
 	// Err is why a publish failed; for a Duplicate, set when the stream's
 	// message with this Nats-Msg-Id came from another row.
 	Err error
+	// Seq is the stream sequence of the stored message (Stored, and the
+	// original's for a Duplicate); 0 when there is none (core NATS).
+	Seq uint64
 }
 
 // Ack is the pending outcome of one publish.
@@ -341,9 +344,9 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 		select {
 		case ack := <-a.fut.Ok():
 			if ack.Duplicate {
-				return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, ack.Sequence)}
+				return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, ack.Sequence), Seq: ack.Sequence}
 			}
-			return Result{Kind: Stored}
+			return Result{Kind: Stored, Seq: ack.Sequence}
 		case err = <-a.fut.Err():
 		case <-ctx.Done():
 			return Result{Kind: Transport, Err: ctx.Err()}

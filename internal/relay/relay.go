@@ -616,7 +616,7 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 			r.m.PublishDuration.Observe(time.Since(b.published).Seconds())
 			r.m.DeliveryLag.Observe(max(0, time.Since(row.Created()).Seconds()))
 			r.outage.answered(b.published, r.log, r.m)
-			outs = append(outs, event.Outcome{Row: row, Settlement: event.Done})
+			outs = append(outs, event.Outcome{Row: row, Settlement: event.Done, StreamSeq: res.Seq})
 		case publish.Rejected:
 			// The broker answered about this message: it is up.
 			r.outage.answered(b.published, r.log, r.m)

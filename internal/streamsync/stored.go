@@ -1,0 +1,70 @@
+package streamsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stored is what a stream holds at one sequence.
+type Stored struct {
+	Seq uint64
+	// MsgID and RowID are the message's Nats-Msg-Id and Outbox-Row-Id.
+	MsgID, RowID string
+	// Gone: the stream no longer holds a message there (its limits
+	// removed it, or it was purged or deleted).
+	Gone bool
+}
+
+// ReadStored reads the messages at seqs in the stream, up to concurrency
+// requests at once (direct gets when the stream allows them), and
+// returns them in the order of seqs, with the stream's first sequence.
+func ReadStored(ctx context.Context, js jetstream.JetStream, stream string, seqs []uint64, concurrency int) ([]Stored, uint64, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, 0, fmt.Errorf("look up stream %s: %w", stream, err)
+	}
+	out := make([]Stored, len(seqs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for range max(1, concurrency) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				out[i] = Stored{Seq: seqs[i]}
+				m, err := s.GetMsg(ctx, seqs[i])
+				switch {
+				case errors.Is(err, jetstream.ErrMsgNotFound):
+					out[i].Gone = true
+				case err != nil:
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("read message %d of stream %s: %w", seqs[i], stream, err)
+					}
+					mu.Unlock()
+				default:
+					out[i].MsgID, out[i].RowID = m.Header.Get(jetstream.MsgIDHeader), m.Header.Get("Outbox-Row-Id")
+				}
+			}
+		}()
+	}
+	for i := range seqs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, 0, firstErr
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	return out, info.State.FirstSeq, nil
+}
