@@ -168,12 +168,12 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
+	started := time.Now() // before the rejection
 	big := testenv.NewEvent("Big", make([]byte, 5000))
 	if err := testenv.Insert(app, big); err != nil {
 		t.Fatal(err)
 	}
 	testenv.InsertN(t, app, 5, "Small")
-	started := time.Now()
 	var attempts int
 	var availableAt int64
 	var lastError string
@@ -181,7 +181,7 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 		app.QueryRow(`SELECT attempts, available_at, coalesce(last_error, '') FROM event_queue WHERE event_id = ?`, *big.EventID).Scan(&attempts, &availableAt, &lastError)
 		return attempts == 1
 	})
-	// The rejection happened between the insert and now; the retry is due
+	// The rejection happened between started and now; the retry is due
 	// RetryBackoff(1) after it.
 	if at := time.UnixMilli(availableAt); at.Before(started.Add(event.RetryBackoff(1)).Add(-time.Millisecond)) || at.After(time.Now().Add(event.RetryBackoff(1))) {
 		t.Errorf("retry scheduled at %v, want %v after the rejection (between %v and %v)", at, event.RetryBackoff(1), started, time.Now())
