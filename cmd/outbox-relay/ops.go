@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,8 +11,11 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/config"
@@ -20,13 +24,16 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
-// openDB opens database.path for an operator command.
+// openDB opens database.path for an operator command. One that writes in
+// many short transactions checkpoints between them itself (see
+// admin.Requeue), outside the lock.
 func (c *cli) openDB(ctx context.Context, readOnly bool) (*sqlitedb.DB, config.Config, error) {
 	cfg, err := c.loadConfig()
 	if err != nil {
 		return nil, cfg, err
 	}
-	s, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, ReadOnly: readOnly})
+	s, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout,
+		ReadOnly: readOnly, OwnCheckpoints: !readOnly})
 	return s, cfg, err
 }
 
@@ -198,24 +205,107 @@ func oneLine(s string) string {
 	return s
 }
 
+// filterFlags are the dead-letter filters of list, retry and discard.
+type filterFlags struct {
+	typ, since, until, errText string
+}
+
+func (f *filterFlags) bind(fs *pflag.FlagSet) {
+	fs.StringVar(&f.typ, "type", "", "only rows of this event_type")
+	fs.StringVar(&f.since, "since", "", "only rows dead-lettered since then: a duration ago (24h) or an RFC 3339 time")
+	fs.StringVar(&f.until, "until", "", "only rows dead-lettered before then: a duration ago (1h) or an RFC 3339 time")
+	fs.StringVar(&f.errText, "error", "", "only rows whose last_error contains this text")
+}
+
+// filter returns the flags as an admin.Filter, or a usage error naming
+// the flag.
+func (f *filterFlags) filter(now time.Time) (admin.Filter, error) {
+	out := admin.Filter{Type: f.typ, Error: f.errText}
+	for _, w := range []struct {
+		name, val string
+		into      *time.Time
+	}{{"--since", f.since, &out.Since}, {"--until", f.until, &out.Until}} {
+		if w.val == "" {
+			continue
+		}
+		if d, err := time.ParseDuration(w.val); err == nil && d >= 0 {
+			*w.into = now.Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, w.val); err == nil {
+			*w.into = t
+		} else {
+			return out, usagef("dead-letters: %s %q is neither a duration (24h) nor an RFC 3339 time", w.name, w.val)
+		}
+	}
+	return out, nil
+}
+
+// selection reads the ids of retry and discard (each once) and --all.
+func selection(cmd string, all bool, args []string, f admin.Filter) (admin.Selection, error) {
+	if all == (len(args) > 0) {
+		return admin.Selection{}, usagef("dead-letters %s: give --all or row ids, not both or neither", cmd)
+	}
+	sel := admin.Selection{All: all, Filter: f}
+	seen := map[int64]bool{}
+	for _, a := range args {
+		id, err := strconv.ParseInt(a, 10, 64)
+		if err != nil {
+			return sel, usagef("dead-letters %s: %q is not a row id", cmd, a)
+		}
+		if !seen[id] {
+			seen[id] = true
+			sel.IDs = append(sel.IDs, id)
+		}
+	}
+	return sel, nil
+}
+
+// showPayload is how a payload is shown: as text when it is UTF-8 without
+// control characters other than whitespace, else hex; cut at max bytes.
+func showPayload(p []byte, maxBytes int) (shown, encoding string, truncated bool) {
+	if maxBytes >= 0 && len(p) > maxBytes {
+		p, truncated = p[:maxBytes], true
+	}
+	if printable(p) {
+		return string(p), "text", truncated
+	}
+	return hex.EncodeToString(p), "hex", truncated
+}
+
+func printable(p []byte) bool {
+	if !utf8.Valid(p) {
+		return false
+	}
+	for _, r := range string(p) {
+		if unicode.IsControl(r) && r != '\n' && r != '\r' && r != '\t' {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *cli) deadLettersCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dead-letters",
-		Short: "Inspect and requeue dead-lettered rows",
+		Short: "Inspect, requeue and discard dead-lettered rows",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usagef("dead-letters needs a subcommand: list or retry")
+			return usagef("dead-letters needs a subcommand: list, show, retry or discard")
 		},
 	}
 	var asJSON, consumer bool
 	var limit int
+	var lf filterFlags
 	list := &cobra.Command{
-		Use:   "list [--json] [--limit N] [--consumer]",
+		Use:   "list [--json] [--limit N] [--consumer] [--type T] [--since WHEN] [--until WHEN] [--error TEXT]",
 		Short: "List dead-lettered rows, newest first (--consumer: messages the JetStream consumer gave up on)",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if limit < 1 {
 				return usagef("--limit must be at least 1")
+			}
+			f, err := lf.filter(time.Now())
+			if err != nil {
+				return err
 			}
 			ctx := context.Background()
 			s, _, err := c.openDB(ctx, true)
@@ -238,7 +328,7 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 				}
 				return tw.Flush()
 			}
-			dls, err := admin.DeadLetters(ctx, s, limit)
+			dls, err := admin.DeadLetters(ctx, s, f, limit)
 			if err != nil {
 				return err
 			}
@@ -252,46 +342,111 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 	list.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
 	list.Flags().IntVar(&limit, "limit", 50, "at most this many rows")
 	list.Flags().BoolVar(&consumer, "consumer", false, "list what the durable consumer gave up on (max-deliveries advisories)")
+	lf.bind(list.Flags())
 
-	var all bool
-	retry := &cobra.Command{
-		Use:   "retry (--all | ID...)",
-		Short: "Requeue dead-lettered rows: pending, attempts 0, available now (last_error kept until the next attempt)",
+	var showJSON bool
+	var maxBytes int
+	show := &cobra.Command{
+		Use:   "show ID [--json] [--max-bytes N]",
+		Short: "Show one row whole: its columns, and its payload as text when it is UTF-8, else as hex",
+		Args:  cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			if all == (len(args) > 0) {
-				return usagef("dead-letters retry: give --all or row ids, not both or neither")
-			}
-			// Each id once: a repeated id is one row, requeued at most once.
-			var ids []int64
-			seen := map[int64]bool{}
-			for _, a := range args {
-				id, err := strconv.ParseInt(a, 10, 64)
-				if err != nil {
-					return usagef("dead-letters retry: %q is not a row id", a)
-				}
-				if !seen[id] {
-					seen[id] = true
-					ids = append(ids, id)
-				}
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil {
+				return usagef("dead-letters show: %q is not a row id", args[0])
 			}
 			ctx := context.Background()
-			s, _, err := c.openDB(ctx, false)
+			s, _, err := c.openDB(ctx, true)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			n, err := admin.Requeue(ctx, s, all, ids)
+			r, err := admin.ReadRow(ctx, s, id)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.stdout, "requeued %d dead-lettered row(s)\n", n)
-			if !all && int(n) < len(ids) {
-				fmt.Fprintf(c.stdout, "%d of the ids given were not dead-lettered and were left alone\n", len(ids)-int(n))
+			payload, encoding, cut := showPayload(r.Payload, maxBytes)
+			if showJSON {
+				return printJSON(c.stdout, struct {
+					admin.Row
+					Payload          string `json:"payload"`
+					PayloadEncoding  string `json:"payload_encoding"`
+					PayloadBytes     int    `json:"payload_bytes"`
+					PayloadTruncated bool   `json:"payload_truncated"`
+				}{r, payload, encoding, len(r.Payload), cut})
 			}
+			tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+			for _, kv := range [][2]string{
+				{"id", strconv.FormatInt(r.ID, 10)}, {"status", r.Status}, {"event_id", r.EventID}, {"event_type", strconv.Quote(r.EventType)},
+				{"ordering_key", strconv.Quote(r.OrderingKey)}, {"attempts", strconv.Itoa(r.Attempts)},
+				{"created_at", r.CreatedAt.UTC().Format(time.RFC3339Nano)}, {"available_at", r.AvailableAt.UTC().Format(time.RFC3339Nano)},
+				{"processed_at", r.ProcessedAt.UTC().Format(time.RFC3339Nano)}, {"last_error", r.LastError}, {"headers", r.Headers},
+			} {
+				fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
+			}
+			tw.Flush()
+			more := ""
+			if cut {
+				more = fmt.Sprintf(", the first %d shown (--max-bytes)", maxBytes)
+			}
+			fmt.Fprintf(c.stdout, "payload (%d bytes, %s%s):\n%s\n", len(r.Payload), encoding, more, payload)
 			return nil
 		},
 	}
-	retry.Flags().BoolVar(&all, "all", false, "requeue every dead-lettered row")
-	cmd.AddCommand(list, retry)
+	show.Flags().BoolVar(&showJSON, "json", false, "print as JSON")
+	show.Flags().IntVar(&maxBytes, "max-bytes", 4096, "show at most this many bytes of the payload (-1: all)")
+
+	bulkCommand := func(name, short, did string, op func(context.Context, *sqlitedb.DB, admin.Selection, bool) (admin.Bulk, error)) *cobra.Command {
+		var all, dryRun, asJSON bool
+		var ff filterFlags
+		cmd := &cobra.Command{
+			Use:   name + " (--all | ID...) [--type T] [--since WHEN] [--until WHEN] [--error TEXT] [--dry-run] [--json]",
+			Short: short,
+			RunE: func(_ *cobra.Command, args []string) error {
+				f, err := ff.filter(time.Now())
+				if err != nil {
+					return err
+				}
+				sel, err := selection(name, all, args, f)
+				if err != nil {
+					return err
+				}
+				ctx := context.Background()
+				s, _, err := c.openDB(ctx, dryRun)
+				if err != nil {
+					return err
+				}
+				defer s.Close()
+				b, err := op(ctx, s, sel, dryRun)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(c.stdout, b)
+				}
+				if dryRun {
+					fmt.Fprintf(c.stdout, "would %s %d dead-lettered row(s) (dry run: nothing changed)\n", name, b.Matched)
+				} else {
+					fmt.Fprintf(c.stdout, "%s %d dead-lettered row(s) in %d transaction(s), the longest holding the write lock %.1f ms\n", did, b.Changed, b.Transactions, b.LongestLockMs)
+				}
+				if !all && int(b.Matched) < len(sel.IDs) {
+					why := "were not dead-lettered"
+					if f != (admin.Filter{}) {
+						why = "were not dead-lettered, or not taken by the filters,"
+					}
+					fmt.Fprintf(c.stdout, "%d of the ids given %s and were left alone\n", len(sel.IDs)-int(b.Matched), why)
+				}
+				return nil
+			},
+		}
+		cmd.Flags().BoolVar(&all, "all", false, "every dead-lettered row the filters take")
+		cmd.Flags().BoolVar(&dryRun, "dry-run", false, "count the rows, change nothing")
+		cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+		ff.bind(cmd.Flags())
+		return cmd
+	}
+	retry := bulkCommand("retry", "Requeue dead-lettered rows: pending, attempts 0, available now (last_error kept until the next attempt)", "requeued", admin.Requeue)
+	discard := bulkCommand("discard", "Delete dead-lettered rows", "discarded", admin.Discard)
+	cmd.AddCommand(list, show, retry, discard)
 	return cmd
 }

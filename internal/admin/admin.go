@@ -10,7 +10,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -150,7 +149,7 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 	if oldest.Valid {
 		st.OldestPending = time.UnixMilli(oldest.Int64)
 	}
-	if st.LastDeadLetters, err = deadLetters(ctx, tx, s.Table(), o.LastDead); err != nil {
+	if st.LastDeadLetters, err = deadLetters(ctx, tx, s.Table(), Filter{}, o.LastDead); err != nil {
 		return st, err
 	}
 	if o.Parks {
@@ -178,11 +177,6 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 	return st, nil
 }
 
-// DeadLetters lists the most recently dead-lettered rows, newest first.
-func DeadLetters(ctx context.Context, s *sqlitedb.DB, limit int) ([]DeadLetter, error) {
-	return deadLetters(ctx, s.Reader(), s.Table(), limit)
-}
-
 // deadLetterColumns are a dead letter's columns as scanDeadLetter reads
 // them. A foreign writer's values (a text processed_at, a NULL event_type)
 // are read as well as they can be rather than failing the listing.
@@ -200,9 +194,10 @@ func scanDeadLetter(rows *sql.Rows, d *DeadLetter, more ...any) error {
 	return nil
 }
 
-func deadLetters(ctx context.Context, q sqlitedb.Querier, table string, limit int) ([]DeadLetter, error) {
+func deadLetters(ctx context.Context, q sqlitedb.Querier, table string, f Filter, limit int) ([]DeadLetter, error) {
+	where, args := f.where()
 	rows, err := q.QueryContext(ctx, `SELECT `+deadLetterColumns+`
-FROM `+table+` WHERE status = 'dead_lettered' ORDER BY processed_at DESC, id DESC LIMIT ?`, limit)
+FROM `+table+` WHERE status = 'dead_lettered'`+where+` ORDER BY processed_at DESC, id DESC LIMIT ?`, append(args, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
@@ -284,37 +279,6 @@ FROM `+schema.InstancesTable+` ORDER BY started_at, instance_id`)
 		out = append(out, in)
 	}
 	return out, rows.Err()
-}
-
-// Requeue puts dead-lettered rows back to pending with attempts 0,
-// available now; last_error stays until the next attempt. With all, every
-// dead-lettered row; otherwise the given ids (rows that are not
-// dead-lettered are left alone). It returns how many rows it requeued.
-func Requeue(ctx context.Context, s *sqlitedb.DB, all bool, ids []int64) (int64, error) {
-	q := `UPDATE ` + s.Table() + ` SET status = 'pending', attempts = 0, available_at = ?, processed_at = NULL WHERE status = 'dead_lettered'`
-	if all {
-		res, err := s.Exec(ctx, q, sqlitedb.NowMs())
-		if err != nil {
-			return 0, fmt.Errorf("requeue dead letters: %w", err)
-		}
-		return res.RowsAffected()
-	}
-	var total int64
-	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), 10_000)] // under SQLite's limit of bound parameters
-		ids = ids[len(chunk):]
-		args := []any{sqlitedb.NowMs()}
-		for _, id := range chunk {
-			args = append(args, id)
-		}
-		res, err := s.Exec(ctx, q+` AND id IN (`+strings.TrimSuffix(strings.Repeat("?,", len(chunk)), ",")+`)`, args...)
-		if err != nil {
-			return total, fmt.Errorf("requeue dead letters: %w", err)
-		}
-		n, _ := res.RowsAffected()
-		total += n
-	}
-	return total, nil
 }
 
 // RecordExhausted stores a consumer's max-deliveries advisory; a repeat

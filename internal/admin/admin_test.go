@@ -85,8 +85,8 @@ func TestStatusListsParkedKeys(t *testing.T) {
 	check(StatusOptions{Parks: true, ParkedKeys: 1}, 2, b)
 	check(StatusOptions{ParkedKeys: 10}, 0)
 
-	if n, err := Requeue(ctx, db, false, []int64{8}); err != nil || n != 1 {
-		t.Fatalf("retry row 8: %d %v", n, err)
+	if b, err := Requeue(ctx, db, Selection{IDs: []int64{8}}, false); err != nil || b.Changed != 1 {
+		t.Fatalf("retry row 8: %+v %v", b, err)
 	}
 	check(StatusOptions{Parks: true, ParkedKeys: 10}, 1, a)
 	testenv.MustExec(t, app, `DELETE FROM event_queue WHERE id = 2`)
