@@ -44,6 +44,7 @@ type Config struct {
 	Consumer  Consumer  `mapstructure:"consumer"`
 	Relay     Relay     `mapstructure:"relay"`
 	Ordering  Ordering  `mapstructure:"ordering"`
+	Message   Message   `mapstructure:"message"`
 	Retention Retention `mapstructure:"retention"`
 	Metrics   Metrics   `mapstructure:"metrics"`
 	Log       Log       `mapstructure:"log"`
@@ -147,6 +148,19 @@ const (
 // hold).
 func (o Ordering) Parks() bool { return o.OnDeadLetter != OnDeadLetterSkip }
 
+// Message says how a message is laid out besides the relay's headers.
+type Message struct {
+	Format      string `mapstructure:"format"`       // raw, cloudevents
+	Source      string `mapstructure:"source"`       // ce-source (cloudevents)
+	ContentType string `mapstructure:"content_type"` // content-type (cloudevents)
+}
+
+// Message formats.
+const (
+	FormatRaw         = "raw"         // the payload and the relay's headers
+	FormatCloudEvents = "cloudevents" // also the CloudEvents binary-mode headers
+)
+
 // Retention says how long finished rows are kept.
 type Retention struct {
 	Done            time.Duration `mapstructure:"done"`
@@ -193,6 +207,7 @@ func Default() Config {
 			AckTimeout:      10 * time.Second,
 		},
 		Ordering:  Ordering{OnDeadLetter: OnDeadLetterHold},
+		Message:   Message{Format: FormatRaw, ContentType: "application/json"},
 		Retention: Retention{Done: 7 * 24 * time.Hour, ProcessedEvents: 30 * 24 * time.Hour},
 		Metrics:   Metrics{Listen: ":9108"},
 		Log:       Log{Level: "info", Format: "json"},
@@ -698,6 +713,20 @@ func (c *Config) Validate() error {
 	}
 	if !slices.Contains([]string{OnDeadLetterHold, OnDeadLetterSkip}, c.Ordering.OnDeadLetter) {
 		bad("ordering.on_dead_letter", "%q is not one of hold, skip", c.Ordering.OnDeadLetter)
+	}
+	switch c.Message.Format {
+	case FormatRaw:
+	case FormatCloudEvents:
+		if strings.TrimSpace(c.Message.Source) == "" {
+			bad("message.source", "must be set with message.format cloudevents: it is every event's ce-source (a URI reference naming the application, such as /reviews)")
+		}
+	default:
+		bad("message.format", "%q is not one of raw, cloudevents", c.Message.Format)
+	}
+	for key, v := range map[string]string{"message.source": c.Message.Source, "message.content_type": c.Message.ContentType} {
+		if v != strings.TrimSpace(v) || strings.ContainsAny(v, "\r\n\x00") {
+			bad(key, "%q is not a header value NATS carries as it is (surrounding whitespace or control characters)", v)
+		}
 	}
 	c.validateNATS(bad)
 	if !streamNameRe.MatchString(c.Stream.Name) {

@@ -180,6 +180,9 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "lease too short", env: []string{"OUTBOX_RELAY_RELAY_LEASE=15s"}, want: "relay.lease"},
 		{name: "subjects miss the prefix", env: []string{"OUTBOX_RELAY_STREAM_SUBJECT_PREFIX=app"}, want: "stream.subjects"},
 		{name: "zero busy timeout", env: []string{"OUTBOX_RELAY_DATABASE_BUSY_TIMEOUT=0s"}, want: "database.busy_timeout"},
+		{name: "bad message format", env: []string{"OUTBOX_RELAY_MESSAGE_FORMAT=avro"}, want: "message.format"},
+		{name: "cloudevents without a source", file: "message:\n  format: cloudevents\n", want: "message.source: must be set with message.format cloudevents"},
+		{name: "content type with a newline", file: "message:\n  content_type: \"a\\nb\"\n", want: "message.content_type"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			file := ""

@@ -151,7 +151,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		a.pub = a.js
 	}
 	ro := relay.Options{
-		SubjectPrefix:     cfg.Stream.SubjectPrefix,
+		SubjectPrefix: cfg.Stream.SubjectPrefix,
+		Format: publish.Format{CloudEvents: cfg.Message.Format == config.FormatCloudEvents,
+			Source: cfg.Message.Source, ContentType: cfg.Message.ContentType},
 		BatchSize:         cfg.Relay.BatchSize,
 		MaxInFlight:       cfg.Relay.MaxInFlight,
 		MaxInFlightBytes:  maxInFlightBytes,

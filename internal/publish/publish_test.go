@@ -333,6 +333,26 @@ func TestSizeGuard(t *testing.T) {
 	}
 }
 
+// TestNewMsgCloudEvents: the cloudevents format adds the binary-mode
+// headers from the row and the configuration; the raw format adds none.
+func TestNewMsgCloudEvents(t *testing.T) {
+	r := event.Row{ID: 7, EventID: "id-7", EventType: "ReviewLogged", Payload: []byte("{}"), CreatedAt: 1700000000123}
+	f := Format{CloudEvents: true, Source: "/reviews", ContentType: "application/json"}
+	m := NewMsg(Message{Subject: "events.ReviewLogged", Row: r, Format: f})
+	for name, want := range map[string]string{"ce-specversion": "1.0", "ce-id": "id-7", "ce-type": "ReviewLogged", "ce-source": "/reviews",
+		"ce-time": "2023-11-14T22:13:20.123Z", "content-type": "application/json", HeaderMsgID: "id-7"} {
+		if got := m.Header.Get(name); got != want {
+			t.Errorf("%s: %q, want %q", name, got, want)
+		}
+	}
+	if len(f.Reserved()) != 6 || len(Format{}.Reserved()) != 0 {
+		t.Errorf("reserved names %v and %v", f.Reserved(), Format{}.Reserved())
+	}
+	if raw := NewMsg(Message{Subject: "events.ReviewLogged", Row: r}); raw.Header.Get("ce-id") != "" || raw.Header.Get("content-type") != "" {
+		t.Errorf("raw format headers %v", raw.Header)
+	}
+}
+
 // TestClassifySocketErrors: a write on a connection the peer dropped fails
 // with "broken pipe" or "connection reset"; that is the connection, never
 // the message, so it must not spend an attempt.

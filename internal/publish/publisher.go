@@ -41,6 +41,37 @@ type Message struct {
 	// Headers are the row's own (its headers column, read by
 	// event.ParseHeaders); the relay's are added to them.
 	Headers map[string][]string
+	// Format adds the headers of a message format (CloudEvents).
+	Format Format
+}
+
+// Format is how a message is laid out besides the relay's headers.
+type Format struct {
+	// CloudEvents adds the CloudEvents binary-mode headers (the NATS
+	// protocol binding): ce-specversion 1.0, ce-id (the event id), ce-type
+	// (the event type), ce-source (Source), ce-time (created_at) and
+	// content-type (ContentType).
+	CloudEvents         bool
+	Source, ContentType string
+}
+
+// The CloudEvents binary-mode headers the relay sets.
+const (
+	HeaderCESpecVersion = "ce-specversion"
+	HeaderCEID          = "ce-id"
+	HeaderCEType        = "ce-type"
+	HeaderCESource      = "ce-source"
+	HeaderCETime        = "ce-time"
+	HeaderContentType   = "content-type"
+)
+
+// Reserved lists the header names the format sets, which a row's own
+// headers may not.
+func (f Format) Reserved() []string {
+	if !f.CloudEvents {
+		return nil
+	}
+	return []string{HeaderCESpecVersion, HeaderCEID, HeaderCEType, HeaderCESource, HeaderCETime, HeaderContentType}
 }
 
 // NewMsg builds the NATS message for a row: the payload byte for byte, the
@@ -56,6 +87,16 @@ func NewMsg(m Message) *nats.Msg {
 	h[HeaderCreatedAt] = []string{time.UnixMilli(m.Row.CreatedAt).UTC().Format(createdAtLayout)}
 	if m.Row.OrderingKey != "" {
 		h[HeaderOrderingKey] = []string{m.Row.OrderingKey}
+	}
+	if f := m.Format; f.CloudEvents {
+		h[HeaderCESpecVersion] = []string{"1.0"}
+		h[HeaderCEID] = []string{m.Row.EventID}
+		h[HeaderCEType] = []string{m.Row.EventType}
+		h[HeaderCESource] = []string{f.Source}
+		h[HeaderCETime] = h[HeaderCreatedAt]
+		if f.ContentType != "" {
+			h[HeaderContentType] = []string{f.ContentType}
+		}
 	}
 	return &nats.Msg{Subject: m.Subject, Data: m.Row.Payload, Header: h}
 }

@@ -58,9 +58,9 @@ type Publisher interface {
 // tests can drive the loop by hand.
 type Options struct {
 	SubjectPrefix string
-	// ReservedHeaders are header names a row's headers column may not set
-	// beyond Nats-* and Outbox-* (those the message format sets).
-	ReservedHeaders  []string
+	// Format adds a message format's headers (CloudEvents); a row's own
+	// headers may not set them.
+	Format           publish.Format
 	BatchSize        int
 	MaxInFlight      int
 	MaxInFlightBytes int           // payload bytes in flight at most (large payloads); 0: no limit
@@ -535,11 +535,11 @@ func (r *Relay) message(row event.Row) (publish.Message, error) {
 			return m, err
 		}
 	}
-	headers, err := event.ParseHeaders(row.Headers, r.o.ReservedHeaders...)
+	headers, err := event.ParseHeaders(row.Headers, r.o.Format.Reserved()...)
 	if err != nil {
 		return m, err
 	}
-	m.Subject, m.Headers = subject, headers
+	m.Subject, m.Headers, m.Format = subject, headers, r.o.Format
 	return m, nil
 }
 
