@@ -11,7 +11,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/audit"
 	"github.com/outbox-relay/outbox-relay/internal/config"
-	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
 
@@ -37,35 +36,17 @@ Read-only on the database and safe while the relay runs.`,
 			if limit < 0 || since < 0 {
 				return usagef("audit: --since and --limit must not be negative")
 			}
-			cfg, err := c.loadConfig()
-			if err != nil {
-				return err
-			}
-			if cfg.NATS.Mode == config.ModeCore {
-				return usagef("audit: nats.mode is core: core NATS keeps no stream to audit")
-			}
-			if cfg.NATS.URL == config.EmbeddedURL {
-				return usagef("audit: nats.url is embedded: point it at the server that holds the stream")
-			}
-			log, err := newLogger(cfg.Log, c.stderr)
-			if err != nil {
-				return err
-			}
 			ctx := context.Background()
+			cfg, _, js, closeJS, err := c.streamClient(ctx, "audit", "audit")
+			if err != nil {
+				return err
+			}
+			defer closeJS()
 			db, _, err := c.openDB(ctx, true)
 			if err != nil {
 				return err
 			}
 			defer db.Close()
-			conn, err := publish.ConnectOnce(ctx, cfg.NATS.URL, cfg.NATS, "outbox-relay-audit", log.Named("nats"))
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			js, err := publish.NewJetStream(conn, cfg.Stream.Name, 1, cfg.Relay.AckTimeout)
-			if err != nil {
-				return err
-			}
 			read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, uint64, error) {
 				return streamsync.ReadStored(ctx, js.API(), cfg.Stream.Name, seqs, 32)
 			}

@@ -9,12 +9,44 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
+
+// streamClient loads the configuration and connects to the stream's
+// server for a command that works on the stream (cmd names it in errors,
+// and what it would do there): not in core mode, nor with the embedded
+// server, whose stream only the running relay's process can reach.
+func (c *cli) streamClient(ctx context.Context, cmd, does string) (config.Config, *zap.Logger, *publish.JetStream, func(), error) {
+	cfg, err := c.loadConfig()
+	if err != nil {
+		return cfg, nil, nil, nil, err
+	}
+	if cfg.NATS.Mode == config.ModeCore {
+		return cfg, nil, nil, nil, usagef("%s: nats.mode is core: there is no stream to %s", cmd, does)
+	}
+	if cfg.NATS.URL == config.EmbeddedURL {
+		return cfg, nil, nil, nil, usagef("%s: nats.url is embedded: point it at the server to %s", cmd, does)
+	}
+	log, err := newLogger(cfg.Log, c.stderr)
+	if err != nil {
+		return cfg, nil, nil, nil, err
+	}
+	conn, err := publish.ConnectOnce(ctx, cfg.NATS.URL, cfg.NATS, "outbox-relay-"+cmd, log.Named("nats"))
+	if err != nil {
+		return cfg, nil, nil, nil, err
+	}
+	js, err := publish.NewJetStream(conn, cfg.Stream.Name, 1, cfg.Relay.AckTimeout)
+	if err != nil {
+		conn.Close()
+		return cfg, nil, nil, nil, err
+	}
+	return cfg, log, js, conn.Close, nil
+}
 
 // errNeedsAttention makes a command exit 1 after printing its report.
 var errNeedsAttention = errors.New("needs attention")
@@ -32,31 +64,13 @@ and changes nothing. Exit code 0 when in sync or applied, 1 when the server
 rejected an update or the stream does not capture the relay's subjects.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			cfg, err := c.loadConfig()
-			if err != nil {
-				return err
-			}
-			if cfg.NATS.Mode == config.ModeCore {
-				return usagef("streamsync: nats.mode is core: there is no stream to reconcile")
-			}
-			if cfg.NATS.URL == config.EmbeddedURL {
-				return usagef("streamsync: nats.url is embedded: point it at the server to reconcile")
-			}
-			log, err := newLogger(cfg.Log, c.stderr)
-			if err != nil {
-				return err
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			conn, err := publish.ConnectOnce(ctx, cfg.NATS.URL, cfg.NATS, "outbox-relay-streamsync", log.Named("nats"))
+			cfg, log, js, closeJS, err := c.streamClient(ctx, "streamsync", "reconcile")
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
-			js, err := publish.NewJetStream(conn, cfg.Stream.Name, 1, cfg.Relay.AckTimeout)
-			if err != nil {
-				return err
-			}
+			defer closeJS()
 			res, err := streamsync.Sync(ctx, js.API(), daemon.Want(cfg), streamsync.Options{DryRun: dryRun, Log: log.Named("streamsync")})
 			if err != nil {
 				return err
