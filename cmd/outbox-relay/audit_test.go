@@ -68,14 +68,21 @@ func TestAudit(t *testing.T) {
 		t.Fatalf("audit after the oldest 100 were removed (newest 250 audited): exit %d, %v", code, r)
 	}
 
-	// A forged row: its sequence holds another row's event.
+	// A forged row: its sequence holds another row's event. And an id
+	// reused after its row was deleted: the stream holds the id, but the
+	// other row's message (JetStream took the second as a duplicate).
 	testenv.MustExec(t, app, `UPDATE event_queue SET stream_seq = 299 WHERE stream_seq = 300`)
+	var reused string
+	app.QueryRow(`SELECT event_id FROM event_queue WHERE id = 250`).Scan(&reused)
+	testenv.MustExec(t, app, `DELETE FROM event_queue WHERE id = 250`)
+	testenv.MustExec(t, app, `UPDATE event_queue SET event_id = ?, stream_seq = 250 WHERE id = 251`, reused)
 	code, out, _ = runCLI(t, "audit", "--database-path", path, "--nats-url", n.URL())
-	if code != 1 || !strings.Contains(out, "mismatched  1") || !strings.Contains(out, "stream sequence 299 holds event") {
-		t.Fatalf("audit of a forged row: exit %d\n%s", code, out)
+	if code != 1 || !strings.Contains(out, "mismatched  2") || !strings.Contains(out, "stream sequence 299 holds event") ||
+		!strings.Contains(out, `row 251 (event_id `+reused+`): stream sequence 250 holds event "`+reused+`" (row "250")`) {
+		t.Fatalf("audit of forged rows: exit %d\n%s", code, out)
 	}
 	code, r = auditJSON(t, n, path, "--since", "1h")
-	if m := r["mismatches"].([]any); code != 1 || len(m) != 1 || m[0].(map[string]any)["stream_seq"] != 299.0 {
-		t.Fatalf("audit --json of a forged row: exit %d, %v", code, r)
+	if m := r["mismatches"].([]any); code != 1 || len(m) != 2 || m[0].(map[string]any)["stream_seq"] != 299.0 {
+		t.Fatalf("audit --json of forged rows: exit %d, %v", code, r)
 	}
 }

@@ -263,7 +263,13 @@ func selection(cmd string, all bool, args []string, f admin.Filter) (admin.Selec
 // control characters other than whitespace, else hex; cut at max bytes.
 func showPayload(p []byte, maxBytes int) (shown, encoding string, truncated bool) {
 	if maxBytes >= 0 && len(p) > maxBytes {
-		p, truncated = p[:maxBytes], true
+		cut := maxBytes
+		if utf8.Valid(p) {
+			for cut > 0 && !utf8.RuneStart(p[cut]) {
+				cut-- // text is cut between characters
+			}
+		}
+		p, truncated = p[:cut], true
 	}
 	if printable(p) {
 		return string(p), "text", truncated

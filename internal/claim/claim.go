@@ -221,13 +221,15 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		if err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
-		n := len(read)
+		// More may be due when the read was cut by the row limit or by the
+		// byte budget.
+		full := len(read) == limit || payloadBytes(read) >= maxBytes
 		out, noID = s.order(read, prev, readNoID)
 		// Every row read was of a key that waits, and more may be due:
 		// read again past those keys (order set them aside), so that keys
 		// that wait cannot hide due rows from a small claim (the single
 		// row of a broker's trial, say).
-		if len(out) > 0 || n < limit || reads == maxReads {
+		if len(out) > 0 || !full || reads == maxReads {
 			break
 		}
 	}
@@ -246,6 +248,14 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	}
 	s.mu.Unlock()
 	return out, nil
+}
+
+// payloadBytes sums the rows' payloads.
+func payloadBytes(rows []event.Row) (n int64) {
+	for _, r := range rows {
+		n += int64(len(r.Payload))
+	}
+	return n
 }
 
 // skipKeys returns, as a JSON array, the ordering keys a claim leaves

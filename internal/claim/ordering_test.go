@@ -209,9 +209,13 @@ func TestKeyDepthLeavesRoom(t *testing.T) {
 // front of the table costs the others nothing: a claim that reads only
 // rows of keys that wait reads again past them, and the key is left alone
 // until the store looks again. That holds for a claim of one row too (a
-// broker's trial after an outage).
+// broker's trial after an outage), and when the byte budget cuts the read.
 func TestWaitingKeyDoesNotStarveOthers(t *testing.T) {
-	for _, limit := range []int{10, 1} {
+	for _, c := range []struct {
+		limit    int
+		maxBytes int64
+	}{{10, 0}, {1, 0}, {10, 5}} { // the last: the byte budget cuts the read
+		limit := c.limit
 		s := newStore(t)
 		db := testenv.AppDB(t, s.db.Path())
 		keys := make([]string, 31)
@@ -222,13 +226,13 @@ func TestWaitingKeyDoesNotStarveOthers(t *testing.T) {
 		testenv.MustExec(t, db, `UPDATE event_queue SET status = 'dead_lettered', attempts = 10 WHERE id = ?`, ids[0])
 		others := insertKeyed(t, db, "", "b", "")
 		got := []int64{}
-		rows, err := s.Claim(context.Background(), limit, 0)
+		rows, err := s.Claim(context.Background(), limit, c.maxBytes)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range rows {
 			got = append(got, r.ID)
 		}
-		wantIDs(t, fmt.Sprintf("a claim of %d", limit), got, others[:min(limit, len(others))]...)
+		wantIDs(t, fmt.Sprintf("a claim of %d rows, %d bytes", limit, c.maxBytes), got, others[:min(limit, len(others))]...)
 	}
 }

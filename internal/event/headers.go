@@ -101,9 +101,16 @@ func headerValues(v json.RawMessage) ([]string, error) {
 		}
 		return []string{one}, nil
 	}
-	var many []string
-	if len(v) == 0 || v[0] != '[' || json.Unmarshal(v, &many) != nil || len(many) == 0 {
+	var items []json.RawMessage
+	if len(v) == 0 || v[0] != '[' || json.Unmarshal(v, &items) != nil || len(items) == 0 {
 		return nil, fmt.Errorf("the value must be a string or a non-empty array of strings, not %s", clip(string(v)))
+	}
+	many := make([]string, len(items))
+	for i, item := range items {
+		item = bytes.TrimSpace(item)
+		if len(item) == 0 || item[0] != '"' || json.Unmarshal(item, &many[i]) != nil {
+			return nil, fmt.Errorf("the value must be a string or a non-empty array of strings, not %s", clip(string(v)))
+		}
 	}
 	return many, nil
 }

@@ -33,6 +33,7 @@ func TestParseHeaders(t *testing.T) {
 		`{"n": 1}`:                      "must be a string or a non-empty array of strings",
 		`{"n": []}`:                     "must be a string or a non-empty array of strings",
 		`{"n": [1]}`:                    "must be a string or a non-empty array of strings",
+		`{"n": ["a", null]}`:            "must be a string or a non-empty array of strings",
 		`{"n": "a\r\nInjected: x"}`:     "control character",
 		`{"n": " padded"}`:              "whitespace",
 	} {

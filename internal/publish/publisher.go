@@ -71,7 +71,11 @@ func (f Format) Reserved() []string {
 	if !f.CloudEvents {
 		return nil
 	}
-	return []string{HeaderCESpecVersion, HeaderCEID, HeaderCEType, HeaderCESource, HeaderCETime, HeaderContentType}
+	names := []string{HeaderCESpecVersion, HeaderCEID, HeaderCEType, HeaderCESource, HeaderCETime}
+	if f.ContentType != "" {
+		names = append(names, HeaderContentType)
+	}
+	return names
 }
 
 // NewMsg builds the NATS message for a row: the payload byte for byte, the
@@ -285,11 +289,19 @@ type JetStream struct {
 
 	mu     sync.Mutex
 	handle jetstream.Stream // for reading back a duplicate's original
-	// The stream's max_msg_size (0: none, or unknown) as last read, if
-	// read since the stream last refused a message for its size.
+
+	sizeMu sync.Mutex
+	// The stream's max_msg_size (0: none) as last read, if read since the
+	// stream last refused a message for its size; after a read that
+	// failed, the next waits until nextRead.
 	maxMsgSize int64
 	sizeKnown  bool
+	nextRead   time.Time
 }
+
+// sizeReadRetry is how long the publisher waits to read the stream's
+// max_msg_size again after a read failed (an outage, no permission).
+const sizeReadRetry = 30 * time.Second
 
 // NewJetStream returns a publisher on c for the stream named stream.
 // ackTimeout bounds every acknowledgement: without it, futures pending on a
@@ -336,39 +348,44 @@ func (p *JetStream) Publish(ctx context.Context, msgs []Message) []Ack {
 // stream to enforce.
 func (p *JetStream) fits(ctx context.Context, msg *nats.Msg) error {
 	maxPayload := p.conn.NC.MaxPayload()
-	p.mu.Lock()
-	limit, known := p.maxMsgSize, p.sizeKnown
-	p.mu.Unlock()
+	p.sizeMu.Lock()
+	limit, known, next := p.maxMsgSize, p.sizeKnown, p.nextRead
+	p.sizeMu.Unlock()
 	err := tooLarge(msg, maxPayload, limit)
-	if !known || err != nil {
+	// Over the server's own limit, no stream limit changes the answer.
+	if (!known || err != nil) && tooLarge(msg, maxPayload, 0) == nil && !time.Now().Before(next) {
 		err = tooLarge(msg, maxPayload, p.readMaxMsgSize(ctx))
 	}
 	return err
 }
 
-// readMaxMsgSize reads the stream's max_msg_size (0 when it has none or
-// cannot be read) and remembers it.
+// readMaxMsgSize reads the stream's max_msg_size (0 when it has none) and
+// remembers it; when it cannot be read, it keeps what it knew and does not
+// try again for sizeReadRetry.
 func (p *JetStream) readMaxMsgSize(ctx context.Context) int64 {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	var limit int64
-	if s, err := p.streamHandle(ctx); err == nil {
-		if info, err := s.Info(ctx); err == nil && info.Config.MaxMsgSize > 0 {
-			limit = int64(info.Config.MaxMsgSize)
-		}
+	var info *jetstream.StreamInfo
+	s, err := p.streamHandle(ctx)
+	if err == nil {
+		info, err = s.Info(ctx)
 	}
-	p.mu.Lock()
-	p.maxMsgSize, p.sizeKnown = limit, true
-	p.mu.Unlock()
-	return limit
+	p.sizeMu.Lock()
+	defer p.sizeMu.Unlock()
+	if err != nil {
+		p.nextRead = time.Now().Add(sizeReadRetry)
+		return p.maxMsgSize
+	}
+	p.maxMsgSize, p.sizeKnown, p.nextRead = max(0, int64(info.Config.MaxMsgSize)), true, time.Time{}
+	return p.maxMsgSize
 }
 
 // sizeRefused makes the next message read the stream's max_msg_size again:
 // the stream refused a message for its size (it was lowered).
 func (p *JetStream) sizeRefused() {
-	p.mu.Lock()
-	p.sizeKnown = false
-	p.mu.Unlock()
+	p.sizeMu.Lock()
+	p.sizeKnown, p.nextRead = false, time.Time{}
+	p.sizeMu.Unlock()
 }
 
 type jsAck struct {

@@ -27,6 +27,10 @@ func ReadStored(ctx context.Context, js jetstream.JetStream, stream string, seqs
 	if err != nil {
 		return nil, 0, fmt.Errorf("look up stream %s: %w", stream, err)
 	}
+	// The first error ends the reads: the rest would wait out the same
+	// trouble one by one.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	out := make([]Stored, len(seqs))
 	next := make(chan int)
 	var wg sync.WaitGroup
@@ -46,6 +50,7 @@ func ReadStored(ctx context.Context, js jetstream.JetStream, stream string, seqs
 					mu.Lock()
 					if firstErr == nil {
 						firstErr = fmt.Errorf("read message %d of stream %s: %w", seqs[i], stream, err)
+						cancel()
 					}
 					mu.Unlock()
 				default:
@@ -54,8 +59,13 @@ func ReadStored(ctx context.Context, js jetstream.JetStream, stream string, seqs
 			}
 		}()
 	}
+feed:
 	for i := range seqs {
-		next <- i
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
 	}
 	close(next)
 	wg.Wait()
