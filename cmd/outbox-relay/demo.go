@@ -80,5 +80,5 @@ func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, 
 		ctx, cancel = context.WithTimeout(ctx, duration)
 		defer cancel()
 	}
-	return demo.Run(ctx, cfg, demo.Options{Rate: rate, Dir: dir, Out: c.stdout, Log: log, Version: version, Commit: buildCommit()})
+	return demo.Run(ctx, cfg, demo.Options{Rate: rate, Dir: dir, Out: c.stdout, Live: terminal(c.stdout), Log: log, Version: version, Commit: buildCommit()})
 }

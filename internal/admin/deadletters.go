@@ -157,25 +157,17 @@ func Discard(ctx context.Context, s *sqlitedb.DB, sel Selection, dryRun bool) (B
 func bulk(ctx context.Context, s *sqlitedb.DB, sel Selection, dryRun bool, stmt string) (Bulk, error) {
 	b := Bulk{DryRun: dryRun}
 	where, args := sel.Filter.where()
+	if !sel.All {
+		j, _ := json.Marshal(sel.IDs)
+		where, args = ` AND id IN (SELECT value FROM json_each(?))`+where, append([]any{string(j)}, args...)
+	}
 	// +status keeps SQLite on the table's id order (one pass over the
 	// table in all) rather than sorting the dead letters' index per batch.
 	find := `SELECT id FROM ` + s.Table() + ` WHERE +status = 'dead_lettered' AND id > ?` + where + ` ORDER BY id LIMIT ?`
-	if !sel.All {
-		find = `SELECT id FROM ` + s.Table() + ` WHERE +status = 'dead_lettered' AND id > ? AND id IN (SELECT value FROM json_each(?))` + where + ` ORDER BY id LIMIT ?`
-	}
-	var idsJSON string
-	if !sel.All {
-		j, _ := json.Marshal(sel.IDs)
-		idsJSON = string(j)
-	}
 	size := bulkFirst
 	var after int64 = -1 << 63
 	for {
-		q := []any{after}
-		if !sel.All {
-			q = append(q, idsJSON)
-		}
-		q = append(append(q, args...), size)
+		q := append(append([]any{after}, args...), size)
 		ids, err := readIDs(ctx, s.Reader(), find, q...)
 		if err != nil {
 			return b, err

@@ -223,7 +223,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		}
 		// More may be due when the read was cut by the row limit or by the
 		// byte budget.
-		full := len(read) == limit || payloadBytes(read) >= maxBytes
+		full := len(read) == limit || event.PayloadBytes(read) >= maxBytes
 		out, noID = s.order(read, prev, readNoID)
 		// Every row read was of a key that waits, and more may be due:
 		// read again past those keys (order set them aside), so that keys
@@ -248,14 +248,6 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	}
 	s.mu.Unlock()
 	return out, nil
-}
-
-// payloadBytes sums the rows' payloads.
-func payloadBytes(rows []event.Row) (n int64) {
-	for _, r := range rows {
-		n += int64(len(r.Payload))
-	}
-	return n
 }
 
 // skipKeys returns, as a JSON array, the ordering keys a claim leaves

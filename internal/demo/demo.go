@@ -12,7 +12,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"os"
 	"time"
 
 	"go.uber.org/zap"
@@ -33,6 +32,7 @@ type Options struct {
 	Rate            int    // events the application writes a second
 	Dir             string // where the database and the JetStream data stay
 	Out             io.Writer
+	Live            bool // Out is a terminal: the progress line is rewritten in place
 	Log             *zap.Logger
 	Version, Commit string // of the build
 }
@@ -108,7 +108,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 			o.Log.Error("demo application stopped", zap.Error(err))
 		}
 	}()
-	progress(ctx, out, a, db)
+	progress(ctx, out, o.Live, a, db)
 	<-writerDone
 	drainDeadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(drainDeadline) {
@@ -130,8 +130,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 // progress prints one live line per second until ctx ends: rows published
 // (done), the backlog, the average time from a row's created_at to done
 // over the last second, and whether the relay is ready.
-func progress(ctx context.Context, out io.Writer, a *daemon.App, db *sqlitedb.DB) {
-	tty := isTerminal(out)
+func progress(ctx context.Context, out io.Writer, tty bool, a *daemon.App, db *sqlitedb.DB) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	var lastPub int64
@@ -177,15 +176,6 @@ func published(ctx context.Context, db *sqlitedb.DB, since int64) (done, recent 
 	err = db.Reader().QueryRowContext(ctx, `SELECT count(*), count(CASE WHEN processed_at > ?1 THEN 1 END),
 	avg(CASE WHEN processed_at > ?1 THEN processed_at - created_at END) FROM `+db.Table()+` WHERE status = 'done'`, since).Scan(&done, &recent, &avg)
 	return done, recent, avg.Float64, err
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // WriteEvents is the demo application: each "request" writes its own

@@ -77,6 +77,14 @@ const (
 	PruneProcessedEvents = "processed_events" // the consumers' dedup ledger
 )
 
+// PayloadBytes sums the payloads of rows.
+func PayloadBytes(rows []Row) (n int64) {
+	for _, r := range rows {
+		n += int64(len(r.Payload))
+	}
+	return n
+}
+
 // Created returns the row's creation time.
 func (r Row) Created() time.Time { return time.UnixMilli(r.CreatedAt) }
 

@@ -1,13 +1,12 @@
 package publish
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
+	"net/textproto"
 	"os"
 	"strconv"
 	"strings"
@@ -116,11 +115,16 @@ func Size(msg *nats.Msg) int {
 	if len(msg.Header) == 0 {
 		return len(msg.Data)
 	}
-	var b bytes.Buffer
-	b.WriteString("NATS/1.0\r\n")
-	http.Header(msg.Header).Write(&b) // how nats.go writes them
-	b.WriteString("\r\n")
-	return b.Len() + len(msg.Data)
+	// As nats.go writes them (through net/http's Header.Write, which trims
+	// each value), counted without writing them: this runs for every
+	// message.
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vals := range msg.Header {
+		for _, v := range vals {
+			n += len(k) + len(": ") + len(textproto.TrimString(v)) + len("\r\n")
+		}
+	}
+	return n + len(msg.Data)
 }
 
 // tooLarge returns an error wrapping ErrTooLarge when msg is larger than

@@ -136,15 +136,7 @@ func TestInvalidRowWaitsForItsTurn(t *testing.T) {
 		store.Add(event.Row{ID: int64(i + 1), EventType: r.typ, OrderingKey: r.key})
 	}
 	pub := &scriptedPublisher{answers: map[int64]chan publish.Result{}}
-	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: 10 * time.Millisecond,
-		MaxAttempts: 3, ShutdownTimeout: time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runRelay(t, store, pub)
 	testenv.Eventually(t, 5*time.Second, "rows 1 and 4 sent", func() bool { return len(pub.sentIDs()) == 2 })
 	pub.answer(1, publish.Result{Kind: publish.Rejected, Err: errors.New("refused")})
 	pub.answer(4, publish.Result{Kind: publish.Stored})

@@ -119,6 +119,9 @@ type Relay struct {
 	claimTrouble, settleTrouble, beatTrouble *episode.Log
 	// halt ends the claim loop with a cause that Run returns (set by Run).
 	halt context.CancelCauseFunc
+	// reserved are the header names a row may not set beyond Nats-* and
+	// Outbox-* (Options.Format's).
+	reserved []string
 }
 
 // batch is one claim's rows on their way to settlement.
@@ -161,6 +164,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		led:      make(chan struct{}, 1),
 		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
 		lanes:    newLanes(),
+		reserved: o.Format.Reserved(),
 	}
 	trouble := func(op string) *episode.Log {
 		return episode.New(o.Log.With(zap.String("operation", op)), zap.WarnLevel, "database unavailable; retrying", "database available again")
@@ -419,7 +423,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		}
 		r.claimTrouble.OK()
 		r.m.InFlight.Set(float64(r.inflight.Add(int64(len(rows)))))
-		bytes := payloadBytes(rows)
+		bytes := event.PayloadBytes(rows)
 		r.inflightBytes.Add(bytes)
 		r.pipeline <- r.publish(ctx, rows, seq)
 		if int64(len(rows)) < limit && (maxBytes == 0 || bytes < maxBytes) {
@@ -428,14 +432,6 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// payloadBytes sums the rows' payloads.
-func payloadBytes(rows []event.Row) (n int64) {
-	for _, r := range rows {
-		n += int64(len(r.Payload))
-	}
-	return n
 }
 
 // idle waits for a wake-up, the poll timer or the end; and for rows to
@@ -535,7 +531,7 @@ func (r *Relay) message(row event.Row) (publish.Message, error) {
 			return m, err
 		}
 	}
-	headers, err := event.ParseHeaders(row.Headers, r.o.Format.Reserved()...)
+	headers, err := event.ParseHeaders(row.Headers, r.reserved...)
 	if err != nil {
 		return m, err
 	}

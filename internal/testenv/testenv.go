@@ -125,6 +125,31 @@ func EventsStream(t testing.TB, js jetstream.JetStream, maxMsgSize int32) {
 	}
 }
 
+// ConsumeOne takes the first message on subject filter (empty: any) of
+// the stream from a new durable pull consumer, as an application's
+// consumer would, acknowledges it and returns it; it fails the test unless
+// one comes within 10 s.
+func ConsumeOne(t testing.TB, js jetstream.JetStream, stream, filter string) jetstream.Msg {
+	t.Helper()
+	cons, err := js.CreateConsumer(context.Background(), stream, jetstream.ConsumerConfig{Durable: "consume-one", FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []jetstream.Msg
+	for m := range msgs.Messages() {
+		m.Ack()
+		got = append(got, m)
+	}
+	if len(got) != 1 {
+		t.Fatalf("a consumer of %s on %q got %d messages, want 1", stream, filter, len(got))
+	}
+	return got[0]
+}
+
 // StreamMessages reads every message of a stream in sequence order.
 func StreamMessages(t testing.TB, js jetstream.JetStream, stream string) []*jetstream.RawStreamMsg {
 	t.Helper()
