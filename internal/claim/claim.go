@@ -412,21 +412,36 @@ func readRows(rows *sql.Rows, now int64) (out []event.Row, prev []prevRow, noID 
 			noID = append(noID, len(out))
 		}
 		r.EventID, r.EventType, r.Payload, r.OrderingKey, r.Headers = text(eventID), text(eventType), blob(payload), text(orderingKey), text(headers)
+		var problems []string
+		// An identity must be TEXT: SQLite never finds a BLOB or a number
+		// equal to the TEXT of the same bytes, so the unique index would
+		// let X'616263' beside 'abc' (deduplicated against it by the
+		// broker), and one key would be two keys to the claim's lookups.
+		if kind := notText(eventID); kind != "" {
+			problems = append(problems, fmt.Sprintf("event_id is %s, not TEXT (write it as TEXT: CAST(event_id AS TEXT))", kind))
+		}
+		if kind := notText(orderingKey); kind != "" {
+			problems = append(problems, fmt.Sprintf("ordering_key is %s, not TEXT (write it as TEXT: CAST(ordering_key AS TEXT)); a key is compared as TEXT", kind))
+			r.OrderingKey = "" // of no key: dead-lettered alone, holding up no TEXT key
+		}
 		r.Attempts = int(max(0, min(attempts.Int64, math.MaxInt32)))
 		// A NULL created_at leaves the claim as the earliest time known.
 		r.CreatedAt = now
 		if created.Valid {
 			r.CreatedAt = created.Int64
 		}
-		var problems []string
+		var times []string
 		if hasCreated && !created.Valid {
-			problems = append(problems, "created_at")
+			times = append(times, "created_at")
 		}
 		if hasAvailAt && !availAt.Valid {
-			problems = append(problems, "available_at")
+			times = append(times, "available_at")
+		}
+		if len(times) > 0 {
+			problems = append(problems, fmt.Sprintf("%s holds neither Unix milliseconds nor a date and time SQLite writes", strings.Join(times, " and ")))
 		}
 		if len(problems) > 0 {
-			r.Problem = fmt.Sprintf("cannot read the row: %s holds neither Unix milliseconds nor a date and time SQLite writes", strings.Join(problems, " and "))
+			r.Problem = "cannot read the row: " + strings.Join(problems, "; ")
 		}
 		out = append(out, r)
 		prev = append(prev, before)
@@ -477,6 +492,23 @@ func text(v any) string {
 		return string(v)
 	}
 	return fmt.Sprint(v)
+}
+
+// notText names the SQLite type of a column value that is neither NULL
+// nor TEXT ("a BLOB", "an INTEGER", "a REAL"), or returns "" (go-sqlite3
+// reads TEXT as a string and a BLOB as bytes).
+func notText(v any) string {
+	switch v.(type) {
+	case nil, string:
+		return ""
+	case []byte:
+		return "a BLOB"
+	case int64:
+		return "an INTEGER"
+	case float64:
+		return "a REAL"
+	}
+	return fmt.Sprintf("of Go type %T", v)
 }
 
 // blob returns a payload's bytes as SQLite stores them.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -457,5 +458,41 @@ func TestOutageWithNothingToTryEnds(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "the outage to end with an empty table", func() bool { return h.relay.Paused() == nil })
 	if c := logCount(h, "broker recovered; resuming"); c != 1 {
 		t.Fatalf("logged recovery %d times, want once", c)
+	}
+}
+
+// TestNonTextIdentitiesAreRefused: SQLite never finds a BLOB equal to the
+// TEXT of the same bytes, so a BLOB event_id passes the unique index beside
+// the TEXT id it spells and would be dropped by the broker as its duplicate
+// (the row marked done, its event lost), and a BLOB ordering_key would be a
+// second key to the claim while its messages say the first. Both rows are
+// dead-lettered at once with the reason; the TEXT rows flow in order.
+func TestNonTextIdentitiesAreRefused(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('abc', 'Thing', 'text id')`)
+	exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (X'616263', 'Thing', 'blob id')`)
+	for i, key := range []string{"'k1'", "X'6b31'", "'k1'", "'k1'"} {
+		exec(t, app, fmt.Sprintf(`INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES ('key-%d', 'Thing', 'x', %s)`, i, key))
+	}
+	startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, 6, 20*time.Second)
+	var blobIDStatus, blobIDError string
+	if err := app.QueryRow(`SELECT status, last_error FROM event_queue WHERE typeof(event_id) = 'blob'`).Scan(&blobIDStatus, &blobIDError); err != nil {
+		t.Fatal(err)
+	}
+	if blobIDStatus != "dead_lettered" || !strings.Contains(blobIDError, "event_id is a BLOB") {
+		t.Errorf("the BLOB event_id row: %s %q; want dead_lettered naming event_id as a BLOB", blobIDStatus, blobIDError)
+	}
+	if r := rowByEventID(t, app, "key-1"); r.status != "dead_lettered" || !strings.Contains(r.lastError, "ordering_key is a BLOB") {
+		t.Errorf("the BLOB ordering_key row: %s %q; want dead_lettered naming ordering_key as a BLOB", r.status, r.lastError)
+	}
+	var got []string
+	for _, m := range testenv.StreamMessages(t, n.JetStream(t), "EVENTS") {
+		got = append(got, m.Header.Get(publish.HeaderMsgID)+"="+string(m.Data))
+	}
+	if want := "abc=text id,key-0=x,key-2=x,key-3=x"; strings.Join(got, ",") != want {
+		t.Errorf("stream holds %v, want %s", got, want)
 	}
 }
