@@ -52,3 +52,71 @@ func fmtMap(m map[string][]string) string {
 	}
 	return fmt.Sprint(m)
 }
+
+// TestParseHeadersRefusesNamesClientsInterpret: a header nats.go takes
+// for a protocol status (Status, with Description its text) would hide the
+// event from every nats.go consumer; the server's MQTT bridge reads
+// Nmqtt-* headers. Each is refused in any case, with the reason.
+func TestParseHeadersRefusesNamesClientsInterpret(t *testing.T) {
+	for raw, why := range map[string]string{
+		`{"Status": "408"}`:           `header name "Status" is reserved: nats.go takes a message with a Status header for a protocol status message`,
+		`{"status": "ok"}`:            `header name "status" is reserved: nats.go`,
+		`{"STATUS": "503"}`:           `header name "STATUS" is reserved`,
+		`{"Description": "x"}`:        `header name "Description" is reserved: nats.go`,
+		`{"description": "x"}`:        `header name "description" is reserved`,
+		`{"Nmqtt-Pub": "2"}`:          `header name "Nmqtt-Pub" is reserved: Nmqtt-* headers are read by the server's MQTT bridge`,
+		`{"nmqtt-subject": "a/b"}`:    `header name "nmqtt-subject" is reserved`,
+		`{"X-Status": "1", "a": "b"}`: "",
+		`{"Statuses": "1"}`:           "",
+	} {
+		_, err := ParseHeaders(raw)
+		switch {
+		case why == "" && err != nil:
+			t.Errorf("ParseHeaders(%q) = %v; want it accepted", raw, err)
+		case why != "" && (err == nil || !strings.Contains(err.Error(), why)):
+			t.Errorf("ParseHeaders(%q) = %v; want an error saying %q", raw, err, why)
+		}
+	}
+	if _, err := ParseHeaders(`{"Status": "408"}`); err == nil || !strings.Contains(err.Error(), "rename the header") {
+		t.Errorf("the reason does not say what to do: %v", err)
+	}
+}
+
+// TestParseHeadersRefusesWhatJSONWouldReplace: encoding/json puts U+FFFD in
+// place of bytes that are not UTF-8 and of a lone UTF-16 surrogate, and
+// keeps the last of duplicate keys; each is refused, naming the header,
+// instead of being published changed.
+func TestParseHeadersRefusesWhatJSONWouldReplace(t *testing.T) {
+	for raw, why := range map[string]string{
+		"{\"tenant\": \"ac\xffme\"}":             `headers: tenant: the value is not valid UTF-8 text (a BLOB?)`,
+		"{\"tenant\": [\"ok\", \"\xc3\x28\"]}":   `headers: tenant: the value is not valid UTF-8 text`,
+		"{\"ten\xffant\": \"acme\"}":             `headers: header name "ten\xffant" is not valid UTF-8 text`,
+		`{"tenant": "a\ud800b"}`:                 `headers: tenant: the value holds \ud800, half of a UTF-16 surrogate pair`,
+		`{"tenant": "a\udc00"}`:                  `holds \udc00, half of a UTF-16 surrogate pair`,
+		`{"tenant": "\ud83d\u0041"}`:             `holds \ud83d, half of a UTF-16 surrogate pair`,
+		`{"tenant": ["ok", "\uD800"]}`:           `holds \uD800`,
+		`{"ten\ud800ant": "acme"}`:               `headers: header name "ten\ud800ant" holds \ud800`,
+		`{"tenant": "a", "tenant": "b"}`:         `headers: header name "tenant" appears twice: JSON keeps only the last`,
+		`{"Trace": "a", "x": "y", "trace": "b"}`: `headers: header names "Trace" and "trace" differ only in case`,
+		`{"tenant": "a", "Tenant": ["b", "c"]}`:  `differ only in case`,
+	} {
+		if _, err := ParseHeaders(raw); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("ParseHeaders(%q) = %v; want an error saying %q", raw, err, why)
+		}
+	}
+	// A surrogate pair is one character, and U+FFFD written as itself is
+	// a character like any other.
+	for raw, want := range map[string]string{
+		`{"emoji": "\ud83d\ude00"}`:    "map[emoji:[\U0001F600]]",
+		`{"emoji": "\uD83D\uDE00 ok"}`: "map[emoji:[\U0001F600 ok]]",
+		`{"mark": "\ufffd"}`:           "map[mark:[\uFFFD]]",
+		"{\"mark\": \"\uFFFD\"}":       "map[mark:[\uFFFD]]",
+		`{"esc": "a\\ud800"}`:          `map[esc:[a\ud800]]`,
+		`{"a": "1", "b": ["2", "3"]}`:  "map[a:[1] b:[2 3]]",
+	} {
+		got, err := ParseHeaders(raw)
+		if err != nil || fmtMap(got) != want {
+			t.Errorf("ParseHeaders(%q) = %v, %v; want %s", raw, got, err, want)
+		}
+	}
+}
