@@ -225,6 +225,34 @@ func ValidateEventID(id string) error {
 	return validateHeaderValue("event_id", id, "it would be deduplicated against", 255)
 }
 
+// The created_at range an RFC 3339 time can name (Outbox-Created-At,
+// ce-time): years 0000 to 9999, UTC.
+var (
+	minCreatedAt = time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	maxCreatedAt = time.Date(9999, 12, 31, 23, 59, 59, 999e6, time.UTC).UnixMilli()
+)
+
+// ValidateCreatedAt reports why ms, a row's created_at in Unix
+// milliseconds, cannot be published as an RFC 3339 time (Outbox-Created-At,
+// ce-time): it falls outside the years 0000 to 9999 that RFC 3339 can
+// write. A value that is a time of this century in microseconds or
+// nanoseconds is named as such.
+func ValidateCreatedAt(ms int64) error {
+	if ms >= minCreatedAt && ms <= maxCreatedAt {
+		return nil
+	}
+	const y2000, y2100 = 946684800000, 4102444800000 // Unix ms
+	hint := ""
+	switch {
+	case ms/1e3 >= y2000 && ms/1e3 < y2100:
+		hint = " (Unix microseconds?)"
+	case ms/1e6 >= y2000 && ms/1e6 < y2100:
+		hint = " (Unix nanoseconds?)"
+	}
+	return fmt.Errorf("created_at %d is the year %d%s: Outbox-Created-At is an RFC 3339 time, whose years run from 0000 to 9999; write created_at as Unix milliseconds (such as 1767225600000 for 2026-01-01T00:00:00Z) or as SQLite date-time text",
+		ms, time.UnixMilli(ms).UTC().Year(), hint)
+}
+
 // ValidateOrderingKey reports why a non-empty ordering key cannot be the
 // Outbox-Ordering-Key header as it is stored (see validateHeaderValue).
 func ValidateOrderingKey(key string) error {

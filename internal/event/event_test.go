@@ -1,6 +1,7 @@
 package event
 
 import (
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -81,6 +82,34 @@ func TestSubject(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), tc.why) {
 			t.Errorf("Subject(%q) error = %v; want one mentioning %q", tc.eventType, err, tc.why)
+		}
+	}
+}
+
+// TestValidateCreatedAt: Outbox-Created-At and ce-time are RFC 3339 times,
+// whose years run from 0000 to 9999; a created_at outside them is refused,
+// naming the column, its value and what to write.
+func TestValidateCreatedAt(t *testing.T) {
+	for _, ms := range []int64{
+		0, 1767225600000, -1,
+		time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli(),
+		time.Date(9999, 12, 31, 23, 59, 59, 999e6, time.UTC).UnixMilli(),
+	} {
+		if err := ValidateCreatedAt(ms); err != nil {
+			t.Errorf("ValidateCreatedAt(%d) = %v; want nil", ms, err)
+		}
+	}
+	for ms, why := range map[int64]string{
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli():       "created_at 253402300800000 is the year 10000",
+		time.Date(-1, 12, 31, 23, 59, 59, 999e6, time.UTC).UnixMilli(): "created_at -62167219200001 is the year -1",
+		1767225600000 * 1000:    "Unix microseconds?",
+		1767225600000 * 1000000: "Unix nanoseconds?",
+		math.MaxInt64:           "created_at 9223372036854775807",
+		math.MinInt64:           "created_at -9223372036854775808",
+	} {
+		err := ValidateCreatedAt(ms)
+		if err == nil || !strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), "RFC 3339") || !strings.Contains(err.Error(), "Unix milliseconds") {
+			t.Errorf("ValidateCreatedAt(%d) = %v; want an error saying %q, RFC 3339 and Unix milliseconds", ms, err, why)
 		}
 	}
 }
