@@ -105,7 +105,7 @@ func TestClassifyRealOutcomes(t *testing.T) {
 			if noStreamErr == nil || !errors.Is(noStreamErr, jetstream.ErrNoStreamResponse) {
 				t.Fatalf("previous case gave %v, not ErrNoStreamResponse", noStreamErr)
 			}
-			return p.classify("events.captured", noStreamErr)
+			return p.classify("events.captured", time.Now(), noStreamErr)
 		}, Transport, "no response from stream"},
 		{"no acknowledgement before the ack timeout", func() Result { return publishOne(p, "hang.x", row("X", []byte("x"))) }, Transport, "timeout waiting for ack"},
 		{"wrong expected stream (400)", func() Result {
@@ -194,7 +194,8 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 
 // TestPermissionDeniedIsARejection: the server drops a publish the user may
 // not make and reports it only to the error handler; the publisher must
-// call it a rejection naming the subject, not an outage.
+// call it a rejection naming the subject, not an outage. Once the subject
+// is granted, the next message on it is stored.
 func TestPermissionDeniedIsARejection(t *testing.T) {
 	n := testenv.StartNATS(t, func(o *server.Options) {
 		o.Users = []*server.User{{
@@ -224,6 +225,17 @@ func TestPermissionDeniedIsARejection(t *testing.T) {
 	}
 	if got := c.DeniedSubjects(); len(got) != 1 || got[0] != "events.denied.x" {
 		t.Fatalf("denied subjects %v", got)
+	}
+	// The operator grants the subject: the next message on it is sent and
+	// stored, not refused from what the server said of the one before.
+	n.Reload(func(o *server.Options) {
+		o.Users[0].Permissions.Publish.Allow = append(o.Users[0].Permissions.Publish.Allow, "events.denied.>")
+	})
+	if r := publishOne(p, "events.denied.x", row("denied.x", nil)); r.Kind != Stored {
+		t.Fatalf("subject granted since: %v %v, want stored", r.Kind, r.Err)
+	}
+	if got := c.DeniedSubjects(); len(got) != 0 {
+		t.Fatalf("denied subjects %v after a message on the subject was stored", got)
 	}
 }
 
@@ -394,5 +406,68 @@ func TestClassifySocketErrors(t *testing.T) {
 	// What the server says about a message stays a rejection.
 	if k := Classify(nats.ErrMaxPayload); k != Rejected {
 		t.Errorf("Classify(max payload) = %v, want rejected", k)
+	}
+}
+
+// withHeaders returns a message whose headers count exactly n bytes by
+// Size (one header padded to fit).
+func withHeaders(t *testing.T, n int) Message {
+	t.Helper()
+	m := Message{Row: row("Big", []byte("x")), Subject: "events.Big", Headers: map[string][]string{"x-pad": {""}}}
+	pad := n - (Size(NewMsg(m)) - len(m.Row.Payload))
+	m.Headers["x-pad"] = []string{strings.Repeat("p", pad)}
+	if got := Size(NewMsg(m)) - len(m.Row.Payload); got != n {
+		t.Fatalf("headers of %d bytes, want %d", got, n)
+	}
+	return m
+}
+
+// TestHeaderLimit: JetStream stores at most MaxHeaderBytes of headers,
+// whatever max_payload allows (the server refuses more with 10097). The
+// publisher sends a message at the limit and refuses one byte more before
+// sending it, as a message no retry can publish.
+func TestHeaderLimit(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	// The server's own limit, as the guard counts it.
+	_, err := js.PublishMsg(context.Background(), NewMsg(withHeaders(t, MaxHeaderBytes+1)))
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != headersTooLarge {
+		t.Fatalf("the server took headers one byte over the limit: %v", err)
+	}
+	p := newJS(t, connect(t, n.URL(), config.NATS{}), 5*time.Second)
+	wait := func(m Message) Result { return p.Publish(context.Background(), []Message{m})[0].Wait(context.Background()) }
+	if r := wait(withHeaders(t, MaxHeaderBytes)); r.Kind != Stored {
+		t.Fatalf("headers of exactly %d bytes: %v %v", MaxHeaderBytes, r.Kind, r.Err)
+	}
+	r := wait(withHeaders(t, MaxHeaderBytes+1))
+	if r.Kind != Invalid || !errors.Is(r.Err, ErrTooLarge) || !strings.Contains(r.Err.Error(), "JetStream's limit of 65535 bytes of headers") {
+		t.Fatalf("headers one byte over: %v %v; want Invalid naming the header limit", r.Kind, r.Err)
+	}
+}
+
+// TestSealedStreamIsAnOutage: a sealed stream refuses every message with
+// a code 400 like a message's own fault; no message is at fault, so the
+// publisher calls it a transport failure (the relay pauses, spending
+// nothing) and says what the operator can do.
+func TestSealedStreamIsAnOutage(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Sealed = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	p := newJS(t, connect(t, n.URL(), config.NATS{}), 5*time.Second)
+	r := publishOne(p, "events.X", row("X", []byte("x")))
+	if r.Kind != Transport || !errors.Is(r.Err, ErrStreamRefusesAll) || !strings.Contains(r.Err.Error(), "sealed") {
+		t.Fatalf("publish to a sealed stream: %v %v; want Transport saying the stream is sealed", r.Kind, r.Err)
 	}
 }

@@ -127,12 +127,23 @@ func Size(msg *nats.Msg) int {
 	return n + len(msg.Data)
 }
 
+// MaxHeaderBytes is the most header bytes JetStream stores with a message
+// (headersTooLarge above it), whatever max_payload allows.
+const MaxHeaderBytes = 65535
+
+// headersTooLarge is JetStream's err_code for headers over MaxHeaderBytes.
+const headersTooLarge jetstream.ErrorCode = 10097
+
 // tooLarge returns an error wrapping ErrTooLarge when msg is larger than
 // maxPayload (the server's) or maxMsgSize (the stream's; 0 or less: no
-// limit), giving the message's size and both limits; nil when it fits.
-func tooLarge(msg *nats.Msg, maxPayload, maxMsgSize int64) error {
+// limit), or its headers larger than maxHeaders (0: no limit), giving the
+// message's size and the limits; nil when it fits.
+func tooLarge(msg *nats.Msg, maxPayload, maxMsgSize, maxHeaders int64) error {
 	size := int64(Size(msg))
 	var over []string
+	if headers := size - int64(len(msg.Data)); maxHeaders > 0 && headers > maxHeaders {
+		over = append(over, fmt.Sprintf("JetStream's limit of %d bytes of headers", maxHeaders))
+	}
 	if maxPayload > 0 && size > maxPayload {
 		over = append(over, fmt.Sprintf("the server's max_payload of %d", maxPayload))
 	}
@@ -228,9 +239,10 @@ func Classify(err error) Kind {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		// 400: this message is wrong for the stream (too large, wrong
-		// expected stream or sequence); 503 and other server-side codes:
-		// the stream cannot take it now.
-		if apiErr.Code == 400 {
+		// expected stream or sequence), unless the stream refuses every
+		// message (sealed, say); 503 and other server-side codes: the
+		// stream cannot take it now.
+		if apiErr.Code == 400 && streamLevel(apiErr.ErrorCode) == "" {
 			return Rejected
 		}
 		return Transport
@@ -274,6 +286,36 @@ func Classify(err error) Kind {
 	// Unknown errors spend an attempt, so the row records why and cannot
 	// stall the relay forever.
 	return Rejected
+}
+
+// The JetStream error codes of a stream or an account that refuses every
+// message, whatever the message, with what the operator can do. They come
+// with code 400 like a message's own faults, but no row is at fault: the
+// relay pauses (an outage) and spends no attempt.
+var streamLevelCodes = map[jetstream.ErrorCode]string{
+	10109: "the stream is sealed and refuses every message; a sealed stream cannot be unsealed: point stream.name at another stream (or delete and recreate this one)",
+	10002: "the account's JetStream resources are exhausted; raise the account's limits or free space in its streams",
+	10120: "the account has no JetStream limits that apply to this stream; give the account JetStream limits",
+	10113: "the account requires streams to set max_bytes; set it on the stream (nats stream edit --max-bytes)",
+}
+
+// streamLevel returns what an operator can do about a JetStream error code
+// that no message can avoid, or "" for a message's own fault.
+func streamLevel(code jetstream.ErrorCode) string { return streamLevelCodes[code] }
+
+// ErrStreamRefusesAll marks a publish refused by a stream (or account) that
+// refuses every message: an outage for the relay, never a row's fault.
+var ErrStreamRefusesAll = errors.New("the stream refuses every message")
+
+// explain adds what an operator can do to a stream-level refusal.
+func explain(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		if what := streamLevel(apiErr.ErrorCode); what != "" {
+			return fmt.Errorf("%w: %s (%w)", ErrStreamRefusesAll, what, err)
+		}
+	}
+	return err
 }
 
 func deniedErr(subject string) error {
@@ -327,19 +369,17 @@ func (p *JetStream) API() jetstream.JetStream { return p.js }
 func (p *JetStream) Publish(ctx context.Context, msgs []Message) []Ack {
 	acks := make([]Ack, len(msgs))
 	for i, m := range msgs {
-		// A subject the server refused a moment ago would only time out
-		// again, holding up every row behind it: reject it now.
-		if p.conn.Denied(m.Subject) {
-			acks[i] = resolved{Kind: Rejected, Err: deniedErr(m.Subject)}
-			continue
-		}
 		msg := NewMsg(m)
 		if err := p.fits(ctx, msg); err != nil {
 			acks[i] = resolved{Kind: Invalid, Err: err}
 			continue
 		}
+		// Every message is sent, even on a subject the server refused a
+		// moment ago: only the server's answer to this message may spend
+		// its attempt (a permission granted since takes effect at once).
+		sent := time.Now()
 		fut, err := p.js.PublishMsgAsync(msg)
-		acks[i] = &jsAck{p: p, subject: m.Subject, rowID: m.Row.ID, fut: fut, err: err}
+		acks[i] = &jsAck{p: p, subject: m.Subject, rowID: m.Row.ID, sent: sent, fut: fut, err: err}
 	}
 	return acks
 }
@@ -355,10 +395,10 @@ func (p *JetStream) fits(ctx context.Context, msg *nats.Msg) error {
 	p.sizeMu.Lock()
 	limit, known, next := p.maxMsgSize, p.sizeKnown, p.nextRead
 	p.sizeMu.Unlock()
-	err := tooLarge(msg, maxPayload, limit)
-	// Over the server's own limit, no stream limit changes the answer.
-	if (!known || err != nil) && tooLarge(msg, maxPayload, 0) == nil && !time.Now().Before(next) {
-		err = tooLarge(msg, maxPayload, p.readMaxMsgSize(ctx))
+	err := tooLarge(msg, maxPayload, limit, MaxHeaderBytes)
+	// Over the server's own limits, no stream limit changes the answer.
+	if (!known || err != nil) && tooLarge(msg, maxPayload, 0, MaxHeaderBytes) == nil && !time.Now().Before(next) {
+		err = tooLarge(msg, maxPayload, p.readMaxMsgSize(ctx), MaxHeaderBytes)
 	}
 	return err
 }
@@ -396,6 +436,7 @@ type jsAck struct {
 	p       *JetStream
 	subject string
 	rowID   int64
+	sent    time.Time // when the message was handed to the connection
 	fut     jetstream.PubAckFuture
 	err     error // the publish call itself failed
 }
@@ -405,6 +446,7 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 	if a.fut != nil {
 		select {
 		case ack := <-a.fut.Ok():
+			a.p.conn.stored(a.subject, a.sent)
 			if ack.Duplicate {
 				return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, ack.Sequence), Seq: ack.Sequence}
 			}
@@ -414,25 +456,32 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 			return Result{Kind: Transport, Err: ctx.Err()}
 		}
 	}
-	return a.p.classify(a.subject, err)
+	return a.p.classify(a.subject, a.sent, err)
 }
 
 // classify refines Classify with what only the subject tells: a publish the
-// server dropped for lack of permission times out like an outage. A subject
+// server dropped for lack of permission times out like an outage, and is a
+// rejection when the server refused the subject after the message was sent
+// (see deniedSince). A subject
 // that no stream captures gets "no response" like a stream that is down,
 // and is treated the same: the stream's configuration is wrong for every
 // row, which the outage probe reports until it is fixed, so no row spends
 // an attempt on it.
-func (p *JetStream) classify(subject string, err error) Result {
+func (p *JetStream) classify(subject string, sent time.Time, err error) Result {
 	kind := Classify(err)
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
 		p.sizeRefused()
 	}
-	if kind == Transport && p.conn.Denied(subject) {
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == headersTooLarge {
+		// The size guard counts headers as the server does; should the two
+		// ever differ, no retry could store the message either.
+		return Result{Kind: Invalid, Err: fmt.Errorf("%w: the stream refused the message's headers as larger than %d bytes (%w)", ErrTooLarge, MaxHeaderBytes, err)}
+	}
+	if kind == Transport && p.conn.deniedSince(subject, sent) {
 		return Result{Kind: Rejected, Err: deniedErr(subject)}
 	}
-	return Result{Kind: kind, Err: err}
+	return Result{Kind: kind, Err: explain(err)}
 }
 
 // conflict looks at the message the stream kept for a Nats-Msg-Id that a
@@ -495,7 +544,7 @@ func (p *Core) Publish(_ context.Context, msgs []Message) []Ack {
 			continue
 		}
 		msg := NewMsg(m)
-		if err := tooLarge(msg, p.conn.NC.MaxPayload(), 0); err != nil {
+		if err := tooLarge(msg, p.conn.NC.MaxPayload(), 0, 0); err != nil {
 			acks[i] = resolved{Kind: Invalid, Err: err}
 			continue
 		}

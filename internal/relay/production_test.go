@@ -165,3 +165,52 @@ func TestLeaderFailover(t *testing.T) {
 	t.Logf("outages logged: %d, duplicate acks: %v", logCount(h, "broker unavailable; pausing without spending attempts"),
 		metrics.Value(h.metrics.Duplicates))
 }
+
+// TestPermissionGrantedTakesEffectAtOnce: rows on a subject the server
+// denies spend attempts on the server's refusals; once the operator grants
+// the subject (a configuration reload), every row on it is sent and
+// stored: those written after the grant spend nothing, and a row put back
+// by hand (what dead-letters retry does) goes out on its next try.
+func TestPermissionGrantedTakesEffectAtOnce(t *testing.T) {
+	n := testenv.StartNATS(t, func(o *server.Options) {
+		o.Users = []*server.User{{
+			Username: "relay", Password: "pw",
+			Permissions: &server.Permissions{Publish: &server.SubjectPermission{
+				Allow: []string{"events.allowed.>", "$JS.API.>", "_INBOX.>"},
+			}},
+		}}
+	})
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	testenv.InsertN(t, app, 3, "denied.thing")
+	startRelay(t, path, n.URL(), harnessOptions{maxTries: 10, ackTimeout: 500 * time.Millisecond,
+		natsCfg: config.NATS{User: "relay", Password: "pw"}})
+	testenv.Eventually(t, 20*time.Second, "the denied rows refused once", func() bool {
+		var refused int
+		app.QueryRow(`SELECT count(*) FROM event_queue WHERE attempts = 1 AND last_error LIKE '%permission denied%'`).Scan(&refused)
+		return refused == 3
+	})
+	n.Reload(func(o *server.Options) {
+		o.Users[0].Permissions.Publish.Allow = append(o.Users[0].Permissions.Publish.Allow, "events.denied.>")
+	})
+	testenv.InsertN(t, app, 5, "denied.thing")
+	// The refused rows put back for now, as dead-letters retry does.
+	exec(t, app, `UPDATE event_queue SET available_at = 0 WHERE attempts = 1`)
+	waitAllSettled(t, app, 8, 20*time.Second)
+	var attempts []string
+	for _, s := range testenv.Strings(t, app, `SELECT status || ':' || attempts FROM event_queue ORDER BY id`) {
+		attempts = append(attempts, s)
+	}
+	if got, want := strings.Join(attempts, ","), "done:1,done:1,done:1,done:0,done:0,done:0,done:0,done:0"; got != want {
+		t.Errorf("rows after the grant: %s, want %s", got, want)
+	}
+	nc, err := nats.Connect(n.URL(), nats.UserInfo("relay", "pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if got := len(testenv.StreamMessages(t, js, "EVENTS")); got != 8 {
+		t.Errorf("stream holds %d messages, want 8", got)
+	}
+}
