@@ -50,8 +50,13 @@ type Fence interface {
 }
 
 // maxReads bounds the reads of one claim that find only rows of keys
-// that wait (see Claim).
-const maxReads = 32
+// that wait, and maxReadRows the rows each reads (see Claim): each read
+// reads twice the rows of the one before, so a claim of one row finds a
+// due row behind tens of thousands of waiting keys' rows.
+const (
+	maxReads    = 32
+	maxReadRows = 4096
+)
 
 // DefaultRescan is Options.Rescan's default.
 const DefaultRescan = time.Second
@@ -207,13 +212,14 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	s.mu.Unlock()
 	var out []event.Row
 	var noID []int
+	readLimit := limit
 	for reads := 1; ; reads++ {
 		s.mu.Lock()
 		skip := s.skipKeys()
 		s.mu.Unlock()
 		// A context that cannot be cancelled lets go-sqlite3 read each row
 		// in one cgo call; the read is short and holds no lock.
-		rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, limit, maxBytes, skip)
+		rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, readLimit, maxBytes, skip)
 		if err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
@@ -223,15 +229,16 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		}
 		// More may be due when the read was cut by the row limit or by the
 		// byte budget.
-		full := len(read) == limit || event.PayloadBytes(read) >= maxBytes
-		out, noID = s.order(read, prev, readNoID)
+		full := len(read) == readLimit || event.PayloadBytes(read) >= maxBytes
+		out, noID = s.order(read, prev, readNoID, limit)
 		// Every row read was of a key that waits, and more may be due:
-		// read again past those keys (order set them aside), so that keys
-		// that wait cannot hide due rows from a small claim (the single
-		// row of a broker's trial, say).
+		// read again past those keys (order set them aside), and further,
+		// so that keys that wait cannot hide due rows from a small claim
+		// (the single row of a broker's trial, say).
 		if len(out) > 0 || !full || reads == maxReads {
 			break
 		}
+		readLimit = max(readLimit, min(2*readLimit, maxReadRows))
 	}
 	if len(noID) > 0 {
 		if err := s.assignIDs(ctx, out, noID); err != nil {
@@ -285,9 +292,10 @@ func (s *Store) skipKeys() string {
 // a status the relay does not know holds nothing up) waits, and so does the rest of its key, which the claims leave alone for
 // a while (waiting). Past Options.KeyDepth rows in flight a key's last
 // rows are left too (its order is kept), and noted so that a claim reads
-// them again once the key has room (see letGo). It returns the rows kept,
-// and the indexes among them of those without event_id.
-func (s *Store) order(rows []event.Row, prev []prevRow, noID []int) ([]event.Row, []int) {
+// them again once the key has room (see letGo). It keeps limit rows at
+// most, and returns the rows kept, and the indexes among them of those
+// without event_id.
+func (s *Store) order(rows []event.Row, prev []prevRow, noID []int, limit int) ([]event.Row, []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	taken := map[string]int{}
@@ -295,6 +303,9 @@ func (s *Store) order(rows []event.Row, prev []prevRow, noID []int) ([]event.Row
 	keptIDs := map[int64]bool{}
 	stopped := map[string]bool{}
 	for i, r := range rows {
+		if len(kept) == limit {
+			break // a read past waiting keys may read more than the claim takes
+		}
 		if k := r.OrderingKey; k != "" {
 			switch {
 			case stopped[k]:

@@ -80,7 +80,7 @@ func TestRowSettledDuringTheReadIsInFlight(t *testing.T) {
 	settleAll(t, s, rows, nil) // committed after the read below began
 	next := []event.Row{{ID: ids[0] + 1, OrderingKey: "a"}}
 	asRead := []prevRow{{ID: sql.NullInt64{Int64: ids[0], Valid: true}, Status: sql.NullString{String: "pending", Valid: true}}}
-	if kept, _ := s.order(next, asRead, nil); len(kept) != 1 {
+	if kept, _ := s.order(next, asRead, nil, len(next)); len(kept) != 1 {
 		t.Fatalf("the row after one settled during the read waits: kept %v", kept)
 	}
 	// The next claim begins: a row the table shows pending and no claim
@@ -88,7 +88,7 @@ func TestRowSettledDuringTheReadIsInFlight(t *testing.T) {
 	if _, err := s.Claim(context.Background(), 100, 0); err != nil {
 		t.Fatal(err)
 	}
-	if kept, _ := s.order(next, asRead, nil); len(kept) != 0 {
+	if kept, _ := s.order(next, asRead, nil, len(next)); len(kept) != 0 {
 		t.Fatalf("the row after a pending row nobody holds is kept: %v", kept)
 	}
 }
@@ -235,4 +235,29 @@ func TestWaitingKeyDoesNotStarveOthers(t *testing.T) {
 		}
 		wantIDs(t, fmt.Sprintf("a claim of %d rows, %d bytes", limit, c.maxBytes), got, others[:min(limit, len(others))]...)
 	}
+}
+
+// TestTrialRowFoundBehindManyWaitingKeys: after an outage the relay tries
+// one row. With thousands of keys parked behind dead letters at the head of
+// the table, a claim of one row still finds the due row behind them
+// (before, it gave up after 32 reads of one row each, and the outage
+// lasted until the deferred rows came due, a minute later).
+func TestTrialRowFoundBehindManyWaitingKeys(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+		INSERT INTO event_queue (event_id, event_type, payload, status, ordering_key) SELECT 'dead-' || i, 'T', 'x', 'dead_lettered', 'k' || i FROM n`)
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+		INSERT INTO event_queue (event_id, event_type, payload, ordering_key) SELECT 'parked-' || i, 'T', 'x', 'k' || i FROM n`)
+	free := insertKeyed(t, db, "", "free")
+	rows, err := s.Claim(context.Background(), 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []int64{}
+	for _, r := range rows {
+		got = append(got, r.ID)
+	}
+	wantIDs(t, "a claim of one row behind 2,000 parked keys", got, free[0])
+	wantIDs(t, "the next claim", claimIDs(t, s), free[1])
 }

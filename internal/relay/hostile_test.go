@@ -496,3 +496,52 @@ func TestNonTextIdentitiesAreRefused(t *testing.T) {
 		t.Errorf("stream holds %v, want %s", got, want)
 	}
 }
+
+// TestSealedStreamPausesAndSpendsNothing: a sealed stream refuses every
+// publish with a code 400, as it would a message's own fault. No row is at
+// fault: the relay pauses saying the stream is sealed, spends no attempt
+// and dead-letters nothing however often it tries again, and the rows go
+// out once the operator gives it a stream that takes them.
+func TestSealedStreamPausesAndSpendsNothing(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
+	testenv.InsertN(t, app, 5, "Before")
+	waitAllSettled(t, app, 5, 20*time.Second)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	stream, err := js.Stream(ctx, "EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := stream.CachedInfo().Config
+	cfg.Sealed = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, 'During', 'x', ?)`, fmt.Sprint("during-", i), fmt.Sprint("k", i%10))
+	}
+	testenv.Eventually(t, 20*time.Second, "the relay to pause saying the stream is sealed", func() bool {
+		err := h.relay.Paused()
+		return err != nil && strings.Contains(err.Error(), "sealed")
+	})
+	// Before, every row was refused at once and the head rows of all keys
+	// ran out their two attempts: wait until the relay has tried again
+	// after the pause began (a row deferred by a later try).
+	deferred := func() float64 { return scrape(t, h, `outbox_relay_deferred_total{reason="outage"}`) }
+	first := deferred()
+	testenv.Eventually(t, 30*time.Second, "a try after the pause began", func() bool { return deferred() > first })
+	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
+		t.Fatalf("%d rows spent attempts and %d were dead-lettered on a sealed stream", attempted, dead)
+	}
+	// A sealed stream cannot be unsealed: the operator replaces it.
+	if err := js.DeleteStream(ctx, "EVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	waitAllSettled(t, app, 35, 60*time.Second)
+	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
+		t.Fatalf("%d rows spent attempts and %d were dead-lettered", attempted, dead)
+	}
+}
