@@ -439,7 +439,9 @@ func TestHeaderLimit(t *testing.T) {
 		t.Fatalf("the server took headers one byte over the limit: %v", err)
 	}
 	p := newJS(t, connect(t, n.URL(), config.NATS{}), 5*time.Second)
-	wait := func(m Message) Result { return p.Publish(context.Background(), []Message{m})[0].Wait(context.Background()) }
+	wait := func(m Message) Result {
+		return p.Publish(context.Background(), []Message{m})[0].Wait(context.Background())
+	}
 	if r := wait(withHeaders(t, MaxHeaderBytes)); r.Kind != Stored {
 		t.Fatalf("headers of exactly %d bytes: %v %v", MaxHeaderBytes, r.Kind, r.Err)
 	}
