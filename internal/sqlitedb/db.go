@@ -69,6 +69,8 @@ type DB struct {
 
 	ckptMu  sync.Mutex
 	ckptWal walState // the -wal file after the last complete checkpoint
+
+	watchSeen watchCounts
 }
 
 // Open opens the database at opts.Path. It does not touch the schema.

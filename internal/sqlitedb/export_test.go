@@ -1,6 +1,10 @@
 package sqlitedb
 
-import "time"
+import (
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
 
 // NewPace and Found expose the commit watch's pacing to its tests.
 func NewPace(fast time.Duration) *pace { return &pace{fast: fast} }
@@ -14,3 +18,42 @@ func CheckpointedAt(s *DB) time.Time {
 	defer s.ckptMu.Unlock()
 	return s.ckptWal.at
 }
+
+// WatchEvents counts the file notifications Watch received: for the
+// database's own -wal file, and for other files.
+func WatchEvents(s *DB) (own, foreign int64) {
+	return s.watchSeen.own.Load(), s.watchSeen.foreign.Load()
+}
+
+// WalWatch exposes the commit watch's file notifications to its tests.
+type WalWatch struct {
+	w    *walWatch
+	seen watchCounts
+}
+
+// NewWalWatch watches the -wal file of the database at path.
+func NewWalWatch(path string) *WalWatch {
+	ww := &WalWatch{}
+	ww.w = newWalWatch(path, &ww.seen)
+	return ww
+}
+
+// Next handles the next notification, as Watch does, and returns it and
+// whether it may announce a commit; ok is false after timeout.
+func (ww *WalWatch) Next(timeout time.Duration) (ev fsnotify.Event, commit, ok bool) {
+	select {
+	case ev := <-ww.w.events():
+		return ev, ww.w.commit(ev), true
+	case <-time.After(timeout):
+		return fsnotify.Event{}, false, false
+	}
+}
+
+// Armed reports whether the -wal file itself is watched.
+func (ww *WalWatch) Armed() bool { return ww.w.on != nil }
+
+// Foreign counts the notifications for other files.
+func (ww *WalWatch) Foreign() int64 { return ww.seen.foreign.Load() }
+
+// Close stops the watch.
+func (ww *WalWatch) Close() { ww.w.close() }

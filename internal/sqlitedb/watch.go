@@ -3,10 +3,7 @@ package sqlitedb
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"time"
-
-	"github.com/fsnotify/fsnotify"
 )
 
 // Watch sends on every wake channel (without blocking: signals coalesce)
@@ -14,9 +11,9 @@ import (
 // writer) has committed to the database. The truth is PRAGMA data_version
 // on one pinned read-only connection (it changes with every other
 // connection's commit); what makes Watch look is a file-system
-// notification on the database's directory (a commit writes the -wal file,
-// which may also be deleted and recreated), and, as a fallback where
-// notifications do not work, a poll every interval. Once a notification
+// notification on the database's -wal file, which every commit writes
+// (walWatch: other files in the directory send it nothing), and, as a
+// fallback where notifications do not work, a poll every interval. Once a notification
 // has announced a change, notifications are trusted and the poll slows to
 // ten times interval; a change that only the poll found makes it fast
 // again. Idle, it costs nothing but that poll; no snapshot is held between
@@ -45,15 +42,9 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- s
 	if err != nil {
 		return fmt.Errorf("watch commits: %w", err)
 	}
-	var events <-chan fsnotify.Event
-	var errs <-chan error
-	if w, err := fsnotify.NewWatcher(); err == nil {
-		defer w.Close()
-		if w.Add(filepath.Dir(s.path)) == nil {
-			events, errs = w.Events, w.Errors
-		}
-	}
-	wal := filepath.Base(s.path) + "-wal"
+	ww := newWalWatch(s.path, &s.watchSeen)
+	defer ww.close()
+	events, errs := ww.events(), ww.errs()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	poll := pace{fast: interval}
@@ -71,6 +62,9 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- s
 			return nil
 		case <-t.C:
 			polled = true
+			if !ww.armed() {
+				ww.arm() // the -wal file may be back without a notification
+			}
 		case <-again.C:
 			notified = true
 		case <-errs: // an overflowed queue: the version check below catches up
@@ -81,7 +75,7 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- s
 				t.Reset(interval)
 				continue
 			}
-			if filepath.Base(ev.Name) != wal {
+			if !ww.commit(ev) {
 				continue
 			}
 			notified = true
@@ -90,8 +84,10 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- s
 			time.Sleep(debounce)
 			for drained := false; !drained; {
 				select {
-				case _, ok := <-events:
-					drained = !ok
+				case ev, ok := <-events:
+					if drained = !ok; ok {
+						ww.commit(ev) // counted, and followed if it moved the -wal file
+					}
 				default:
 					drained = true
 				}
