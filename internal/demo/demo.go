@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
@@ -35,6 +36,9 @@ type Options struct {
 	Live            bool // Out is a terminal: the progress line is rewritten in place
 	Log             *zap.Logger
 	Version, Commit string // of the build
+	// Metrics are the relay's, whose delivery lag the progress line shows
+	// (a new set when nil).
+	Metrics *metrics.Metrics
 }
 
 // Run starts the relay on cfg (an in-process JetStream server when
@@ -62,7 +66,10 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 			return fmt.Errorf("metrics.listen %s: %w", cfg.Metrics.Listen, err)
 		}
 	}
-	a, err := daemon.Open(ctx, cfg, o.Log, daemon.Options{CreateDB: true, Version: o.Version, Commit: o.Commit, Listener: ln})
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(o.Version, o.Commit)
+	}
+	a, err := daemon.Open(ctx, cfg, o.Log, daemon.Options{CreateDB: true, Version: o.Version, Commit: o.Commit, Listener: ln, Metrics: o.Metrics})
 	if err != nil {
 		if ln != nil {
 			ln.Close()
@@ -70,26 +77,18 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		return err
 	}
 	defer a.Close()
-	// The demo reads what it shows from the database, as an operator would.
+	// The demo reads the rows it counts from the database, as an operator
+	// would, and the lag from the relay's metric, as a dashboard would.
 	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, ReadOnly: true})
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-
-	out := o.Out
-	shownURL := config.RedactURLs(cfg.NATS.URL) // credentials are never printed
-	fmt.Fprintf(out, "outbox-relay demo\n")
-	fmt.Fprintf(out, "  database  %s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
-	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.<event_type>)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix)
-	if ln != nil {
-		fmt.Fprintf(out, "  metrics   http://%s/metrics\n", ln.Addr())
+	m := &meter{db: db, lag: o.Metrics.DeliveryLag}
+	if err := m.start(ctx); err != nil {
+		return err
 	}
-	fmt.Fprintf(out, "Look at the stream with the nats CLI (github.com/nats-io/natscli) while it runs:\n")
-	fmt.Fprintf(out, "  nats --server %s stream info %s\n", shownURL, cfg.Stream.Name)
-	fmt.Fprintf(out, "  nats --server %s stream view %s\n", shownURL, cfg.Stream.Name)
-	fmt.Fprintf(out, "  nats --server %s sub '%s.>'\n", shownURL, cfg.Stream.SubjectPrefix)
-	fmt.Fprintf(out, "The application writes %d events/s. Press Ctrl-C to stop.\n", o.Rate)
+	banner(o.Out, cfg, ln, o.Rate)
 
 	// The relay outlives the application by a moment, to drain what it wrote.
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
@@ -108,74 +107,72 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 			o.Log.Error("demo application stopped", zap.Error(err))
 		}
 	}()
-	progress(ctx, out, o.Live, a, db)
+	progress(ctx, o.Out, o.Live, a, m)
 	<-writerDone
-	drainDeadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(drainDeadline) {
-		if b, err := housekeeping.Backlog(context.Background(), db, false); err == nil && b.Pending+b.Processing == 0 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	drain(db)
 	stopRelay()
 	err = <-relayErr
-	fmt.Fprintln(out)
-	b, _ := housekeeping.Backlog(context.Background(), db, false)
-	done, _, _, _ := published(context.Background(), db, 0)
-	fmt.Fprintf(out, "demo stopped: the application wrote %d events, the relay published %d, %d not yet published, %d dead-lettered; data kept in %s\n",
-		written, done, b.Pending+b.Processing, b.DeadLettered, o.Dir)
+	fmt.Fprintln(o.Out)
+	m.summary(o.Out, written, o.Dir)
 	return err
 }
 
-// progress prints one live line per second until ctx ends: rows published
-// (done), the backlog, the average time from a row's created_at to done
+// banner prints where the demo's parts are and how to look at them.
+func banner(out io.Writer, cfg config.Config, ln net.Listener, rate int) {
+	shownURL := config.RedactURLs(cfg.NATS.URL) // credentials are never printed
+	fmt.Fprintf(out, "outbox-relay demo\n")
+	fmt.Fprintf(out, "  database  %s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
+	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.<event_type>)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix)
+	if ln != nil {
+		fmt.Fprintf(out, "  metrics   http://%s/metrics\n", ln.Addr())
+	}
+	fmt.Fprintf(out, "Look at the stream with the nats CLI (github.com/nats-io/natscli) while it runs:\n")
+	fmt.Fprintf(out, "  nats --server %s stream info %s\n", shownURL, cfg.Stream.Name)
+	fmt.Fprintf(out, "  nats --server %s stream view %s\n", shownURL, cfg.Stream.Name)
+	fmt.Fprintf(out, "  nats --server %s sub '%s.>'\n", shownURL, cfg.Stream.SubjectPrefix)
+	fmt.Fprintf(out, "avg lag is from a row's created_at to the broker's ack, over the last second (%s_delivery_lag_seconds).\n", metrics.Namespace)
+	fmt.Fprintf(out, "The application writes %d events/s. Press Ctrl-C to stop.\n", rate)
+}
+
+// drain waits, for 5 s at most, until the relay has published every row.
+func drain(db *sqlitedb.DB) {
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := housekeeping.Backlog(context.Background(), db, false); err == nil && b.Pending+b.Processing == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// progress prints one line a second until ctx ends: rows published (done)
+// and how many in the last second, the backlog, the average delivery lag
 // over the last second, and whether the relay is ready.
-func progress(ctx context.Context, out io.Writer, tty bool, a *daemon.App, db *sqlitedb.DB) {
+func progress(ctx context.Context, out io.Writer, tty bool, a *daemon.App, m *meter) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var lastPub int64
-	lastAt := time.Now().UnixMilli()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		now := time.Now().UnixMilli()
-		pub, recent, avgLag, err := published(ctx, db, lastAt)
+		r, err := m.read(ctx)
 		if err != nil {
 			continue
-		}
-		b, err := housekeeping.Backlog(ctx, db, false)
-		if err != nil {
-			continue
-		}
-		lag := "-"
-		if recent > 0 {
-			lag = (time.Duration(avgLag * float64(time.Millisecond))).Round(100 * time.Microsecond).String()
 		}
 		state := "flowing"
 		if err := a.Ready(ctx); err != nil {
 			state = "not ready: " + err.Error()
 		}
 		line := fmt.Sprintf("published %8d  (%5d/s)  backlog %6d  avg lag %8s  dead-lettered %d  %s",
-			pub, pub-lastPub, b.Pending+b.Processing, lag, b.DeadLettered, state)
+			r.published, r.rate, r.backlog, lagText(r.lag), r.deadLettered, state)
 		if tty {
 			fmt.Fprintf(out, "\r%-110s", line)
 		} else {
 			fmt.Fprintln(out, line)
 		}
-		lastPub, lastAt = pub, now
 	}
-}
-
-// published counts the done rows, and of them those done after since
-// (Unix ms) with their average milliseconds from created_at to done.
-func published(ctx context.Context, db *sqlitedb.DB, since int64) (done, recent int64, avgLagMs float64, err error) {
-	var avg sql.NullFloat64
-	err = db.Reader().QueryRowContext(ctx, `SELECT count(*), count(CASE WHEN processed_at > ?1 THEN 1 END),
-	avg(CASE WHEN processed_at > ?1 THEN processed_at - created_at END) FROM `+db.Table()+` WHERE status = 'done'`, since).Scan(&done, &recent, &avg)
-	return done, recent, avg.Float64, err
 }
 
 // WriteEvents is the demo application: each "request" writes its own

@@ -1,10 +1,20 @@
 package demo
 
 import (
+	"bytes"
 	"context"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -38,4 +48,86 @@ func TestWriteEventsIsTransactional(t *testing.T) {
 	if noID == 0 || noID == events {
 		t.Fatalf("%d of %d events without an event_id, want some", noID, events)
 	}
+}
+
+// runDemo runs the demo on dir for d at rate, and returns its progress
+// lines and its summary.
+func runDemo(t *testing.T, dir string, rate int, d time.Duration, m *metrics.Metrics) (lines []string, summary string) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Database.Path = filepath.Join(dir, "app.db")
+	cfg.NATS.URL = config.EmbeddedURL
+	cfg.NATS.Embedded.StoreDir = filepath.Join(dir, "nats")
+	cfg.Metrics.Listen = "127.0.0.1:0"
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var out bytes.Buffer
+	if err := Run(ctx, cfg, Options{Rate: rate, Dir: dir, Out: &out, Log: zap.NewNop(), Metrics: m}); err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	for _, l := range strings.Split(out.String(), "\n") {
+		switch {
+		case strings.HasPrefix(l, "published "):
+			lines = append(lines, l)
+		case strings.HasPrefix(l, "demo stopped"):
+			summary = l
+		}
+	}
+	if len(lines) == 0 || summary == "" {
+		t.Fatalf("no progress line or summary:\n%s", out.String())
+	}
+	return lines, summary
+}
+
+var progressLine = regexp.MustCompile(`^published +(\d+) +\( *(\d+)/s\) +backlog +\d+ +avg lag +(\S+) `)
+
+// TestDemoRestartsOnItsDirectory: run again on the same --dir, the demo's
+// first line counts this run's rows a second, not the rows published by
+// the run before.
+func TestDemoRestartsOnItsDirectory(t *testing.T) {
+	dir := t.TempDir()
+	runDemo(t, dir, 500, 2500*time.Millisecond, nil)
+	lines, _ := runDemo(t, dir, 20, 1500*time.Millisecond, nil)
+	f := progressLine.FindStringSubmatch(lines[0])
+	if f == nil {
+		t.Fatalf("progress line %q", lines[0])
+	}
+	total, rate := atoi(t, f[1]), atoi(t, f[2])
+	if total == 0 || rate >= total {
+		t.Fatalf("first line after a restart %q: %d/s of %d published; the rows of the run before are no rate", lines[0], rate, total)
+	}
+}
+
+// TestDemoShowsTheDeliveryLagMetric: the lag the demo shows is the relay's
+// outbox_relay_delivery_lag_seconds, from created_at to the broker's ack:
+// over the run, its summary gives the histogram's mean.
+func TestDemoShowsTheDeliveryLagMetric(t *testing.T) {
+	m := metrics.New("test", "")
+	lines, summary := runDemo(t, t.TempDir(), 200, 2500*time.Millisecond, m)
+	var d dto.Metric
+	if err := m.DeliveryLag.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	h := d.GetHistogram()
+	if h.GetSampleCount() == 0 {
+		t.Fatalf("the relay recorded no delivery lag; lines %q", lines)
+	}
+	mean := time.Duration(h.GetSampleSum() / float64(h.GetSampleCount()) * float64(time.Second)).Round(100 * time.Microsecond)
+	if want := "(avg lag " + mean.String() + ")"; !strings.Contains(summary, want) {
+		t.Fatalf("summary %q; want it to give the metric's mean, %s", summary, want)
+	}
+	for _, l := range lines {
+		if f := progressLine.FindStringSubmatch(l); f == nil || f[2] != "0" && f[3] == "-" {
+			t.Errorf("progress line %q: rows published and no lag", l)
+		}
+	}
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
