@@ -49,6 +49,7 @@ var migrations = []migration{
 	{104, "relay_in_flight", migrateInFlight},
 	{105, "ordering_key", migrateOrderingKey},
 	{106, "message_metadata", migrateMetadata},
+	{107, "instances_per_table", migrateInstancesPerTable},
 }
 
 // migrateMetadata adds two optional columns: headers (NULL: none), a JSON
@@ -455,8 +456,10 @@ func Verify(ctx context.Context, s *sqlitedb.DB) error {
 			if err != nil {
 				return err
 			}
-			if !cols["in_flight"] {
-				missing = append(missing, "column "+name+".in_flight")
+			for _, c := range instanceColumns {
+				if !cols[c] {
+					missing = append(missing, "column "+name+"."+c)
+				}
 			}
 		}
 	}

@@ -1,0 +1,37 @@
+package schema
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
+)
+
+// instanceColumns are the heartbeat table's columns added after its
+// creation, which Verify requires.
+var instanceColumns = []string{"in_flight", "outbox_table", "process_scope"}
+
+// migrateInstancesPerTable adds to each heartbeat row the outbox table its
+// relay serves, so that relays of two outbox tables in one file lead each
+// their own (NULL: a relay from before, taken to serve any table), and the
+// scope in which its pid means a process (the host's boot and the pid
+// namespace), so that a relay can tell at once that a predecessor on the
+// same host is gone.
+func migrateInstancesPerTable(ctx context.Context, s *sqlitedb.DB) error {
+	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		cols, err := sqlitedb.Columns(ctx, tx, InstancesTable)
+		if err != nil {
+			return err
+		}
+		for _, c := range []string{"outbox_table", "process_scope"} {
+			if cols[c] {
+				continue
+			}
+			if _, err = tx.ExecContext(ctx, `ALTER TABLE `+InstancesTable+` ADD COLUMN `+c+` TEXT`); err != nil {
+				return fmt.Errorf("migrate %s: %w", InstancesTable, err)
+			}
+		}
+		return nil
+	})
+}
