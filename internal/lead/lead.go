@@ -31,12 +31,15 @@ type Lease struct {
 	registered   atomic.Bool
 	lastBeat     time.Time // the last committed heartbeat
 	beatingSince time.Time // since when heartbeats have been on time
+	// scope is where this process's pid means this process (see
+	// processScope); "" when it cannot be known.
+	scope string
 }
 
 // New returns a Lease on db with a new instance id; nothing is written
 // before the first Heartbeat.
 func New(db *sqlitedb.DB) *Lease {
-	return &Lease{db: db, instance: event.NewID(),
+	return &Lease{db: db, instance: event.NewID(), scope: processScope(),
 		// Rows marked processing by a claimer that writes its claims (an
 		// older relay, or another implementation of the same design) are
 		// taken back when their lease expired, or at once when their owner
@@ -59,7 +62,7 @@ func (l *Lease) LeadsIn(ctx context.Context, tx *sql.Tx) (bool, error) {
 		return true, nil
 	}
 	var leader string
-	err := tx.QueryRowContext(ctx, leaderSQL).Scan(&leader)
+	err := tx.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
@@ -96,10 +99,13 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 	// Judge others only after beating on time for a whole staleness window
 	// ourselves: then a silent relay was silent while the lock was to be had.
 	judge := !heldUp && time.UnixMilli(now).Sub(l.beatingSince) >= staleAfter
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight)
-VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6)
+	if err := l.buryDead(ctx, tx); err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope)
+VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in_flight = excluded.in_flight`,
-		l.instance, now, host, os.Getpid(), version, inFlight); err != nil {
+		l.instance, now, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	staleBefore := now - staleAfter.Milliseconds()
@@ -115,7 +121,7 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	var leader string
-	if err := tx.QueryRowContext(ctx, leaderSQL).Scan(&leader); err != nil {
+	if err := tx.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -127,11 +133,15 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in
 	return reclaimed, nil
 }
 
-// leaderSQL names the relay that leads: the longest-running one among the
-// heartbeat rows. A relay that stops heartbeating loses its row (and the
-// lead) once another has judged it dead (see Heartbeat), so a standby
-// takes over in about the time crash recovery takes.
-const leaderSQL = `SELECT instance_id FROM ` + schema.InstancesTable + ` ORDER BY started_at, instance_id LIMIT 1`
+// leaderSQL names the relay that leads on the outbox table ?1: the
+// longest-running one among the heartbeat rows of relays of that table
+// (each outbox table in a file has its own leader; a row from a relay that
+// predates outbox_table counts for every table). A relay that stops
+// heartbeating loses its row (and the lead) once another has judged it
+// dead (see Heartbeat), so a standby takes over in about the time crash
+// recovery takes.
+const leaderSQL = `SELECT instance_id FROM ` + schema.InstancesTable + `
+WHERE lower(coalesce(outbox_table, ?1)) = lower(?1) ORDER BY started_at, instance_id LIMIT 1`
 
 // Leads reports whether this relay led at its latest heartbeat. Only the
 // leader claims rows; the others stand by.

@@ -2,11 +2,14 @@ package lead
 
 import (
 	"context"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -162,5 +165,77 @@ func TestJudgeOnlyAfterBeatingOnTime(t *testing.T) {
 	}
 	if n != 2 || time.Since(start) < stale {
 		t.Fatalf("reclaimed %d after %v; want 2, not before %v", n, time.Since(start), stale)
+	}
+}
+
+// TestEachOutboxTableHasItsLeader: two relays on one file serving two
+// outbox tables both lead (before, the second stood by forever behind the
+// first), and a standby of either table stands by behind its own leader
+// only.
+func TestEachOutboxTableHasItsLeader(t *testing.T) {
+	ctx := context.Background()
+	events := newLease(t)
+	path := events.db.Path()
+	ordersDB, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: "orders_outbox", BusyTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ordersDB.Close() })
+	if _, err := schema.Migrate(ctx, ordersDB); err != nil {
+		t.Fatal(err)
+	}
+	orders := New(ordersDB)
+	standby := openLease(t, path) // a second relay of event_queue
+	for _, l := range []*Lease{events, orders, standby} {
+		if _, err := l.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !events.Leads() || !orders.Leads() || standby.Leads() {
+		t.Fatalf("leads: event_queue %v, orders_outbox %v, event_queue's second relay %v; want true, true, false",
+			events.Leads(), orders.Leads(), standby.Leads())
+	}
+}
+
+// TestDeadPredecessorOnTheSameHostIsBuried: a relay killed with -9 leaves
+// its heartbeat row; a relay started on the same host sees that its pid is
+// gone and leads on its first heartbeat, instead of waiting for the row to
+// go stale. A row whose pid is alive, or from another host or pid
+// namespace, is left to go stale.
+func TestDeadPredecessorOnTheSameHostIsBuried(t *testing.T) {
+	ctx := context.Background()
+	next := newLease(t)
+	db := testenv.AppDB(t, next.db.Path())
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadPid := exited.Process.Pid
+	now := time.Now().UnixMilli()
+	insert := func(id string, pid int, scope string) {
+		testenv.MustExec(t, db, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, outbox_table, process_scope)
+			VALUES (?, ?, ?, 'h', ?, 'old', 'event_queue', ?)`, id, now-60000, now, pid, scope)
+	}
+	insert("elsewhere", deadPid, "another-boot/pid:[1]")
+	if _, err := next.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if next.Leads() {
+		t.Fatal("a relay took the lead from a live-looking relay of another pid namespace")
+	}
+	testenv.MustExec(t, db, `DELETE FROM `+schema.InstancesTable+` WHERE instance_id = 'elsewhere'`)
+	insert("alive", os.Getppid(), next.scope)
+	insert("killed", deadPid, next.scope)
+	if _, err := next.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	left := testenv.Strings(t, db, `SELECT instance_id FROM `+schema.InstancesTable+` WHERE instance_id <> ? ORDER BY instance_id`, next.Instance())
+	if strings.Join(left, ",") != "alive" {
+		t.Fatalf("heartbeat rows %v: want the live process's and this relay's", left)
+	}
+	testenv.MustExec(t, db, `DELETE FROM `+schema.InstancesTable+` WHERE instance_id = 'alive'`)
+	insert("killed", deadPid, next.scope)
+	if _, err := next.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil || !next.Leads() {
+		t.Fatalf("after a dead predecessor: leads %v (%v), want the lead at once", next.Leads(), err)
 	}
 }

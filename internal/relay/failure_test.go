@@ -400,7 +400,7 @@ func TestStaleRelayCannotOverwrite(t *testing.T) {
 		t.Fatalf("stale relay counted %v rows published", got)
 	}
 	testenv.Eventually(t, 10*time.Second, "the stale relay to stand by", func() bool {
-		return logCount(stale, "standing by: another relay on this database leads") > 0
+		return logCount(stale, "standing by: another relay of this outbox table leads") > 0
 	})
 	assertOncePerEvent(t, n, app, 50)
 }
@@ -449,10 +449,10 @@ func TestOneRelayLeadsTheOtherStandsBy(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the first relay to lead", func() bool { return metrics.Value(a.metrics.Leader) == 1 })
 	b := startRelay(t, path, n.URL(), harnessOptions{batch: 20, lease: time.Minute})
 	testenv.Eventually(t, 10*time.Second, "the second relay to stand by", func() bool {
-		return logCount(b, "standing by: another relay on this database leads") == 1
+		return logCount(b, "standing by: another relay of this outbox table leads") == 1
 	})
 	// What /readyz adds to its "ok".
-	if ra, rb := a.relay.Role(), b.relay.Role(); !strings.HasPrefix(ra, "leading, ") || rb != "standing by: another relay on this database leads" {
+	if ra, rb := a.relay.Role(), b.relay.Role(); !strings.HasPrefix(ra, "leading, ") || rb != "standing by: another relay of this outbox table leads" {
 		t.Fatalf("roles %q and %q", ra, rb)
 	}
 	for i := 0; i < 100; i++ {

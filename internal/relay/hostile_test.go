@@ -545,3 +545,27 @@ func TestSealedStreamPausesAndSpendsNothing(t *testing.T) {
 		t.Fatalf("%d rows spent attempts and %d were dead-lettered", attempted, dead)
 	}
 }
+
+// TestCreatedAtOutsideRFC3339IsRefused: Outbox-Created-At is RFC 3339,
+// which writes the years 0000 to 9999 only; a created_at past them (a time
+// in microseconds, say) is dead-lettered with the reason, not published
+// with a header no consumer can parse.
+func TestCreatedAtOutsideRFC3339IsRefused(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	ins := `INSERT INTO event_queue (event_id, event_type, payload, created_at, available_at) VALUES (?, 'Thing', 'x', ?, 0)`
+	exec(t, app, ins, "now", time.Now().UnixMilli())
+	exec(t, app, ins, "year-10000", time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).UnixMilli()+2000)
+	exec(t, app, ins, "microseconds", time.Now().UnixMicro())
+	startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, 3, 20*time.Second)
+	if r := rowByEventID(t, app, "now"); r.status != "done" {
+		t.Errorf("row now: %s %q, want done", r.status, r.lastError)
+	}
+	for _, id := range []string{"year-10000", "microseconds"} {
+		if r := rowByEventID(t, app, id); r.status != "dead_lettered" || !strings.Contains(r.lastError, "created_at") {
+			t.Errorf("row %s: %s %q; want dead_lettered naming created_at", id, r.status, r.lastError)
+		}
+	}
+}

@@ -181,7 +181,7 @@ func (r *Relay) Running() bool { return r.running.Load() }
 // (for /readyz).
 func (r *Relay) Role() string {
 	if r.o.HeartbeatInterval > 0 && !r.leading.Load() {
-		return "standing by: another relay on this database leads"
+		return "standing by: another relay of this outbox table leads"
 	}
 	return fmt.Sprintf("leading, %d rows in flight", r.inflight.Load())
 }
@@ -526,6 +526,9 @@ func (r *Relay) message(row event.Row) (publish.Message, error) {
 	if err := event.ValidateEventID(row.EventID); err != nil {
 		return m, err
 	}
+	if err := event.ValidateCreatedAt(row.CreatedAt); err != nil {
+		return m, err
+	}
 	if row.OrderingKey != "" {
 		if err := event.ValidateOrderingKey(row.OrderingKey); err != nil {
 			return m, err
@@ -795,7 +798,7 @@ func (r *Relay) lead() {
 		return
 	}
 	r.m.Leader.Set(0)
-	r.log.Info("standing by: another relay on this database leads")
+	r.log.Info("standing by: another relay of this outbox table leads")
 }
 
 // outageState tracks a broker outage; it is shared by the settler (which

@@ -799,7 +799,7 @@ func TestStoppedLeaderWritesNothing(t *testing.T) {
 	e.relays["a"].Signal(syscall.SIGCONT)
 	// Its heartbeat and its settle run side by side: wait for both.
 	deadline := time.Now().Add(20 * time.Second)
-	for e.logCount("a", "standing by: another relay on this database leads") == 0 ||
+	for e.logCount("a", "standing by: another relay of this outbox table leads") == 0 ||
 		e.logCount("a", "rows not settled: this relay lost the lead, or the rows changed meanwhile; the leader publishes what is still pending") == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("a resumed holding %v rows, and within 20 s did not both stand by and report them unsettled", held)

@@ -1,0 +1,77 @@
+package lead
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+)
+
+// processScope returns where a pid names one process: this boot of this
+// machine's kernel and this process's pid namespace. Two relays with the
+// same scope see the same processes, so one can tell that the other's pid
+// is gone; relays in other containers or on other hosts have other scopes.
+// It is "" where either is unknown (not Linux), and then nobody is judged
+// dead by pid.
+func processScope() string {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(boot)) + "/" + ns
+}
+
+// buryDead removes, in tx, the heartbeat rows of relays in this process's
+// scope whose process is gone (killed with -9, say): they are provably
+// dead, so a relay restarted on the same host takes over at once instead
+// of waiting for their heartbeats to go stale. A pid in use by another
+// process keeps its row: the wait for staleness decides then.
+func (l *Lease) buryDead(ctx context.Context, tx *sql.Tx) error {
+	if l.scope == "" {
+		return nil
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT instance_id, CAST(pid AS INTEGER) FROM `+schema.InstancesTable+`
+WHERE process_scope = ?1 AND instance_id <> ?2`, l.scope, l.instance)
+	if err != nil {
+		return fmt.Errorf("look for dead relays: %w", err)
+	}
+	var dead []string
+	for rows.Next() {
+		var id string
+		var pid sql.NullInt64
+		if err := rows.Scan(&id, &pid); err != nil {
+			rows.Close()
+			return fmt.Errorf("look for dead relays: %w", err)
+		}
+		if pid.Valid && gone(int(pid.Int64)) {
+			dead = append(dead, id)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("look for dead relays: %w", err)
+	}
+	for _, id := range dead {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM `+schema.InstancesTable+` WHERE instance_id = ?`, id); err != nil {
+			return fmt.Errorf("remove a dead relay's heartbeat: %w", err)
+		}
+	}
+	return nil
+}
+
+// gone reports whether no process has this pid (in this pid namespace).
+func gone(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
