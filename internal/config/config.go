@@ -1,6 +1,7 @@
 // Package config is outbox-relay's configuration: one typed struct with
-// defaults, filled from a YAML file, OUTBOX_RELAY_* environment variables
-// (plus a few short aliases such as NATS_URL) and command-line flags, then
+// defaults, filled from a natscli context, a YAML file, OUTBOX_RELAY_*
+// environment variables (plus other programs' names for the same keys, such
+// as natscli's NATS_URL and NATS_USER) and command-line flags, then
 // validated.
 package config
 
@@ -10,7 +11,6 @@ import (
 	"maps"
 	"math"
 	"net"
-	"net/url"
 	"os"
 	"reflect"
 	"regexp"
@@ -72,7 +72,8 @@ const (
 // NATS is the broker connection.
 type NATS struct {
 	URL      string   `mapstructure:"url"`
-	Mode     string   `mapstructure:"mode"` // jetstream, core
+	Mode     string   `mapstructure:"mode"`    // jetstream, core
+	Context  string   `mapstructure:"context"` // natscli context: a name or a .json file
 	Creds    string   `mapstructure:"creds"`
 	NKey     string   `mapstructure:"nkey"`
 	User     string   `mapstructure:"user"`
@@ -80,6 +81,22 @@ type NATS struct {
 	Token    string   `mapstructure:"token"`
 	TLS      TLS      `mapstructure:"tls"`
 	Embedded Embedded `mapstructure:"embedded"`
+
+	// Sources says where each connection setting that is not at its
+	// default came from (key -> "NATS_PASSWORD", "--nats-user", "nats.creds
+	// in /etc/outbox-relay.yaml", `nats context "prod"`), so that a refused
+	// connection can say what was sent and where to change it. It is no
+	// configuration key; nil when every such setting is at its default.
+	Sources map[string]string `mapstructure:"-"`
+}
+
+// From says where the setting key came from: its source when Load recorded
+// one, else the key itself.
+func (n NATS) From(key string) string {
+	if s := n.Sources[key]; s != "" {
+		return s
+	}
+	return key
 }
 
 // NATS modes.
@@ -214,11 +231,22 @@ func Default() Config {
 	}
 }
 
-// aliases are short environment names (NATS_URL, ...), honoured after the
-// OUTBOX_RELAY_* name of the same key.
+// aliases are other programs' environment names for a key, honoured after
+// the OUTBOX_RELAY_* name of the same key: natscli's connection variables
+// (NATS_URL, NATS_USER, ...) and the design record's short names. NATS_USER
+// without a password is a token, as natscli reads it (see bindEnv).
 var aliases = map[string]string{
 	"nats.url":           "NATS_URL",
 	"nats.mode":          "NATS_MODE",
+	"nats.context":       "NATS_CONTEXT",
+	"nats.creds":         "NATS_CREDS",
+	"nats.nkey":          "NATS_NKEY",
+	"nats.user":          "NATS_USER",
+	"nats.password":      "NATS_PASSWORD",
+	"nats.token":         "NATS_TOKEN",
+	"nats.tls.ca":        "NATS_CA",
+	"nats.tls.cert":      "NATS_CERT",
+	"nats.tls.key":       "NATS_KEY",
 	"relay.max_attempts": "EVENT_QUEUE_MAX_ATTEMPTS",
 }
 
@@ -232,7 +260,7 @@ var emptyMeans = map[string]bool{
 type Key struct {
 	Name    string       // dotted YAML path, e.g. relay.batch_size
 	Env     string       // OUTBOX_RELAY_RELAY_BATCH_SIZE
-	Alias   string       // design-record alias, if any
+	Alias   string       // another program's variable for the key (natscli's NATS_URL), if any
 	Flag    string       // relay-batch-size
 	Type    reflect.Type // Go type of the field
 	Default any
@@ -245,6 +273,9 @@ func Keys() []Key {
 	walk = func(t reflect.Type, v reflect.Value, prefix string) {
 		for i := 0; i < t.NumField(); i++ {
 			f := t.Field(i)
+			if f.Tag.Get("mapstructure") == "-" {
+				continue // filled by Load, not a key
+			}
 			name := prefix + f.Tag.Get("mapstructure")
 			if f.Type.Kind() == reflect.Struct {
 				walk(f.Type, v.Field(i), name+".")
@@ -254,7 +285,7 @@ func Keys() []Key {
 				Name:    name,
 				Env:     EnvName(name),
 				Alias:   aliases[name],
-				Flag:    strings.NewReplacer(".", "-", "_", "-").Replace(name),
+				Flag:    flagName(name),
 				Type:    f.Type,
 				Default: v.Field(i).Interface(),
 			})
@@ -281,6 +312,10 @@ func sections() map[string]bool {
 	walk(reflect.TypeOf(Config{}), "")
 	return out
 }
+
+// flagName returns the flag of a dotted key: relay-batch-size for
+// relay.batch_size.
+func flagName(key string) string { return strings.NewReplacer(".", "-", "_", "-").Replace(key) }
 
 // EnvName returns the environment variable of a dotted key.
 func EnvName(key string) string {
@@ -331,17 +366,19 @@ func configErr(format string, args ...any) error {
 	return &Error{Err: fmt.Errorf(format, args...)}
 }
 
-// Load reads the configuration: defaults, then the YAML file (if file is not
-// empty), then the process environment, then the flags in fs that were set
-// on the command line (fs may be nil). The result is validated. Every error
-// is an *Error naming the key.
+// Load reads the configuration: defaults, then the natscli context named by
+// nats.context (if any), then the YAML file (if file is not empty), then the
+// process environment, then the flags in fs that were set on the command
+// line (fs may be nil). The result is validated. Every error is an *Error
+// naming the key.
 //
 // Each source is a layer of viper's own: defaults, the file (merged as a
 // map, see readFile), the environment variables bound to each key and the
 // flags bound to each key, which viper only takes when they were set on the
 // command line. A few rules viper has no setting for are kept here: an
-// unknown OUTBOX_RELAY_* variable is an error, and an empty variable sets
-// the keys of emptyMeans.
+// unknown OUTBOX_RELAY_* variable is an error, an empty variable sets the
+// keys of emptyMeans, and the natscli context fills only what the other
+// sources leave empty (see applyContext).
 func Load(file string, fs *pflag.FlagSet) (Config, error) {
 	v := viper.New()
 	keys := Keys()
@@ -351,7 +388,7 @@ func Load(file string, fs *pflag.FlagSet) (Config, error) {
 		v.SetDefault(k.Name, k.Default)
 	}
 	if file != "" {
-		m, err := readFile(file)
+		m, written, err := readFile(file)
 		if err != nil {
 			return Config{}, err
 		}
@@ -361,39 +398,18 @@ func Load(file string, fs *pflag.FlagSet) (Config, error) {
 		// Before the environment and flags are bound: viper lists a bound
 		// key in AllKeys and would then hide the file's keys under it
 		// (nats.password.x under nats.password).
-		if err := checkFileKeys(v, known, file); err != nil {
+		if err := checkFileKeys(v, known, written, file); err != nil {
 			return Config{}, err
 		}
 	}
 	if err := checkEnv(keys); err != nil {
 		return Config{}, err
 	}
-	// OUTBOX_RELAY_ and the key with "_" for "." (nats.url:
-	// OUTBOX_RELAY_NATS_URL), then its alias (NATS_URL): the first of them
-	// that is set and not empty gives the value. An empty variable counts as
-	// unset, as compose files leave placeholders.
-	v.SetEnvPrefix(strings.TrimSuffix(EnvPrefix, "_"))
-	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
-	v.AllowEmptyEnv(false)
-	for _, k := range keys {
-		v.MustBindEnv(k.Name)
-		if k.Alias != "" {
-			v.MustBindEnv(k.Name, k.Alias)
-		}
+	changed, err := bindFlags(v, fs, keys)
+	if err != nil {
+		return Config{}, err
 	}
-	// Flags are bound one key at a time: BindPFlags would take the flag
-	// names (relay-batch-size) for keys.
-	changed := map[string]bool{}
-	if fs != nil {
-		for _, k := range keys {
-			if f := fs.Lookup(k.Flag); f != nil {
-				if err := v.BindPFlag(k.Name, f); err != nil {
-					return Config{}, configErr("%s: %w", k.Name, err)
-				}
-				changed[k.Name] = f.Changed
-			}
-		}
-	}
+	userIsToken := bindEnv(v, keys, changed)
 	// Viper counts empty variables as unset for every key or for none
 	// (AllowEmptyEnv), so the keys whose empty value means something get it
 	// here. Set is viper's layer above the flags: a flag set on the command
@@ -403,8 +419,12 @@ func Load(file string, fs *pflag.FlagSet) (Config, error) {
 			v.Set(k.Name, "")
 		}
 	}
+	src := sourcer{v: v, file: file, changed: changed, userIsToken: userIsToken}
+	if src.ctx, err = applyContext(v, src.of); err != nil {
+		return Config{}, err
+	}
 	var c Config
-	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+	err = v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
 		strictDurationHook,
 		strictIntHook,
 		mapstructure.StringToTimeDurationHookFunc(),
@@ -413,10 +433,60 @@ func Load(file string, fs *pflag.FlagSet) (Config, error) {
 	if err != nil {
 		return Config{}, configErr("%s", decodeMessage(err))
 	}
+	c.NATS.Sources = src.sources()
 	if err := c.Validate(); err != nil {
 		return Config{}, &Error{Err: err}
 	}
 	return c, nil
+}
+
+// bindFlags binds each key to its flag in fs, one key at a time
+// (BindPFlags would take the flag names, relay-batch-size, for keys), and
+// returns the keys whose flag was set on the command line.
+func bindFlags(v *viper.Viper, fs *pflag.FlagSet, keys []Key) (map[string]bool, error) {
+	changed := map[string]bool{}
+	if fs == nil {
+		return changed, nil
+	}
+	for _, k := range keys {
+		if f := fs.Lookup(k.Flag); f != nil {
+			if err := v.BindPFlag(k.Name, f); err != nil {
+				return nil, configErr("%s: %w", k.Name, err)
+			}
+			changed[k.Name] = f.Changed
+		}
+	}
+	return changed, nil
+}
+
+// bindEnv binds each key to OUTBOX_RELAY_ and the key with "_" for "."
+// (nats.url: OUTBOX_RELAY_NATS_URL), then to its alias (NATS_URL): the first
+// of them that is set and not empty gives the value. An empty variable
+// counts as unset, as compose files leave placeholders.
+//
+// natscli takes NATS_USER for a token when no password is given (its --user
+// is "username or token"), and so does the relay, so that a token set for
+// natscli neither goes out as a user name nor is shown as one in an error.
+// It reports whether NATS_USER is the token.
+func bindEnv(v *viper.Viper, keys []Key, changed map[string]bool) (userIsToken bool) {
+	v.SetEnvPrefix(strings.TrimSuffix(EnvPrefix, "_"))
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AllowEmptyEnv(false)
+	for _, k := range keys {
+		v.MustBindEnv(k.Name)
+		if k.Alias != "" && k.Name != "nats.user" {
+			v.MustBindEnv(k.Name, k.Alias)
+		}
+	}
+	// The password's own variables are bound by now: is one set anywhere?
+	userIsToken = os.Getenv(aliases["nats.user"]) != "" && os.Getenv(EnvName("nats.user")) == "" &&
+		!changed["nats.user"] && v.GetString("nats.password") == ""
+	if userIsToken {
+		v.MustBindEnv("nats.token", aliases["nats.user"])
+	} else {
+		v.MustBindEnv("nats.user", aliases["nats.user"])
+	}
+	return userIsToken
 }
 
 // checkEnv refuses an OUTBOX_RELAY_* variable that is no key's, which viper
@@ -436,7 +506,11 @@ func checkEnv(keys []Key) error {
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return configErr("unknown environment variable %s: no config key has that name", unknown[0])
+		msg := fmt.Sprintf("unknown environment variable %s: no config key has that name", unknown[0])
+		if near := nearestEnv(unknown[0], keys); near != "" {
+			msg += fmt.Sprintf(" (did you mean %s?)", near)
+		}
+		return configErr("%s", msg)
 	}
 	return nil
 }
@@ -447,29 +521,31 @@ func checkEnv(keys []Key) error {
 // one of its keys, lose the defaults of the others. An integer key keeps its
 // text as written, so that the decoder can refuse 1.5 and report
 // 99999999999999999999 as it stands instead of a float's wrapped-around
-// conversion.
-func readFile(file string) (map[string]any, error) {
+// conversion. It also returns each dotted key of the file as written, by
+// its lowercased form (viper's), so that errors can show the user's own
+// spelling (relay.batchSize, not relay.batchsize).
+func readFile(file string) (map[string]any, map[string]string, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, configErr("read config file %s: %w", file, err)
+		return nil, nil, configErr("read config file %s: %w", file, err)
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, configErr("read config file %s: %s", file, oneLine(err.Error()))
+		return nil, nil, configErr("read config file %s: %s", file, oneLine(err.Error()))
 	}
 	m := map[string]any{}
 	if len(doc.Content) == 0 {
-		return m, nil // empty file
+		return m, nil, nil // empty file
 	}
 	root := doc.Content[0]
 	if isNull(root) {
-		return m, nil
+		return m, nil, nil
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, configErr("read config file %s: the top level must be sections such as database: and nats:", file)
+		return nil, nil, configErr("read config file %s: the top level must be sections such as database: and nats:", file)
 	}
 	if err := root.Decode(&m); err != nil {
-		return nil, configErr("read config file %s: %s", file, oneLine(err.Error()))
+		return nil, nil, configErr("read config file %s: %s", file, oneLine(err.Error()))
 	}
 	ints := map[string]bool{}
 	for _, k := range Keys() {
@@ -478,7 +554,9 @@ func readFile(file string) (map[string]any, error) {
 		}
 	}
 	prepareFile(root, m, "", sections(), ints)
-	return m, nil
+	written := map[string]string{}
+	writtenKeys(root, "", written)
+	return m, written, nil
 }
 
 // prepareFile drops the null sections of the mapping node and its decoded
@@ -508,12 +586,13 @@ func isNull(n *yaml.Node) bool {
 }
 
 // checkFileKeys refuses keys of the file that are not configuration keys,
-// and values of the wrong shape: keys under a key that takes a value (not
+// each shown as written with the nearest known key when one is close, and
+// values of the wrong shape: keys under a key that takes a value (not
 // shown: under nats.password they could be the password), a value where a
 // section belongs.
-func checkFileKeys(v *viper.Viper, known map[string]bool, file string) error {
+func checkFileKeys(v *viper.Viper, known map[string]bool, written map[string]string, file string) error {
 	secs := sections()
-	var unknown []string
+	var msgs []string
 	shape := map[string]string{}
 	for _, k := range v.AllKeys() {
 		if known[k] || !v.InConfig(k) {
@@ -527,13 +606,17 @@ func checkFileKeys(v *viper.Viper, known map[string]bool, file string) error {
 			shape[leaf] = fmt.Sprintf("%s: takes a value, not keys under it (in %s)", leaf, file)
 			continue
 		}
-		unknown = append(unknown, k)
+		name := k
+		if w := written[k]; w != "" {
+			name = w
+		}
+		msg := fmt.Sprintf("unknown config key %s in %s", name, file)
+		if near := nearestKey(name, known); near != "" {
+			msg += fmt.Sprintf(" (did you mean %s?)", near)
+		}
+		msgs = append(msgs, msg)
 	}
-	var msgs []string
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		msgs = append(msgs, fmt.Sprintf("unknown config key %s in %s", strings.Join(unknown, ", "), file))
-	}
+	sort.Strings(msgs)
 	for _, k := range slices.Sorted(maps.Keys(shape)) {
 		msgs = append(msgs, shape[k])
 	}
@@ -805,29 +888,31 @@ func (c *Config) Validate() error {
 
 func (c *Config) validateNATS(bad func(key, format string, args ...any)) {
 	n := c.NATS
+	// A key named with its source: the value may come from a variable or a
+	// natscli context the user did not think of.
+	key := func(k string) string { return label(k, n.Sources[k]) }
 	if n.URL == "" {
 		bad("nats.url", "must not be empty")
 	} else if n.URL != EmbeddedURL {
-		for _, u := range strings.Split(n.URL, ",") {
-			if err := validateServerURL(strings.TrimSpace(u)); err != nil {
-				bad("nats.url", "%v", err)
-			}
+		for _, err := range validateServerURLs(n.URL) {
+			bad(key("nats.url"), "%v", err)
 		}
 	}
 	if n.Mode != ModeJetStream && n.Mode != ModeCore {
 		bad("nats.mode", "%q is not one of jetstream, core", n.Mode)
 	}
-	methods := 0
-	for _, set := range []bool{n.Creds != "", n.NKey != "", n.Token != "", n.User != ""} {
+	var methods []string
+	for k, set := range map[string]bool{"nats.creds": n.Creds != "", "nats.nkey": n.NKey != "", "nats.token": n.Token != "", "nats.user": n.User != ""} {
 		if set {
-			methods++
+			methods = append(methods, key(k))
 		}
 	}
-	if methods > 1 {
-		bad("nats.creds", "set only one of nats.creds, nats.nkey, nats.token, nats.user/nats.password")
+	if len(methods) > 1 {
+		sort.Strings(methods)
+		bad("nats.creds", "set only one of nats.creds, nats.nkey, nats.token, nats.user/nats.password; set now: %s", strings.Join(methods, ", "))
 	}
 	if n.Password != "" && n.User == "" {
-		bad("nats.password", "needs nats.user")
+		bad(key("nats.password"), "needs nats.user")
 	}
 	if (n.TLS.Cert == "") != (n.TLS.Key == "") {
 		bad("nats.tls.cert", "nats.tls.cert and nats.tls.key go together")
@@ -837,67 +922,6 @@ func (c *Config) validateNATS(bad func(key, format string, args ...any)) {
 	} else if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		bad("nats.embedded.listen", "%q is not a loopback address: the embedded server is for local use only", n.Embedded.Listen)
 	}
-}
-
-func validateServerURL(s string) error {
-	u, err := url.Parse(s)
-	if err != nil || u.Host == "" {
-		return fmt.Errorf("%q is not a server URL such as nats://host:4222", RedactURLs(s))
-	}
-	switch u.Scheme {
-	case "nats", "tls", "ws", "wss":
-		return nil
-	}
-	return fmt.Errorf("%q: scheme %q is not one of nats, tls, ws, wss", RedactURLs(s), u.Scheme)
-}
-
-// mask replaces a credential in RedactURLs' output.
-const mask = "xxxxx"
-
-var schemeRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*$`)
-
-// RedactURLs hides passwords and tokens embedded in (comma-separated)
-// server URLs, for logs and errors. It reads the text rather than parsing
-// it, so that it also masks what url.Parse refuses or reads otherwise
-// (u:pw@host without a scheme, nats:u:pw@host, bad %-escapes, spaces): in
-// each URL everything before the last '@' after the scheme is user
-// information. Only the user name of "scheme://user:password@" is kept; a
-// user part without a password is a token. A port that is not a number
-// (what is left of a password cut at an unescaped comma) is masked too.
-func RedactURLs(urls string) string {
-	parts := strings.Split(urls, ",")
-	for i, p := range parts {
-		parts[i] = redactURL(p)
-	}
-	return strings.Join(parts, ",")
-}
-
-func redactURL(p string) string {
-	start := 0 // where the user information or host begins
-	scheme := false
-	if i := strings.Index(p, "://"); i >= 0 && schemeRe.MatchString(strings.TrimSpace(p[:i])) {
-		start, scheme = i+3, true
-	}
-	if at := strings.LastIndex(p, "@"); at >= 0 {
-		if at < start { // an '@' before "://": no telling where it began
-			start, scheme = 0, false
-		}
-		user, _, hasPass := strings.Cut(p[start:at], ":")
-		if scheme && hasPass && user != "" {
-			return p[:start] + user + ":" + mask + p[at:]
-		}
-		return p[:start] + mask + p[at:]
-	}
-	host := p[start:]
-	if end := strings.IndexAny(host, "/?#"); end >= 0 {
-		host = host[:end]
-	}
-	if colon := strings.LastIndex(host, ":"); colon >= 0 && colon > strings.LastIndex(host, "]") {
-		if port := strings.TrimSpace(host[colon+1:]); strings.Trim(port, "0123456789") != "" {
-			return p[:start+colon+1] + mask
-		}
-	}
-	return p
 }
 
 // validateFilter checks a stream subject, where wildcards are allowed.

@@ -65,7 +65,14 @@ func TestURLCredentialsMaskedInErrors(t *testing.T) {
 					}
 				}
 			}
-			msg := loadErr(t, fmt.Sprintf("nats:\n  url: %q\n", tc.url))
+			// The error names the file, whose temporary path holds the
+			// test's name: leave the path out of the search.
+			file := writeFile(t, fmt.Sprintf("nats:\n  url: %q\n", tc.url))
+			_, err := load(t, file, nil, nil)
+			if err == nil {
+				t.Fatal("no error from the file")
+			}
+			msg := strings.ReplaceAll(err.Error(), file, "FILE")
 			if strings.Contains(msg, "hunter2") || strings.Contains(msg, "ter2") {
 				t.Errorf("error from the file %q shows the credential", msg)
 			}
@@ -202,7 +209,7 @@ func TestEmptySectionKeepsDefaults(t *testing.T) {
 					t.Errorf("%s: empty section %s with %s set to its default (%s): %v", name, section, k.Name, val, err)
 					continue
 				}
-				if !reflect.DeepEqual(c, Default()) {
+				if c.NATS.Sources = nil; !reflect.DeepEqual(c, Default()) {
 					t.Errorf("%s: empty section %s with %s set to its default: got %+v, want the defaults", name, section, k.Name, c)
 				}
 			}
@@ -300,21 +307,30 @@ func otherValue(k Key) string {
 // all reach the key, and give the same result; flags left at their default
 // change nothing, whatever their type.
 func TestEveryKeyFromEnvAndFlag(t *testing.T) {
-	result := func(c Config, err error) string {
-		if err != nil {
-			return "error: " + err.Error()
-		}
-		return fmt.Sprintf("%+v", c)
-	}
-	defaults := result(Default(), nil)
+	defaults := fmt.Sprintf("%+v", Default())
 	for _, k := range Keys() {
+		// The values, and errors with the name of the source left out:
+		// each source gives the same, and says it was the source.
+		source := []string{"--" + k.Flag, "SOURCE", k.Env, "SOURCE"}
+		if k.Alias != "" {
+			source = append(source, "("+k.Alias+")", "(SOURCE)")
+		}
+		result := func(c Config, err error) string {
+			if err != nil {
+				return strings.NewReplacer(source...).Replace(err.Error())
+			}
+			c.NATS.Sources = nil
+			return fmt.Sprintf("%+v", c)
+		}
 		val := otherValue(k)
 		want := result(load(t, "", flags(t, "--"+k.Flag+"="+val), nil))
 		if want == defaults {
 			t.Errorf("%s: the flag set to %s changes nothing", k.Name, val)
 		}
 		names := []string{k.Env}
-		if k.Alias != "" {
+		// NATS_USER alone is a token, as natscli reads it: see
+		// TestNatscliUserIsTokenWithoutPassword.
+		if k.Alias != "" && k.Alias != "NATS_USER" {
 			names = append(names, k.Alias)
 		}
 		for _, name := range names {
@@ -332,6 +348,42 @@ func TestEveryKeyFromEnvAndFlag(t *testing.T) {
 		}
 		if want, got := result(load(t, file, nil, nil)), result(load(t, file, flags(t), nil)); got != want {
 			t.Errorf("%s in the file with every flag at its default: %s\nwant %s", k.Name, got, want)
+		}
+	}
+}
+
+// TestURLUserinfoNeedsPercentEncoding: a user or password with a raw '/',
+// '#', '?', ' ', '%' or ',' in nats.url is refused with the character and
+// its percent-encoding, never with the password; a '#' after digits, which
+// url.Parse reads as a host and port, too.
+func TestURLUserinfoNeedsPercentEncoding(t *testing.T) {
+	for _, tc := range []struct {
+		url, char, code string
+	}{
+		{"nats://relay:pa/ss-hunter2@127.0.0.1:4222", `'/'`, "%2F"},
+		{"nats://relay:pa#ss-hunter2@127.0.0.1:4222", `'#'`, "%23"},
+		{"nats://relay:12#34hunter2@127.0.0.1:4222", `'#'`, "%23"},
+		{"tls://relay:pa?ss-hunter2@h:4222", `'?'`, "%3F"},
+		{"nats://relay:pa ss-hunter2@h:4222", `' '`, "%20"},
+		{"nats://relay:100%hunter2@h:4222", `'%'`, "%25"},
+		{"nats://re/lay:hunter2@h:4222", `'/'`, "%2F"},
+		{"nats://relay:pa,ss-hunter2@h:4222", `','`, "%2C"},
+		{"nats://a:4222,nats://relay:pa/ss-hunter2@h:4222", `'/'`, "%2F"},
+	} {
+		msg := loadErr(t, "", "NATS_URL="+tc.url)
+		for _, want := range []string{"nats.url", tc.char, "percent-encode", tc.code} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("%s: error %q does not say %s", tc.url, msg, want)
+			}
+		}
+		if strings.Contains(msg, "hunter2") {
+			t.Errorf("%s: error %q shows the password", tc.url, msg)
+		}
+	}
+	// Percent-encoded, they load; and '@' or ':' in a password need nothing.
+	for _, u := range []string{"nats://relay:pa%2Fss%23x%3F%20%25%2C@h:4222", "nats://relay:p@ss:w@h:4222"} {
+		if _, err := load(t, "", nil, []string{"NATS_URL=" + u}); err != nil {
+			t.Errorf("%s: %v", u, err)
 		}
 	}
 }
