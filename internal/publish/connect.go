@@ -7,8 +7,10 @@ package publish
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"sort"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
@@ -40,14 +43,21 @@ type Conn struct {
 var ErrClosed = errors.New("nats connection closed")
 
 // ErrAuth marks a connection error that retrying cannot fix (credentials,
-// certificates): the relay exits instead of waiting forever.
-var ErrAuth = errors.New("nats authentication failed")
+// certificates): the relay exits instead of waiting forever. The error's
+// own text says which it is; a TLS failure also matches ErrTLS.
+var ErrAuth = errors.New("nats refused the connection")
+
+// ErrTLS marks a connection that failed in the TLS handshake (a server
+// certificate the relay does not trust, a client certificate the server
+// wants or refuses). Such an error matches ErrAuth too.
+var ErrTLS = errors.New("nats TLS handshake failed")
 
 // Connect connects to the comma-separated servers in urls with the
 // credentials and TLS settings of cfg. When no server answers it returns a
 // connection that keeps trying in the background, so the relay can start
 // paused; a credential or certificate problem is returned as an error
-// wrapping ErrAuth.
+// wrapping ErrAuth (and ErrTLS for a TLS one) whose text names what was
+// sent and what to check.
 func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, error) {
 	c, opts, err := connectOnce(urls, cfg, name, log)
 	if err == nil {
@@ -92,13 +102,13 @@ func connectOnce(urls string, cfg config.NATS, name string, log *zap.Logger) (*C
 		return nil, nil, err
 	}
 	nc, err := nats.Connect(urls, opts...)
-	switch {
-	case err == nil:
+	if err == nil {
 		c.NC = nc
 		log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
 		return c, opts, nil
-	case fatalConnectError(err):
-		return nil, opts, fmt.Errorf("connect to nats %s: %w: %w", config.RedactURLs(urls), ErrAuth, err)
+	}
+	if r := refusal(err, urls, cfg); r != nil {
+		return nil, opts, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), r)
 	}
 	return c, opts, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
 }
@@ -130,6 +140,9 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { c.asyncError(err) }),
 	}
+	if err := checkFiles(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.TLS.CA != "" {
 		opts = append(opts, nats.RootCAs(cfg.TLS.CA))
 	}
@@ -156,7 +169,7 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 	case cfg.NKey != "":
 		o, err := nats.NkeyOptionFromSeed(cfg.NKey)
 		if err != nil {
-			return nil, fmt.Errorf("nats.nkey: read seed file %s: %w", cfg.NKey, err)
+			return nil, fmt.Errorf("%s: read seed file %s: %w", label(cfg, "nats.nkey"), cfg.NKey, err)
 		}
 		opts = append(opts, o)
 	case cfg.Token != "":
@@ -165,6 +178,52 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 	}
 	return opts, nil
+}
+
+// checkFiles reads the credential and TLS files once before connecting,
+// so that a missing or unreadable one is named with its key at once: the
+// library reads them on every connection attempt, and reports a missing
+// .creds file as if the server were down. They are read again at each
+// connection, so that renewed certificates and credentials take effect.
+func checkFiles(cfg config.NATS) error {
+	if cfg.Creds != "" {
+		data, err := os.ReadFile(cfg.Creds)
+		if err == nil {
+			_, err = jwt.ParseDecoratedJWT(data)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: read credentials file %s: %w", label(cfg, "nats.creds"), cfg.Creds, err)
+		}
+	}
+	if cfg.TLS.CA != "" {
+		data, err := os.ReadFile(cfg.TLS.CA)
+		if err == nil && !x509.NewCertPool().AppendCertsFromPEM(data) {
+			err = errors.New("no PEM certificate in it")
+		}
+		if err != nil {
+			return fmt.Errorf("%s: read CA file %s: %w", label(cfg, "nats.tls.ca"), cfg.TLS.CA, err)
+		}
+	}
+	if cfg.TLS.Cert != "" {
+		if _, err := tls.LoadX509KeyPair(cfg.TLS.Cert, cfg.TLS.Key); err != nil {
+			return fmt.Errorf("%s, %s: load client certificate %s and key %s: %w",
+				label(cfg, "nats.tls.cert"), label(cfg, "nats.tls.key"), cfg.TLS.Cert, cfg.TLS.Key, err)
+		}
+	}
+	return nil
+}
+
+// label names a key with where its value came from, when that is not the
+// key itself: "nats.creds (from NATS_CREDS)".
+func label(cfg config.NATS, key string) string {
+	switch from := cfg.From(key); {
+	case from == key:
+		return key
+	case strings.HasPrefix(from, key+" "): // "nats.creds in /etc/x.yaml"
+		return from
+	default:
+		return key + " (from " + from + ")"
+	}
 }
 
 // fatalConnectError reports errors that waiting will not cure.
