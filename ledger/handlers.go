@@ -135,8 +135,9 @@ type Verdict struct {
 	// were released. Deliver the event again after the retry backoff.
 	Failed []HandlerError
 	// BusyUntil is set when another process holds a handler's claim:
-	// deliver the event again at that time, when the claim's lease
-	// expires, whatever the other process does.
+	// deliver the event again at that time, the earliest the claim may be
+	// taken over (its heartbeat stale, or its lease expired), whatever the
+	// other process does.
 	BusyUntil time.Time
 	// Busy names the handlers whose claims are held elsewhere.
 	Busy []string
@@ -154,9 +155,9 @@ func (v Verdict) Done() bool { return len(v.Failed) == 0 && v.BusyUntil.IsZero()
 // done and are skipped then). An event with no handler is done.
 //
 // ctx is also the context of the done marks and releases: cancelled after
-// a handler ran, it leaves that handler's claim held until its lease
-// expires. Sources pass a context that outlives a graceful stop
-// (context.WithoutCancel).
+// a handler ran, it leaves that handler's claim unheartbeated, for another
+// process to take over once it is stale (StaleAfter). Sources pass a
+// context that outlives a graceful stop (context.WithoutCancel).
 func (h *Handlers) Dispatch(ctx context.Context, ev Event) (Verdict, error) {
 	var v Verdict
 	hs := h.byType[ev.Type]
@@ -173,7 +174,7 @@ func (h *Handlers) Dispatch(ctx context.Context, ev Event) (Verdict, error) {
 			// Another delivery of the event is running its handlers, in
 			// the same order: leave the rest to it. Running them here too
 			// would let each delivery find a claim of the other busy, and
-			// both would put the event off until a lease expires.
+			// both would put the event off until it could be taken over.
 			return v, nil
 		}
 	}
@@ -212,9 +213,9 @@ func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (s
 		// claim over runs it again: at least once, never lost.
 		return "lost", nil
 	} else if err != nil {
-		// The effect happened but is not recorded: the next delivery
-		// finds the claim busy until its lease expires, then runs it
-		// again.
+		// The effect happened but is not recorded: the claim is no
+		// longer heartbeated, and the next delivery finds it busy until
+		// it is stale, then runs the handler again.
 		return "error", err
 	}
 	return "handled", nil
@@ -226,9 +227,9 @@ func (h *Handlers) runTx(ctx context.Context, hd handler, c *Claim, ev Event, v 
 	switch {
 	case errors.Is(err, ErrClaimLost):
 		// Rolled back: the effect did not happen. The process that took
-		// the claim over runs the handler; come again when its lease
-		// expires, in case it does not finish.
-		v.busy(hd.name, h.l.now().Add(h.l.lease))
+		// the claim over runs the handler; come again once its claim
+		// could go stale, in case it does not finish.
+		v.busy(hd.name, h.l.now().Add(h.l.staleAfter))
 		return "lost", nil
 	case err != nil:
 		return h.failed(ctx, hd, c, v, err)
@@ -238,8 +239,8 @@ func (h *Handlers) runTx(ctx context.Context, hd handler, c *Claim, ev Event, v 
 
 // failed records hd's failure in v, after releasing its claim c (nil:
 // none) so that the next delivery claims it at once. A claim that cannot
-// be released stays until its lease expires: the event comes again and
-// finds it busy until then.
+// be released stays, no longer heartbeated: the event comes again and
+// finds it busy until it is stale.
 func (h *Handlers) failed(ctx context.Context, hd handler, c *Claim, v *Verdict, err error) (string, error) {
 	if c != nil {
 		if rerr := c.Release(ctx); rerr != nil && !errors.Is(rerr, ErrClaimLost) {

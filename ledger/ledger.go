@@ -15,9 +15,9 @@
 //
 // Handlers still run at least once: a process that dies after a handler's
 // effect and before its done mark leaves a claim that another process takes
-// over when the lease expires, and the handler runs again. HandleTx closes
-// that window for effects written to the same SQLite file, by committing
-// them in the transaction that marks the claim done.
+// over once the claim's heartbeat stops (StaleAfter), and the handler runs
+// again. HandleTx closes that window for effects written to the same SQLite
+// file, by committing them in the transaction that marks the claim done.
 package ledger
 
 import (
@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Table is the ledger's table, created by outbox-relay's migrations:
@@ -35,27 +37,43 @@ import (
 //		handler      TEXT NOT NULL,
 //		status       TEXT NOT NULL,   -- in_progress, done
 //		started_at   INTEGER,         -- Unix ms; the claim's owner token
-//		processed_at INTEGER,         -- Unix ms, once done
+//		processed_at INTEGER,         -- Unix ms: once done, when; before, the holder's last heartbeat
 //		PRIMARY KEY (event_id, handler)
 //	)
 const Table = "processed_events"
 
-// DefaultLease is how long a claim is held before another process may take
-// it over: longer than any handler runs.
+// DefaultLease is how long a claim is held at most before another process
+// may take it over, even from a holder that is alive: longer than any
+// handler runs.
 const DefaultLease = 30 * time.Minute
 
+// DefaultStaleAfter is how long a claim's holder may go without a
+// heartbeat before another process takes it for dead and the claim over.
+const DefaultStaleAfter = 15 * time.Second
+
 // ErrClaimLost is returned when a claim's owner token no longer matches its
-// row: the lease expired and another process took the claim over (or an
-// operator removed it). The done mark or the release changed nothing.
+// row: another process took the claim over (its lease expired, or its
+// heartbeat went stale), or an operator removed it. The done mark or the
+// release changed nothing.
 var ErrClaimLost = errors.New("ledger claim lost: another process took it over")
 
-// Options tune a Ledger.
+// Options tune a Ledger. Give every process on the file the same Lease and
+// StaleAfter: each judges the others' claims by its own.
 type Options struct {
-	// Lease is how long a claim is held before another process may take
-	// it over (DefaultLease when 0).
+	// Lease is how long a claim is held at most before another process
+	// may take it over, however alive its holder (DefaultLease when 0):
+	// longer than any handler runs.
 	Lease time.Duration
+	// StaleAfter is how long a claim's holder may go without heartbeating
+	// it before another process takes the holder for dead and the claim
+	// over (DefaultStaleAfter when 0). A Ledger heartbeats the claims it
+	// holds every StaleAfter/5, by writing their processed_at.
+	StaleAfter time.Duration
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// Log receives the heartbeat's failures, once per change (none when
+	// nil).
+	Log *zap.Logger
 }
 
 // Ledger claims and marks (event_id, handler) rows in processed_events on
@@ -63,20 +81,26 @@ type Options struct {
 // (go-sqlite3: _busy_timeout=5000): claims are short writes beside the
 // application's own.
 type Ledger struct {
-	db    *sql.DB
-	lease time.Duration
-	now   func() time.Time
+	db         *sql.DB
+	lease      time.Duration
+	staleAfter time.Duration
+	now        func() time.Time
+	beats      heartbeat
 }
 
 // New returns a Ledger on db.
 func New(db *sql.DB, o Options) *Ledger {
-	l := &Ledger{db: db, lease: o.Lease, now: o.Now}
+	l := &Ledger{db: db, lease: o.Lease, staleAfter: o.StaleAfter, now: o.Now}
 	if l.lease <= 0 {
 		l.lease = DefaultLease
+	}
+	if l.staleAfter <= 0 {
+		l.staleAfter = DefaultStaleAfter
 	}
 	if l.now == nil {
 		l.now = time.Now
 	}
+	l.beats.init(o.Log, l.staleAfter, l.lease)
 	return l
 }
 
@@ -88,8 +112,8 @@ const (
 	Claimed State = iota
 	// AlreadyDone: the handler has handled the event; skip it.
 	AlreadyDone
-	// Busy: another process holds a fresh claim; try again after its
-	// lease expires.
+	// Busy: another process holds a live claim; try again at the time
+	// Claim returns, when it may be taken over.
 	Busy
 )
 
@@ -108,27 +132,31 @@ func (s State) String() string {
 
 // Claim is a held claim on (EventID, Handler). Token is the claim's
 // started_at in Unix milliseconds, which every later write is conditioned
-// on.
+// on. The Ledger heartbeats the claim until it is marked done or released.
 type Claim struct {
 	EventID, Handler string
 	Token            int64
 	l                *Ledger
 }
 
-// claimSQL inserts a fresh claim or takes over one whose lease expired
-// (?4: the oldest started_at still held), in one statement. A takeover's
-// token is later than the old one even within the same millisecond.
-const claimSQL = `INSERT INTO ` + Table + ` (event_id, handler, status, started_at) VALUES (?1, ?2, 'in_progress', ?3)
-ON CONFLICT (event_id, handler) DO UPDATE SET status = 'in_progress', processed_at = NULL,
+// claimSQL inserts a fresh claim or takes over one whose holder is gone
+// (?5: the oldest heartbeat, processed_at, of a live holder) or whose
+// lease expired (?4: the oldest started_at still held), in one statement.
+// A claim whose processed_at is NULL has a holder that does not heartbeat:
+// only its lease ends it. A takeover's token is later than the old one
+// even within the same millisecond.
+const claimSQL = `INSERT INTO ` + Table + ` (event_id, handler, status, started_at, processed_at) VALUES (?1, ?2, 'in_progress', ?3, ?3)
+ON CONFLICT (event_id, handler) DO UPDATE SET status = 'in_progress', processed_at = excluded.processed_at,
 	started_at = max(excluded.started_at, coalesce(` + Table + `.started_at, 0) + 1)
-WHERE ` + Table + `.status <> 'done' AND (` + Table + `.started_at IS NULL OR ` + Table + `.started_at < ?4)
+WHERE ` + Table + `.status <> 'done'
+	AND (` + Table + `.started_at IS NULL OR ` + Table + `.started_at < ?4 OR ` + Table + `.processed_at < ?5)
 RETURNING started_at`
 
 // Claim claims (eventID, handler). It returns the claim when the caller
 // holds it (Claimed); AlreadyDone when the handler has handled the event;
-// Busy, with the time the other claim's lease expires, when another
-// process holds a fresh claim. An error means nothing is known: do not
-// run the handler.
+// Busy, with the earliest time the other claim may be taken over, when
+// another process holds a claim that is alive. An error means nothing is
+// known: do not run the handler.
 func (l *Ledger) Claim(ctx context.Context, eventID, handler string) (*Claim, State, time.Time, error) {
 	if eventID == "" || handler == "" {
 		return nil, 0, time.Time{}, errors.New("ledger claim: event id and handler must not be empty")
@@ -138,16 +166,18 @@ func (l *Ledger) Claim(ctx context.Context, eventID, handler string) (*Claim, St
 	for range 3 {
 		now := l.now().UnixMilli()
 		var token int64
-		err := l.db.QueryRowContext(ctx, claimSQL, eventID, handler, now, now-l.lease.Milliseconds()).Scan(&token)
+		err := l.db.QueryRowContext(ctx, claimSQL, eventID, handler, now, now-l.lease.Milliseconds(), now-l.staleAfter.Milliseconds()).Scan(&token)
 		if err == nil {
-			return &Claim{EventID: eventID, Handler: handler, Token: token, l: l}, Claimed, time.Time{}, nil
+			c := &Claim{EventID: eventID, Handler: handler, Token: token, l: l}
+			l.beats.hold(l, c)
+			return c, Claimed, time.Time{}, nil
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
 			return nil, 0, time.Time{}, fmt.Errorf("ledger claim %s/%s: %w", eventID, handler, err)
 		}
 		var status string
-		var started sql.NullInt64
-		err = l.db.QueryRowContext(ctx, `SELECT status, started_at FROM `+Table+` WHERE event_id = ? AND handler = ?`, eventID, handler).Scan(&status, &started)
+		var started, beat sql.NullInt64
+		err = l.db.QueryRowContext(ctx, `SELECT status, started_at, processed_at FROM `+Table+` WHERE event_id = ? AND handler = ?`, eventID, handler).Scan(&status, &started, &beat)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			continue // released meanwhile
@@ -156,12 +186,22 @@ func (l *Ledger) Claim(ctx context.Context, eventID, handler string) (*Claim, St
 		case status == "done":
 			return nil, AlreadyDone, time.Time{}, nil
 		default:
-			// Taken over once started_at < now - lease: a millisecond
-			// after started_at + lease.
-			return nil, Busy, time.UnixMilli(started.Int64 + l.lease.Milliseconds() + 1), nil
+			return nil, Busy, l.busyUntil(started.Int64, beat), nil
 		}
 	}
 	return nil, 0, time.Time{}, fmt.Errorf("ledger claim %s/%s: the row keeps changing", eventID, handler)
+}
+
+// busyUntil is when a claim started at started, last heartbeated at beat
+// (NULL: its holder does not heartbeat), may be taken over: a millisecond
+// after its lease ends, or after its heartbeat goes stale if that comes
+// first. A live holder's next heartbeat moves the second on.
+func (l *Ledger) busyUntil(started int64, beat sql.NullInt64) time.Time {
+	until := started + l.lease.Milliseconds()
+	if beat.Valid {
+		until = min(until, beat.Int64+l.staleAfter.Milliseconds())
+	}
+	return time.UnixMilli(until + 1)
 }
 
 type execer interface {
@@ -190,7 +230,11 @@ func (c *Claim) Release(ctx context.Context) error {
 WHERE event_id = ?1 AND handler = ?2 AND started_at = ?3 AND status = 'in_progress'`)
 }
 
+// write runs q, conditioned on the claim's token. Whatever the outcome, the
+// claim is no longer heartbeated: marked done, released, lost, or left
+// after an error for another process to take over once it goes stale.
 func (c *Claim) write(ctx context.Context, db execer, what, q string, args ...any) error {
+	c.l.beats.drop(c)
 	res, err := db.ExecContext(ctx, q, append([]any{c.EventID, c.Handler, c.Token}, args...)...)
 	if err != nil {
 		return fmt.Errorf("ledger %s %s/%s: %w", what, c.EventID, c.Handler, err)

@@ -44,12 +44,13 @@ func TestClaimDoneAndRelease(t *testing.T) {
 	if err != nil || state != ledger.Claimed || c == nil || c.Token != clk.Now().UnixMilli() {
 		t.Fatalf("first claim: %v %v %+v", state, err, c)
 	}
-	if r, _ := readRow(t, db, "ev-1", "mailer"); r.Status != "in_progress" || r.StartedAt.Int64 != c.Token {
-		t.Fatalf("claimed row %+v", r)
+	if r, _ := readRow(t, db, "ev-1", "mailer"); r.Status != "in_progress" || r.StartedAt.Int64 != c.Token || r.Processed.Int64 != c.Token {
+		t.Fatalf("claimed row %+v; want its token in started_at and its first heartbeat in processed_at", r)
 	}
-	// Another process while the claim is fresh: busy until the lease ends.
-	clk.Add(time.Minute)
-	if _, state, until, err := l.Claim(ctx, "ev-1", "mailer"); err != nil || state != ledger.Busy || !until.Equal(time.UnixMilli(c.Token).Add(ledger.DefaultLease+time.Millisecond)) {
+	// Another process while the claim is fresh: busy until its heartbeat
+	// could go stale.
+	clk.Add(10 * time.Second)
+	if _, state, until, err := l.Claim(ctx, "ev-1", "mailer"); err != nil || state != ledger.Busy || !until.Equal(time.UnixMilli(c.Token).Add(ledger.DefaultStaleAfter+time.Millisecond)) {
 		t.Fatalf("claim of a held claim: %v until %v (%v)", state, until, err)
 	}
 	if err := c.Done(ctx); err != nil {

@@ -83,7 +83,7 @@ type TableOptions struct {
 //
 //   - every handler done or skipped: status done;
 //   - a handler's ledger claim held elsewhere: back to pending, due when
-//     that claim's lease expires, no attempt spent;
+//     that claim may be taken over, no attempt spent;
 //   - a handler failed, or the ledger could not be read: one attempt
 //     spent and last_error written; pending again after the Backoff, or
 //     dead_lettered once MaxAttempts is reached.
@@ -419,13 +419,13 @@ func (s *TableSource) handleRow(ctx context.Context, r tableRow) {
 		}
 		s.settle(ctx, log, "retry", s.q.retry, r.id, s.id, delivery, now.Add(wait).UnixMilli(), reason)
 	case !v.BusyUntil.IsZero():
-		// Not before a second from now: a lease that already expired
-		// would bring the row straight back.
+		// Not before a second from now: a claim that may be taken over
+		// already would bring the row straight back.
 		until := v.BusyUntil
 		if floor := now.Add(time.Second); until.Before(floor) {
 			until = floor
 		}
-		log.Info("handler busy elsewhere; delivering again when its lease expires", zap.Time("until", until))
+		log.Info("handler busy elsewhere; delivering again when its claim may be taken over", zap.Time("until", until))
 		s.settle(ctx, log, "defer", s.q.later, r.id, s.id, until.UnixMilli())
 	default:
 		s.settle(ctx, log, "mark done", s.q.done, r.id, s.id, now.UnixMilli())

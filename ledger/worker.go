@@ -38,8 +38,10 @@ type WorkerOptions struct {
 // acknowledges each message by its Verdict:
 //
 //   - every handler done or skipped: Ack;
-//   - a handler's claim held elsewhere: NakWithDelay until that claim's
-//     lease expires;
+//   - a handler's claim held elsewhere: NakWithDelay until that claim may
+//     be taken over (its holder's heartbeat stale, or its lease expired),
+//     and not before the retry backoff (a live holder spends one delivery
+//     a backoff step, not one every StaleAfter);
 //   - a handler failed, or the ledger could not be read: NakWithDelay by
 //     the retry backoff;
 //   - on the consumer's last delivery (max_deliver), a failure or a busy
@@ -184,8 +186,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	failed := v.failures(err)
 	if len(failed) == 0 && !v.BusyUntil.IsZero() {
 		if !w.last(delivery) {
-			wait := max(time.Until(v.BusyUntil), time.Second)
-			log.Info("handler busy elsewhere; delivering again when its lease expires", zap.Duration("delay", wait))
+			wait := max(time.Until(v.BusyUntil), w.o.Backoff(delivery))
+			log.Info("handler busy elsewhere; delivering again when its claim may be taken over", zap.Duration("delay", wait))
 			w.ack(log, msg.NakWithDelay(wait))
 			return
 		}

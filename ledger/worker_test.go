@@ -267,8 +267,9 @@ func TestWorkerExhaustsMaxDeliver(t *testing.T) {
 }
 
 // TestWorkerWaitsForABusyClaim: a delivery that finds a fresh claim held
-// elsewhere comes again when the claim's lease expires, takes it over and
-// runs the handler once.
+// elsewhere, by a holder that does not heartbeat (processed_at NULL), comes
+// again when the claim's lease expires, takes it over and runs the handler
+// once.
 func TestWorkerWaitsForABusyClaim(t *testing.T) {
 	_, js := stream(t)
 	db := appDB(t)
@@ -284,7 +285,7 @@ func TestWorkerWaitsForABusyClaim(t *testing.T) {
 		ranAt.Store(time.Now().UnixMilli())
 		return nil
 	})
-	runWorker(t, durable(t, js, time.Minute, 5), h, ledger.WorkerOptions{})
+	runWorker(t, durable(t, js, time.Minute, 5), h, ledger.WorkerOptions{Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
 	publish(t, js, id, "T")
 	testenv.Eventually(t, 20*time.Second, "the handler to run", func() bool { return ran.Load() > 0 })
 	if waited := time.UnixMilli(ranAt.Load()).Sub(claimed); waited < lease {
@@ -322,15 +323,19 @@ func TestWorkerNaksWhenTheLedgerIsGone(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, "the handler to run", func() bool { return ran.Load() == 1 })
 }
 
+// killedStaleAfter is the StaleAfter of TestKilledWorkerIsTakenOver and its
+// child: both keep the default lease, 30 minutes.
+const killedStaleAfter = time.Second
+
 // TestKilledWorkerIsTakenOver: a worker killed (kill -9) in the middle of
-// a handler leaves its claim; another worker takes it over once the lease
-// expires, and the effect happens once.
+// a handler leaves its claim; its heartbeat stops, and another worker takes
+// the claim over once it is stale, long before the lease expires, and the
+// effect happens once.
 func TestKilledWorkerIsTakenOver(t *testing.T) {
 	n, js := stream(t)
 	path := testenv.NewDB(t)
 	db := testenv.AppDB(t, path)
 	effectsTable(t, db)
-	const lease = 2 * time.Second
 	durable(t, js, time.Second, -1)
 	id := event.NewID()
 	publish(t, js, id, "OrderPlaced")
@@ -349,10 +354,11 @@ func TestKilledWorkerIsTakenOver(t *testing.T) {
 		t.Fatalf("the child holds no claim: %+v", childClaim)
 	}
 	p.Kill()
+	lastBeat, _ := readRow(t, db, id, "record") // the child writes no more
 
-	h := handlersWith(t, db, ledger.Options{Lease: lease}, nil)
+	h := handlersWith(t, db, ledger.Options{StaleAfter: killedStaleAfter}, nil)
 	h.HandleTx("OrderPlaced", "record", recordTx("record"))
-	runWorker(t, durable(t, js, time.Second, -1), h, ledger.WorkerOptions{})
+	runWorker(t, durable(t, js, time.Second, -1), h, ledger.WorkerOptions{Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
 	testenv.Eventually(t, 30*time.Second, "the claim taken over and done", func() bool {
 		r, _ := readRow(t, db, id, "record")
 		return r.Status == "done"
@@ -362,10 +368,12 @@ func TestKilledWorkerIsTakenOver(t *testing.T) {
 	if effects != 1 {
 		t.Fatalf("%d effects; want 1", effects)
 	}
-	// Taken over only once the dead child's lease had expired.
-	if r, _ := readRow(t, db, id, "record"); r.StartedAt.Int64 <= childClaim.StartedAt.Int64+lease.Milliseconds() {
-		t.Fatalf("the claim was taken over at %d, %v after the child's claim; its lease is %v",
-			r.StartedAt.Int64, time.Duration(r.StartedAt.Int64-childClaim.StartedAt.Int64)*time.Millisecond, lease)
+	// Taken over once the dead child's heartbeat was stale, and long
+	// before its lease would have let it go.
+	r, _ := readRow(t, db, id, "record")
+	if r.StartedAt.Int64 <= lastBeat.Processed.Int64+killedStaleAfter.Milliseconds() || r.StartedAt.Int64 >= childClaim.StartedAt.Int64+ledger.DefaultLease.Milliseconds() {
+		t.Fatalf("the claim was taken over at %d, %v after the child's last heartbeat; StaleAfter is %v, the lease %v",
+			r.StartedAt.Int64, time.Duration(r.StartedAt.Int64-lastBeat.Processed.Int64)*time.Millisecond, killedStaleAfter, ledger.DefaultLease)
 	}
 }
 
@@ -389,7 +397,7 @@ func TestHelperHangingWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zapcore.InfoLevel))
-	h := handlersWith(t, testenv.AppDB(t, path), ledger.Options{Lease: 2 * time.Second}, nil)
+	h := handlersWith(t, testenv.AppDB(t, path), ledger.Options{StaleAfter: killedStaleAfter}, nil)
 	h.HandleTx("OrderPlaced", "record", func(context.Context, *sql.Tx, ledger.Event) error {
 		log.Info("handler started")
 		syscall.Pause() // until killed
