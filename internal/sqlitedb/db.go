@@ -1,9 +1,10 @@
 // Package sqlitedb owns the relay's handle on the application's SQLite
 // file: opening it (a single-connection writer whose transactions start
 // with BEGIN IMMEDIATE, a read-only pool, a checkpointer), waiting for the
-// application's write lock, noticing that the path names another file,
-// WAL checkpoints and commit wake-ups. What the relay reads and writes
-// lives in the packages that use it: schema, claim, admin, housekeeping.
+// application's write lock and for a file held locked against readers,
+// noticing that the path names another file, WAL checkpoints and commit
+// wake-ups. What the relay reads and writes lives in the packages that use
+// it: schema, claim, admin, housekeeping.
 package sqlitedb
 
 import (
@@ -11,9 +12,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -25,34 +24,6 @@ import (
 // ErrNoDatabase is returned by Open when the database file does not exist
 // and Options.Create is false.
 var ErrNoDatabase = errors.New("database file does not exist")
-
-// Options say which file and table to use.
-type Options struct {
-	Path        string
-	Table       string        // a plain SQL identifier, validated by config
-	BusyTimeout time.Duration // how long a write waits for the application's lock
-	Create      bool          // create the file when it is missing
-	ReadOnly    bool          // never write (status, listings): writes fail
-	// OwnCheckpoints turns off SQLite's automatic checkpoint on the relay's
-	// writer, so that copying the WAL into the database is not paid inside
-	// claim and settle commits; the owner calls Checkpoint instead, often.
-	// The application's connections keep their own automatic checkpoints.
-	OwnCheckpoints bool
-	// Clock decides which rows are due (a new event.Clock over time.Now
-	// when nil); share it with the relay, which times retries by it.
-	Clock *event.Clock
-}
-
-// writerDriver is go-sqlite3 with the automatic checkpoint turned off on
-// every connection it opens (for Options.OwnCheckpoints).
-const writerDriver = "sqlite3-outbox-relay-writer"
-
-func init() {
-	sql.Register(writerDriver, &sqlite3.SQLiteDriver{ConnectHook: func(c *sqlite3.SQLiteConn) error {
-		_, err := c.Exec("PRAGMA wal_autocheckpoint = 0", nil)
-		return err
-	}})
-}
 
 // DB is the relay's handle on the shared SQLite file: a single-connection
 // write pool whose transactions start with BEGIN IMMEDIATE, a read-only
@@ -71,105 +42,6 @@ type DB struct {
 	ckptWal walState // the -wal file after the last complete checkpoint
 
 	watchSeen watchCounts
-}
-
-// Open opens the database at opts.Path. It does not touch the schema.
-func Open(ctx context.Context, opts Options) (*DB, error) {
-	before, err := os.Stat(opts.Path)
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
-		}
-		if !opts.Create {
-			return nil, fmt.Errorf("open database %s: %w (the application creates it; check database.path)", opts.Path, ErrNoDatabase)
-		}
-	}
-	busy := opts.BusyTimeout.Milliseconds()
-	mode := "rw"
-	if opts.Create {
-		mode = "rwc"
-	}
-	// Every connection keeps its prepared statements: preparing the claim
-	// costs more than running it on a small batch.
-	const stmtCache = "32"
-	// The writer waits for the lock itself (Store.begin), in finer steps
-	// than SQLite's busy handler (1, 2, 5, 10 ms ...).
-	params := url.Values{
-		"mode":             {mode},
-		"_busy_timeout":    {"0"},
-		"_journal_mode":    {"WAL"},
-		"_synchronous":     {"NORMAL"},
-		"_txlock":          {"immediate"},
-		"_stmt_cache_size": {stmtCache},
-	}
-	if opts.ReadOnly {
-		params = url.Values{"mode": {"ro"}, "_busy_timeout": {fmt.Sprint(busy)}, "_stmt_cache_size": {stmtCache}}
-	}
-	driver := "sqlite3"
-	if opts.OwnCheckpoints && !opts.ReadOnly {
-		driver = writerDriver
-	}
-	write, err := sql.Open(driver, dsn(opts.Path, params))
-	if err != nil {
-		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
-	}
-	// One writer connection: in-process writers queue in Go instead of
-	// sleeping in SQLite's busy handler; other processes are waited for by
-	// busy_timeout.
-	write.SetMaxOpenConns(1)
-	write.SetConnMaxIdleTime(0)
-	write.SetConnMaxLifetime(0)
-	if err := RetryBusy(ctx, func() error { return write.PingContext(ctx) }); err != nil {
-		write.Close()
-		if !opts.ReadOnly {
-			if err := NotWritable(opts.Path, err); errors.Is(err, event.ErrNotWritable) {
-				return nil, err
-			}
-		}
-		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
-	}
-	read, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{
-		"mode":             {"ro"},
-		"_busy_timeout":    {fmt.Sprint(busy)},
-		"_stmt_cache_size": {stmtCache},
-	}))
-	if err != nil {
-		write.Close()
-		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
-	}
-	read.SetMaxOpenConns(4)
-	// The checkpointer's connection: a PASSIVE checkpoint waits for no lock.
-	ckptMode := "rw"
-	if opts.ReadOnly {
-		ckptMode = "ro"
-	}
-	ckpt, err := sql.Open("sqlite3", dsn(opts.Path, url.Values{"mode": {ckptMode}, "_busy_timeout": {fmt.Sprint(busy)}}))
-	if err != nil {
-		write.Close()
-		read.Close()
-		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
-	}
-	ckpt.SetMaxOpenConns(1)
-	s := &DB{busy: opts.BusyTimeout, write: write, read: read, ckpt: ckpt, table: opts.Table, path: opts.Path}
-	if s.clock = opts.Clock; s.clock == nil {
-		s.clock = event.NewClock(nil)
-	}
-	// Reading the schema proves the file is a database.
-	if err := RetryBusy(ctx, func() error {
-		_, err := ObjectExists(ctx, s.read, "table", opts.Table)
-		return err
-	}); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
-	}
-	if s.opened, err = os.Stat(opts.Path); err == nil && before != nil && !os.SameFile(before, s.opened) {
-		err = errors.New("the file was replaced while it was being opened; try again")
-	}
-	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("open database %s: %w", opts.Path, err)
-	}
-	return s, nil
 }
 
 // Begin starts a write transaction (BEGIN IMMEDIATE), waiting for the
@@ -217,13 +89,6 @@ func (s *DB) Exec(ctx context.Context, query string, args ...any) (sql.Result, e
 		return nil, err
 	}
 	return res, tx.Commit()
-}
-
-// dsn builds a go-sqlite3 URI filename; only the file: form passes SQLite
-// URI parameters such as mode=ro through.
-func dsn(path string, params url.Values) string {
-	esc := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path)
-	return "file:" + esc + "?" + params.Encode()
 }
 
 // InTx runs fn in a write transaction (Begin) and commits it.

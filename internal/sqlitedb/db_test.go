@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -153,5 +154,42 @@ func TestWatchSeesSynchronousFullCommits(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("commit %d: no wake-up", i)
 		}
+	}
+}
+
+// TestOpenInAMissingDirectory: migrate creates the file, but not its
+// directory; the error says the directory is missing, not that the file
+// is not writable.
+func TestOpenInAMissingDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "nope")
+	path := filepath.Join(dir, "app.db")
+	_, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue", Create: true})
+	if err == nil || !strings.Contains(err.Error(), "directory "+dir+" does not exist") || errors.Is(err, event.ErrNotWritable) {
+		t.Fatalf("Open with Create in a missing directory = %v; want the directory named as missing", err)
+	}
+	_, err = sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue"})
+	if !errors.Is(err, sqlitedb.ErrNoDatabase) || !strings.Contains(err.Error(), "nor does its directory "+dir) {
+		t.Fatalf("Open in a missing directory = %v; want sqlitedb.ErrNoDatabase naming the directory", err)
+	}
+}
+
+// TestOpenNamesTheAbsolutePath: a relative database.path is named in full
+// in errors (under systemd the working directory is /), and the store
+// keeps the absolute path.
+func TestOpenNamesTheAbsolutePath(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	abs := filepath.Join(dir, "app.db")
+	_, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: "app.db", Table: "event_queue"})
+	if err == nil || !strings.Contains(err.Error(), "open database "+abs+":") {
+		t.Fatalf("Open of a missing relative path = %v; want the absolute path %s", err, abs)
+	}
+	s, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: "./app.db", Table: "event_queue", Create: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Path() != abs {
+		t.Fatalf("Path() = %q; want %q", s.Path(), abs)
 	}
 }
