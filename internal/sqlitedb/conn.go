@@ -2,21 +2,49 @@ package sqlitedb
 
 import (
 	"database/sql"
+	"fmt"
 	"net/url"
 	"strings"
 
 	sqlite3 "github.com/mattn/go-sqlite3"
 )
 
-// writerDriver is go-sqlite3 with the automatic checkpoint turned off on
-// every connection it opens (for Options.OwnCheckpoints).
-const writerDriver = "sqlite3-outbox-relay-writer"
+// Drivers: go-sqlite3 with what the relay's read-write connections set on
+// opening (keepWAL), and for Options.OwnCheckpoints also the automatic
+// checkpoint turned off.
+const (
+	rwDriver     = "sqlite3-outbox-relay"
+	writerDriver = "sqlite3-outbox-relay-writer"
+)
 
 func init() {
+	sql.Register(rwDriver, &sqlite3.SQLiteDriver{ConnectHook: keepWAL})
 	sql.Register(writerDriver, &sqlite3.SQLiteDriver{ConnectHook: func(c *sqlite3.SQLiteConn) error {
+		if err := keepWAL(c); err != nil {
+			return err
+		}
 		_, err := c.Exec("PRAGMA wal_autocheckpoint = 0", nil)
 		return err
 	}})
+}
+
+// walSizeLimit is the journal_size_limit of the relay's connections: a
+// WAL that grew past it (behind a long read of the application's) is cut
+// back to it when it starts over, and, with keepWAL, to nothing when the
+// relay closes the database last.
+const walSizeLimit = 64 << 20
+
+// keepWAL makes a connection that closes the database last leave the -wal
+// (emptied) and -shm files in place instead of removing them: without
+// them a user who may read the file but not write its directory cannot
+// open a database in WAL mode (status, dead-letters list, audit), since
+// SQLite must create them first. An empty WAL beside a restored file
+// changes nothing in it.
+func keepWAL(c *sqlite3.SQLiteConn) error {
+	if _, err := c.Exec(fmt.Sprintf("PRAGMA journal_size_limit = %d", walSizeLimit), nil); err != nil {
+		return err
+	}
+	return c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1)
 }
 
 // Every connection keeps its prepared statements: preparing the claim

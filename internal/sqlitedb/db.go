@@ -108,9 +108,11 @@ func (s *DB) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 // writer.
 func (s *DB) Reader() *sql.DB { return s.read }
 
-// Close closes the pools.
+// Close closes the pools, the writer last: the connection that closes the
+// database last copies the WAL into it, which a read-only one cannot do,
+// and (keepWAL) leaves the -wal file empty.
 func (s *DB) Close() error {
-	return errors.Join(s.write.Close(), s.read.Close(), s.ckpt.Close())
+	return errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
 }
 
 // Path returns the database file's path.

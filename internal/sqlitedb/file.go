@@ -92,3 +92,38 @@ func NotWritable(path string, err error) error {
 	return fmt.Errorf("%w: %s: %w (the relay runs as uid %d and needs to write the file, its -wal and -shm files and their directory %s)",
 		event.ErrNotWritable, path, err, os.Geteuid(), filepath.Dir(path))
 }
+
+// walFilesMissing explains err, from a read-only open of the file at path,
+// when it is SQLite failing to create the -wal and -shm files that reading
+// a database in WAL mode needs (a user who may read the file but not write
+// its directory), and returns nil otherwise.
+func walFilesMissing(path string, err error) error {
+	// A read-only connection writes nothing but those files: SQLite's
+	// "read-only" errors on one are about them (SQLITE_READONLY_DIRECTORY
+	// when it may not create them).
+	var se sqlite3.Error
+	if !errors.As(err, &se) || se.Code != sqlite3.ErrReadonly {
+		return nil
+	}
+	var missing []string
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if _, err := os.Stat(path + suffix); errors.Is(err, os.ErrNotExist) {
+			missing = append(missing, suffix)
+		}
+	}
+	var which string
+	switch len(missing) {
+	case 0:
+		return nil
+	case 1:
+		which = "the " + missing[0] + " file does not exist"
+	default:
+		which = "neither exists"
+	}
+	dir := filepath.Dir(path)
+	return fmt.Errorf("open database %s: %w: the database is in WAL mode, which SQLite can only read with its -wal and -shm files beside it; "+
+		"%s (no process has the database open), and uid %d may not create them in %s. "+
+		"Run this command while the relay or the application has the database open, or as a user who may write %s "+
+		"(a relay that stops leaves both files in place)",
+		path, err, which, os.Geteuid(), dir, dir)
+}

@@ -114,7 +114,7 @@ func openWriter(path string, opts Options) (*sql.DB, error) {
 		"_txlock":          {"immediate"},
 		"_stmt_cache_size": {stmtCache},
 	}
-	driver := "sqlite3"
+	driver := rwDriver
 	if opts.OwnCheckpoints {
 		driver = writerDriver
 	}
@@ -157,7 +157,7 @@ func (s *DB) openReaders(readOnly bool) error {
 		return err
 	}
 	read.SetMaxOpenConns(4)
-	driver, mode := "sqlite3", "rw"
+	driver, mode := rwDriver, "rw"
 	if readOnly {
 		driver, mode = "sqlite3", "ro"
 	}
@@ -209,10 +209,12 @@ func statDatabase(path string, create bool) (os.FileInfo, error) {
 
 // openError says why the first reads of the file failed.
 func openError(path string, readOnly bool, err error) error {
-	if !readOnly {
-		if why := NotWritable(path, err); errors.Is(why, event.ErrNotWritable) {
+	if readOnly {
+		if why := walFilesMissing(path, err); why != nil {
 			return why
 		}
+	} else if why := NotWritable(path, err); errors.Is(why, event.ErrNotWritable) {
+		return why
 	}
 	return fmt.Errorf("open database %s: %w", path, err)
 }
