@@ -131,10 +131,17 @@ func printSync(w io.Writer, res streamsync.Result, dryRun bool) {
 		fmt.Fprintf(w, "problem: %s\n", res.NotCaptured)
 	}
 	n := len(res.Changes.Stream) + len(res.Changes.Consumer)
+	if res.Window != nil && res.Window.Short() && len(res.Rejected) == 0 {
+		// A dry run whose window patch the server would refuse.
+		fmt.Fprintf(w, "warning: %s\n", res.Window.Warning())
+	}
 	switch {
 	case len(res.Rejected) > 0:
 		for _, r := range res.Rejected {
 			fmt.Fprintf(w, "rejected: the server refused the %s update: %s\n  fix it by hand: %s\n", r.Part, r.Error, r.Command)
+			if r.Hint != "" {
+				fmt.Fprintf(w, "  %s\n", r.Hint)
+			}
 		}
 	case n == 0:
 		fmt.Fprintln(w, "in sync: nothing to change")

@@ -17,6 +17,17 @@ const (
 	defaultAckWait         = 30 * time.Second
 )
 
+// The managed fields, the values of Change.Field.
+const (
+	FieldDuplicateWindow = "duplicate_window"
+	FieldMaxDeliver      = "max_deliver"
+	FieldAckWait         = "ack_wait"
+)
+
+// ManagedFields lists every field a sync may change (for metrics whose
+// series start at 0).
+var ManagedFields = []string{FieldDuplicateWindow, FieldMaxDeliver, FieldAckWait}
+
 // Change is one managed field that differs between the live configuration
 // and what the relay needs.
 type Change struct {
@@ -47,18 +58,18 @@ func Plan(live Live, want Want) Changes {
 	var c Changes
 	if s := live.Stream; s != nil {
 		if have := effectiveDuplicateWindow(*s); have != want.DuplicateWindow {
-			c.Stream = append(c.Stream, Change{Field: "duplicate_window", Old: fmtDuration(have), New: fmtDuration(want.DuplicateWindow)})
+			c.Stream = append(c.Stream, Change{Field: FieldDuplicateWindow, Old: fmtDuration(have), New: fmtDuration(want.DuplicateWindow)})
 		}
 	}
 	if cc := live.Consumer; cc != nil && want.Durable != "" {
 		if have := effectiveMaxDeliver(*cc); have != want.MaxDeliver {
-			c.Consumer = append(c.Consumer, Change{Field: "max_deliver", Old: fmtMaxDeliver(have), New: fmtMaxDeliver(want.MaxDeliver)})
+			c.Consumer = append(c.Consumer, Change{Field: FieldMaxDeliver, Old: fmtMaxDeliver(have), New: fmtMaxDeliver(want.MaxDeliver)})
 		}
 		// With backoff set, the server derives the ack wait from it; the
 		// operator's backoff is theirs to keep.
 		if len(cc.BackOff) == 0 {
 			if have := effectiveAckWait(*cc); have != want.AckWait {
-				c.Consumer = append(c.Consumer, Change{Field: "ack_wait", Old: fmtDuration(have), New: fmtDuration(want.AckWait)})
+				c.Consumer = append(c.Consumer, Change{Field: FieldAckWait, Old: fmtDuration(have), New: fmtDuration(want.AckWait)})
 			}
 		}
 	}
@@ -131,7 +142,7 @@ func fmtDuration(d time.Duration) string {
 func StreamEditCommand(stream string, changes []Change) string {
 	args := []string{"nats", "stream", "edit", shellQuote(stream)}
 	for _, c := range changes {
-		if c.Field == "duplicate_window" {
+		if c.Field == FieldDuplicateWindow {
 			args = append(args, "--dupe-window", c.New)
 		}
 	}
@@ -144,9 +155,9 @@ func ConsumerEditCommand(stream, consumer string, changes []Change) string {
 	args := []string{"nats", "consumer", "edit", shellQuote(stream), shellQuote(consumer)}
 	for _, c := range changes {
 		switch c.Field {
-		case "max_deliver":
+		case FieldMaxDeliver:
 			args = append(args, "--max-deliver", c.New)
-		case "ack_wait":
+		case FieldAckWait:
 			args = append(args, "--wait", c.New)
 		}
 	}

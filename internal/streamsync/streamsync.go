@@ -3,7 +3,8 @@
 // the live configuration is cloned and only the managed fields are patched
 // (stream: duplicate_window; consumer: max_deliver, ack_wait); a rejected
 // update is reported with the natscli command that would make it, and the
-// relay keeps starting.
+// relay keeps starting. A duplicate window shorter than the relay needs
+// (the stream's max_age caps it) is reported with the choice it leaves.
 package streamsync
 
 import (
@@ -46,7 +47,8 @@ var (
 type Rejection struct {
 	Part    string `json:"part"` // stream or consumer
 	Error   string `json:"error"`
-	Command string `json:"command"` // what an operator would run instead
+	Command string `json:"command"`        // what an operator would run instead
+	Hint    string `json:"hint,omitempty"` // the choice besides the command
 }
 
 // Result reports what a sync found and did.
@@ -60,6 +62,9 @@ type Result struct {
 	Applied         bool        `json:"applied"`                    // changes were written
 	Rejected        []Rejection `json:"rejected,omitempty"`
 	NotCaptured     string      `json:"not_captured,omitempty"` // why the relay's subjects are not captured
+	// Window is the stream's duplicate window once the sync is done (dry
+	// run: as it would be); nil when the stream is not there.
+	Window *Window `json:"duplicate_window,omitempty"`
 }
 
 // Options say how to sync.
@@ -73,8 +78,10 @@ type Options struct {
 // patches the managed fields of existing ones, and checks that the stream
 // captures the relay's subjects. A server that rejects an update is logged
 // and reported in the result, not returned: the relay keeps starting. An
-// error means the server could not be asked (or the stream is missing and
-// may not be created).
+// error means the server could not be asked, or the stream is missing and
+// may not be created (ErrNoStream) or cannot be, because another stream
+// takes some of its subjects (ErrSubjectOverlap, naming that stream and
+// what to change; a dry run finds it too).
 func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Result, error) {
 	if o.Log == nil {
 		o.Log = zap.NewNop()
@@ -93,7 +100,11 @@ func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Re
 			return res, fmt.Errorf("%w: %s (stream.create is false; create it or set stream.create)", ErrNoStream, want.Stream)
 		}
 		res.StreamCreated = true
-		if !o.DryRun {
+		if o.DryRun {
+			if found, err := overlapping(ctx, js, want); err == nil && len(found) > 0 {
+				return res, overlapError(want, found, nil, nil)
+			}
+		} else {
 			if stream, err = create(ctx, js, want); err != nil {
 				return res, err
 			}
@@ -156,30 +167,53 @@ func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Re
 			}
 		}
 	}
+	if stream != nil {
+		// Created, in sync, or (dry run) as it would be once patched,
+		// unless the server would refuse the patch.
+		w := Window{Stream: want.Stream, Have: want.DuplicateWindow, Want: want.DuplicateWindow}
+		if o.DryRun && live.Stream != nil {
+			if lw := NewWindow(*live.Stream, want.DuplicateWindow); lw.capped() {
+				w = lw
+			}
+		}
+		res.Window = &w
+	}
 	if o.DryRun || res.Changes.Empty() {
 		return res, nil
 	}
+	return res, update(ctx, js, live, want, o, log, &res)
+}
 
+// update patches the stream and the consumer as res.Changes says.
+func update(ctx context.Context, js jetstream.JetStream, live Live, want Want, o Options, log *zap.Logger, res *Result) error {
 	if len(res.Changes.Stream) > 0 {
-		_, err := js.UpdateStream(ctx, patchStream(*live.Stream, want))
-		if done, err := report(err, log, "stream", res.Changes.Stream, StreamEditCommand(want.Stream, res.Changes.Stream), o.Patched, &res); !done {
-			return res, err
+		_, updateErr := js.UpdateStream(ctx, patchStream(*live.Stream, want))
+		w, hint := NewWindow(*live.Stream, want.DuplicateWindow), ""
+		if w.Short() {
+			hint = w.Choice()
+		}
+		if done, err := report(updateErr, log, "stream", res.Changes.Stream, w.Command(), hint, o.Patched, res); !done {
+			return err
+		}
+		if updateErr != nil {
+			res.Window = &w // refused: the stream keeps its window
 		}
 	}
 	if len(res.Changes.Consumer) > 0 {
 		_, err := js.UpdateConsumer(ctx, want.Stream, patchConsumer(*live.Consumer, want))
 		clog := log.With(zap.String("consumer", want.Durable))
-		if done, err := report(err, clog, "consumer", res.Changes.Consumer, ConsumerEditCommand(want.Stream, want.Durable, res.Changes.Consumer), o.Patched, &res); !done {
-			return res, err
+		if done, err := report(err, clog, "consumer", res.Changes.Consumer, ConsumerEditCommand(want.Stream, want.Durable, res.Changes.Consumer), "", o.Patched, res); !done {
+			return err
 		}
 	}
 	res.Applied = len(res.Rejected) == 0
-	return res, nil
+	return nil
 }
 
 // report logs the outcome of one update. It returns done=false with the
 // error when the server could not be asked (the caller retries later).
-func report(err error, log *zap.Logger, part string, changes []Change, command string, patched func(string), res *Result) (done bool, _ error) {
+// hint is what an operator can do besides the command.
+func report(err error, log *zap.Logger, part string, changes []Change, command, hint string, patched func(string), res *Result) (done bool, _ error) {
 	var apiErr *jetstream.APIError
 	switch {
 	case err == nil:
@@ -189,28 +223,20 @@ func report(err error, log *zap.Logger, part string, changes []Change, command s
 		}
 		return true, nil
 	case errors.As(err, &apiErr):
-		res.Rejected = append(res.Rejected, Rejection{Part: part, Error: apiErr.Error(), Command: command})
+		res.Rejected = append(res.Rejected, Rejection{Part: part, Error: apiErr.Error(), Command: command, Hint: hint})
 		fields := make([]string, len(changes))
 		for i, c := range changes {
 			fields[i] = fmt.Sprintf("%s %s -> %s", c.Field, c.Old, c.New)
 		}
 		fieldsLog := []zap.Field{zap.String("wanted", strings.Join(fields, ", ")), zap.String("reason", apiErr.Description),
 			zap.Int("err_code", int(apiErr.ErrorCode)), zap.String("command", command)}
-		if h := hint(apiErr); h != "" {
-			fieldsLog = append(fieldsLog, zap.String("hint", h))
+		if hint != "" {
+			fieldsLog = append(fieldsLog, zap.String("hint", hint))
 		}
 		log.Warn("the server rejected the "+part+" update the relay needs; starting anyway. Fix it by hand with the command", fieldsLog...)
 		return true, nil
 	}
 	return false, fmt.Errorf("update %s: %w", part, err)
-}
-
-// hint explains rejections whose fix is more than the command.
-func hint(apiErr *jetstream.APIError) string {
-	if strings.Contains(strings.ToLower(apiErr.Description), "max age") || strings.Contains(strings.ToLower(apiErr.Description), "max_age") {
-		return "the duplicate window cannot be longer than the stream's max_age: raise max_age too (add --max-age with at least the window), or lower stream.duplicate_window"
-	}
-	return ""
 }
 
 func create(ctx context.Context, js jetstream.JetStream, want Want) (jetstream.Stream, error) {
@@ -223,6 +249,10 @@ func create(ctx context.Context, js jetstream.JetStream, want Want) (jetstream.S
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return js.Stream(ctx, want.Stream) // another relay created it first
+	}
+	if apiErr := (*jetstream.APIError)(nil); errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSubjectOverlap {
+		found, listErr := overlapping(ctx, js, want)
+		return nil, overlapError(want, found, listErr, apiErr)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create stream %s: %w", want.Stream, err)
@@ -245,17 +275,26 @@ func newConsumer(want Want, subjects []string) jetstream.ConsumerConfig {
 // it must exist and capture every subject under the relay's prefix, or the
 // relay would take every "no response" for an outage.
 func Check(ctx context.Context, js jetstream.JetStream, want Want) error {
+	_, err := Examine(ctx, js, want)
+	return err
+}
+
+// Examine is Check that also returns the stream's duplicate window
+// (when the stream could be read).
+func Examine(ctx context.Context, js jetstream.JetStream, want Want) (Window, error) {
 	s, err := js.Stream(ctx, want.Stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("%w: %s", ErrNoStream, want.Stream)
+		return Window{}, fmt.Errorf("%w: %s", ErrNoStream, want.Stream)
 	}
 	if err != nil {
-		return fmt.Errorf("look up stream %s: %w", want.Stream, err)
+		return Window{}, fmt.Errorf("look up stream %s: %w", want.Stream, err)
 	}
-	if subjects := s.CachedInfo().Config.Subjects; !event.Covers(subjects, want.SubjectPrefix) {
-		return notCaptured(want.Stream, subjects, want.SubjectPrefix)
+	cfg := s.CachedInfo().Config
+	w := NewWindow(cfg, want.DuplicateWindow)
+	if !event.Covers(cfg.Subjects, want.SubjectPrefix) {
+		return w, notCaptured(want.Stream, cfg.Subjects, want.SubjectPrefix)
 	}
-	return nil
+	return w, nil
 }
 
 func notCaptured(stream string, subjects []string, prefix string) error {

@@ -240,8 +240,10 @@ func TestSecondSyncIsQuiet(t *testing.T) {
 }
 
 // TestRejectedUpdateKeepsStarting: a 1 h window is refused on a stream whose
-// max_age is 30 min; the warning carries the natscli command and Sync
-// still succeeds.
+// max_age is 30 min; the warning carries the natscli command that the server
+// accepts (max_age raised with the window) and the other choice (a window
+// of at most max_age, and what it costs), the result and Examine report the
+// 2 min window the stream keeps, and Sync still succeeds.
 func TestRejectedUpdateKeepsStarting(t *testing.T) {
 	ctx := context.Background()
 	js := testenv.StartNATS(t).JetStream(t)
@@ -253,17 +255,99 @@ func TestRejectedUpdateKeepsStarting(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Sync returned %v; a rejected update must not stop startup", err)
 	}
-	if res.Applied || len(res.Rejected) != 1 || res.Rejected[0].Command != "nats stream edit EVENTS --dupe-window 1h -f" {
+	const command = "nats stream edit EVENTS --max-age 1h --dupe-window 1h -f"
+	if res.Applied || len(res.Rejected) != 1 || res.Rejected[0].Command != command ||
+		!strings.Contains(res.Rejected[0].Hint, "set stream.duplicate_window to at most 30m; exactly-once then holds only within that window") {
 		t.Fatalf("result %+v", res)
 	}
-	lines := logs.FilterLevelExact(zapcore.WarnLevel).All()
-	if len(lines) != 1 || lines[0].ContextMap()["command"] != "nats stream edit EVENTS --dupe-window 1h -f" ||
+	if w := res.Window; w == nil || w.Have != 2*time.Minute || !w.Short() || !strings.Contains(w.Warning(), "stream EVENTS dedups within 2m, not the 1h") {
+		t.Fatalf("window in the result: %+v", res.Window)
+	}
+	lines := logs.FilterMessageSnippet("the server rejected the stream update").All()
+	if len(lines) != 1 || lines[0].ContextMap()["command"] != command ||
 		!strings.Contains(lines[0].ContextMap()["reason"].(string), "duplicates window") ||
-		!strings.Contains(fmt.Sprint(lines[0].ContextMap()["hint"]), "max_age") {
+		!strings.Contains(fmt.Sprint(lines[0].ContextMap()["hint"]), "raise max_age to at least 1h") {
 		t.Fatalf("warning lines %v", logs.All())
 	}
 	if got := streamConfig(t, js, "EVENTS").Duplicates; got != 2*time.Minute {
 		t.Fatalf("window changed to %v", got)
+	}
+	w, err := streamsync.Examine(ctx, js, want)
+	if err != nil || w.Have != 2*time.Minute || w.Want != time.Hour || !w.Short() {
+		t.Fatalf("Examine = %+v, %v", w, err)
+	}
+	// The command given is one the server takes: after it, the relay's
+	// window is in place and a sync has nothing left to do.
+	s, _ := js.Stream(ctx, "EVENTS")
+	cfg := s.CachedInfo().Config
+	cfg.MaxAge, cfg.Duplicates = time.Hour, time.Hour
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("what the command does is refused: %v", err)
+	}
+	if w, err := streamsync.Examine(ctx, js, want); err != nil || w.Short() || w.Warning() != "" {
+		t.Fatalf("Examine after the fix = %+v, %v", w, err)
+	}
+}
+
+// TestShortWindowAccepted: stream.duplicate_window at most max_age is
+// applied, and the window is not short then.
+func TestShortWindowAccepted(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, MaxAge: 30 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w := want
+	w.DuplicateWindow = 30 * time.Minute
+	res, err := streamsync.Sync(ctx, js, w, streamsync.Options{})
+	if err != nil || !res.Applied || res.Window == nil || res.Window.Short() {
+		t.Fatalf("Sync = %+v, %v", res, err)
+	}
+	if got := streamConfig(t, js, "EVENTS").Duplicates; got != 30*time.Minute {
+		t.Fatalf("window %v, want 30m", got)
+	}
+}
+
+// TestSubjectOverlapNamesTheStream: a stream that cannot be created because
+// another stream takes some of its subjects (err_code 10065) is a
+// configuration error naming that stream, its subjects and what to
+// change; the dry run says the same.
+func TestSubjectOverlapNamesTheStream(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	for _, c := range []jetstream.StreamConfig{
+		{Name: "ORDERS", Subjects: []string{"orders.>", "events.orders.*"}},
+		{Name: "AUDIT", Subjects: []string{"audit.>"}},
+	} {
+		if _, err := js.CreateStream(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dry := range []bool{false, true} {
+		_, err := streamsync.Sync(ctx, js, want, streamsync.Options{DryRun: dry})
+		if !errors.Is(err, streamsync.ErrSubjectOverlap) || !strings.Contains(err.Error(), "stream ORDERS takes events.orders.*") ||
+			!strings.Contains(err.Error(), "nats stream edit ORDERS --subjects 'orders.>' -f") || strings.Contains(err.Error(), "AUDIT") ||
+			!strings.Contains(err.Error(), "stream.subject_prefix") {
+			t.Fatalf("Sync (dry run %v) = %v", dry, err)
+		}
+		if !dry && !strings.Contains(err.Error(), "10065") {
+			t.Fatalf("Sync = %v; want the server's err_code", err)
+		}
+	}
+	if _, err := js.Stream(ctx, "EVENTS"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("EVENTS exists: %v", err)
+	}
+	// A stream that already captures the relay's prefix may be the one
+	// its events belong in.
+	if err := js.DeleteStream(ctx, "ORDERS"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ALL", Subjects: []string{"events.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := streamsync.Sync(ctx, js, want, streamsync.Options{})
+	if !errors.Is(err, streamsync.ErrSubjectOverlap) || !strings.Contains(err.Error(), "set stream.name: ALL") || strings.Contains(err.Error(), "nats stream edit ALL") {
+		t.Fatalf("Sync beside a stream on events.> = %v", err)
 	}
 }
 

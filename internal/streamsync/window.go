@@ -1,0 +1,83 @@
+package streamsync
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Window is the stream's duplicate window against the one the relay
+// needs. JetStream drops a repeated Nats-Msg-Id only within the window, so
+// a shorter one narrows exactly-once to that long after a row's first
+// publish.
+type Window struct {
+	Stream string
+	Have   time.Duration // the stream's window, server defaults applied
+	Want   time.Duration // stream.duplicate_window
+	MaxAge time.Duration // the stream's max_age; 0: none
+}
+
+// NewWindow reads the window of a stream's configuration.
+func NewWindow(cfg jetstream.StreamConfig, want time.Duration) Window {
+	return Window{Stream: cfg.Name, Have: effectiveDuplicateWindow(cfg), Want: want, MaxAge: cfg.MaxAge}
+}
+
+// Short reports whether the stream dedups for less long than the relay
+// needs.
+func (w Window) Short() bool { return w.Have < w.Want }
+
+// capped reports whether max_age is what keeps the window short: the
+// server refuses a window longer than max_age (err_code 10052).
+func (w Window) capped() bool { return w.MaxAge > 0 && w.MaxAge < w.Want }
+
+// Command is the natscli (v0.5.0) command that gives the stream the
+// window the relay needs; with a max_age below it, max_age is raised too,
+// since the server refuses the window alone.
+func (w Window) Command() string {
+	if w.capped() {
+		return fmt.Sprintf("nats stream edit %s --max-age %s --dupe-window %s -f", shellQuote(w.Stream), fmtDuration(w.Want), fmtDuration(w.Want))
+	}
+	return StreamEditCommand(w.Stream, []Change{{Field: FieldDuplicateWindow, New: fmtDuration(w.Want)}})
+}
+
+// Choice says what an operator can do about a short window: give the
+// stream the window (raising max_age when it caps it), or accept a shorter
+// one, and what that costs.
+func (w Window) Choice() string {
+	give, most := fmt.Sprintf("give the stream the window (%s)", w.Command()), w.Have
+	if w.capped() {
+		give = fmt.Sprintf("the server allows no window longer than the stream's max_age (%s): raise max_age to at least %s (%s)",
+			fmtDuration(w.MaxAge), fmtDuration(w.Want), w.Command())
+		most = w.MaxAge
+	}
+	return fmt.Sprintf("%s, or accept a shorter window: set stream.duplicate_window to at most %s; exactly-once then holds only within that window "+
+		"(a row published again later, by a relay stopped between the publish and the settle or from a restored backup, is stored twice)",
+		give, fmtDuration(most))
+}
+
+// Warning is what /readyz and status say about a short window; empty when
+// the window is long enough.
+func (w Window) Warning() string {
+	if !w.Short() {
+		return ""
+	}
+	return fmt.Sprintf("stream %s dedups within %s, not the %s of stream.duplicate_window: %s",
+		w.Stream, fmtDuration(w.Have), fmtDuration(w.Want), w.Choice())
+}
+
+// MarshalJSON writes the window as operators write durations.
+func (w Window) MarshalJSON() ([]byte, error) {
+	v := struct {
+		Have    string `json:"have"`
+		Want    string `json:"want"`
+		MaxAge  string `json:"max_age,omitempty"`
+		Short   bool   `json:"short"`
+		Warning string `json:"warning,omitempty"`
+	}{Have: fmtDuration(w.Have), Want: fmtDuration(w.Want), Short: w.Short(), Warning: w.Warning()}
+	if w.MaxAge > 0 {
+		v.MaxAge = fmtDuration(w.MaxAge)
+	}
+	return json.Marshal(v)
+}
