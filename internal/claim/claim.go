@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -74,6 +75,9 @@ type Store struct {
 
 	mu   sync.Mutex
 	held held // the rows in flight (see Claim)
+	// rowsRead counts the rows claims read, for tests of what a claim
+	// reads again.
+	rowsRead atomic.Int64
 }
 
 // New returns a Store on db. It does not touch the schema; closing db is
@@ -89,7 +93,7 @@ func New(db *sqlitedb.DB, opts Options) *Store {
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release string
+	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release, deadLetters string
 }
 
 // pendingRow is the condition of every settle write: the row is still
@@ -135,6 +139,8 @@ FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHER
 		retry:      fmt.Sprintf(`UPDATE %s SET attempts = ?, available_at = ?, last_error = ? WHERE `+pendingRow, t),
 		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ? WHERE `+pendingRow, t),
 		release:    fmt.Sprintf(`UPDATE %s SET available_at = ? WHERE `+pendingRow, t),
+		// The dead letters' index (schema's _dead_lettered) covers id.
+		deadLetters: fmt.Sprintf(`SELECT count(*), coalesce(sum(id), 0) FROM %s WHERE status = 'dead_lettered'`, t),
 	}
 }
 
@@ -147,9 +153,13 @@ type held struct {
 	keys     map[string]int  // rows in ids per ordering key
 	overflow map[string]bool // keys whose due rows were left for lack of room
 	// waiting are keys found waiting behind a row (see order), left alone
-	// by claims until nextLook.
-	waiting  map[string]bool
-	nextLook time.Time
+	// by claims until nextLook; parked are those waiting behind a dead
+	// letter, left alone until the dead letters change (deadLetters): a
+	// table with thousands of parked keys is not read again every look.
+	waiting, parked map[string]bool
+	nextLook        time.Time
+	deadLetters     string // the dead letters' fingerprint when parked was filled
+	parkedEnc       string // parked as a JSON array ("": to encode again)
 	// gone are the ids let go since the current claim began: they were in
 	// flight when it read the table, which may show them still pending.
 	gone       map[int64]struct{}
@@ -158,7 +168,8 @@ type held struct {
 }
 
 func newHeld() held {
-	return held{ids: map[int64]struct{}{}, keys: map[string]int{}, waiting: map[string]bool{}, gone: map[int64]struct{}{}, overflow: map[string]bool{}}
+	return held{ids: map[int64]struct{}{}, keys: map[string]int{}, waiting: map[string]bool{}, parked: map[string]bool{},
+		gone: map[int64]struct{}{}, overflow: map[string]bool{}}
 }
 
 // Claim takes due pending rows in id order, up to limit rows and, past the
@@ -196,10 +207,29 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	query, after := s.q.takeAfter, any(nil)
 	s.mu.Lock()
 	clear(s.held.gone)
-	if !time.Now().Before(s.held.nextLook) {
+	look := !time.Now().Before(s.held.nextLook)
+	parked := len(s.held.parked) > 0
+	s.mu.Unlock()
+	var deadLetters string
+	if look && parked {
+		var err error
+		if deadLetters, err = s.deadLetterPrint(ctx); err != nil {
+			return nil, fmt.Errorf("claim rows: %w", err)
+		}
+	}
+	s.mu.Lock()
+	if look {
 		// Look at the waiting keys again: what they wait for may have
-		// been settled, become due, or been retried by an operator.
+		// been settled, become due, or been retried by an operator. A
+		// parked key waits for its dead letter, which only a retry, a
+		// discard or a delete changes.
 		clear(s.held.waiting)
+		if deadLetters != s.held.deadLetters || deadLetters == "" {
+			// The keys parked since are read again at the next look, with
+			// the fingerprint then to compare.
+			clear(s.held.parked)
+			s.held.parkedEnc, s.held.deadLetters = "", deadLetters
+		}
 		s.held.nextLook = time.Now().Add(s.rescan)
 		s.held.nextRescan = time.Time{}
 	}
@@ -227,6 +257,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		if err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
+		s.rowsRead.Add(int64(len(read)))
 		// More may be due when the read was cut by the row limit or by the
 		// byte budget.
 		full := len(read) == readLimit || event.PayloadBytes(read) >= maxBytes
@@ -277,7 +308,30 @@ func (s *Store) skipKeys() string {
 		}
 	}
 	b, _ := json.Marshal(keys)
-	return string(b)
+	return joinJSON(string(b), s.held.parkedJSON())
+}
+
+// parkedJSON returns the parked keys as a JSON array, encoded again only
+// when they changed: they are most of the keys set aside where thousands
+// are parked, and change only when dead letters do.
+func (h *held) parkedJSON() string {
+	if h.parkedEnc == "" {
+		keys := append([]string{}, slices.Collect(maps.Keys(h.parked))...)
+		b, _ := json.Marshal(keys)
+		h.parkedEnc = string(b)
+	}
+	return h.parkedEnc
+}
+
+// joinJSON joins two JSON arrays into one.
+func joinJSON(a, b string) string {
+	switch {
+	case b == "[]":
+		return a
+	case a == "[]":
+		return b
+	}
+	return a[:len(a)-1] + "," + b[1:]
 }
 
 // order keeps, of the rows read (in id order), those without an ordering
@@ -312,7 +366,7 @@ func (s *Store) order(rows []event.Row, prev []prevRow, noID []int, limit int) (
 				continue
 			case !s.mayFollow(prev[i], keptIDs):
 				stopped[k] = true
-				s.held.waiting[k] = true
+				s.held.wait(k, prev[i])
 				continue
 			case s.keyDepth > 0 && s.held.keys[k]+taken[k] >= s.keyDepth:
 				stopped[k] = true
@@ -395,7 +449,32 @@ func (s *Store) rescanDue(now int64) bool {
 func (s *Store) Rescan() {
 	s.mu.Lock()
 	s.held.nextRescan, s.held.nextLook = time.Time{}, time.Time{}
+	clear(s.held.parked)
+	s.held.parkedEnc = ""
 	s.mu.Unlock()
+}
+
+// wait sets key k aside, as parked when the row it waits for (p) is a
+// dead letter.
+func (h *held) wait(k string, p prevRow) {
+	if event.Status(p.Status.String) == event.StatusDeadLettered {
+		if !h.parked[k] {
+			h.parked[k], h.parkedEnc = true, ""
+		}
+		return
+	}
+	h.waiting[k] = true
+}
+
+// deadLetterPrint returns a fingerprint of the table's dead letters that
+// changes when one is retried, discarded or deleted, or another is added:
+// their count and the sum of their ids, read from the dead letters' index.
+func (s *Store) deadLetterPrint(ctx context.Context) (string, error) {
+	var n, sum int64
+	if err := s.db.Reader().QueryRowContext(ctx, s.q.deadLetters).Scan(&n, &sum); err != nil {
+		return "", err
+	}
+	return strconv.FormatInt(n, 10) + ":" + strconv.FormatInt(sum, 10), nil
 }
 
 // readRows reads claimed rows, in id order, the row before each of the

@@ -488,6 +488,12 @@ func TestNonTextIdentitiesAreRefused(t *testing.T) {
 	if r := rowByEventID(t, app, "key-1"); r.status != "dead_lettered" || !strings.Contains(r.lastError, "ordering_key is a BLOB") {
 		t.Errorf("the BLOB ordering_key row: %s %q; want dead_lettered naming ordering_key as a BLOB", r.status, r.lastError)
 	}
+	// status and the parked-keys gauge agree: the BLOB-keyed dead letter
+	// parks no key.
+	var parked int
+	if err := app.QueryRow(`SELECT count(*) FROM (` + schema.ParkedKeysSQL("event_queue") + `)`).Scan(&parked); err != nil || parked != 0 {
+		t.Errorf("%d keys parked (%v), want none", parked, err)
+	}
 	var got []string
 	for _, m := range testenv.StreamMessages(t, n.JetStream(t), "EVENTS") {
 		got = append(got, m.Header.Get(publish.HeaderMsgID)+"="+string(m.Data))
