@@ -66,6 +66,7 @@ type App struct {
 	relay    *relay.Relay
 	keeper   *housekeeping.Keeper
 	synced   atomic.Bool // the stream was reconciled since start
+	stream   streamState
 	version  string
 	listener net.Listener // Options.Listener
 }
@@ -99,6 +100,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	a := &App{cfg: cfg, log: log, metrics: oo.Metrics, natsURL: cfg.NATS.URL, version: oo.Version, listener: oo.Listener}
 	if a.metrics == nil {
 		a.metrics = metrics.New(oo.Version, oo.Commit)
+	}
+	for _, field := range streamsync.ManagedFields {
+		a.metrics.StreamConfigPatched.WithLabelValues(field) // at 0 before the first patch
 	}
 	defer func() {
 		if err != nil {
@@ -228,51 +232,6 @@ func applySchema(ctx context.Context, s *sqlitedb.DB, mode string, log *zap.Logg
 	return nil
 }
 
-// Want is what the configuration asks of the stream and the consumer.
-func Want(cfg config.Config) streamsync.Want {
-	s, c := cfg.Stream, cfg.Consumer
-	return streamsync.Want{
-		Stream: s.Name, Subjects: s.Subjects, DuplicateWindow: s.DuplicateWindow,
-		Replicas: s.Replicas, Create: s.Create, SubjectPrefix: s.SubjectPrefix,
-		Durable: c.Durable, MaxDeliver: cfg.Relay.MaxAttempts, AckWait: c.AckWait, CreateConsumer: c.Create,
-	}
-}
-
-func (a *App) want() streamsync.Want { return Want(a.cfg) }
-
-// brokerReady is the relay's outage probe: the broker is connected and, in
-// JetStream mode, the stream exists and captures the relay's subjects. The
-// first time the broker answers, the stream and consumer are reconciled.
-func (a *App) brokerReady(ctx context.Context) error {
-	if err := a.pub.Ready(ctx); err != nil {
-		return err
-	}
-	if a.js == nil {
-		return nil
-	}
-	err := streamsync.ErrNoStream
-	if a.synced.Load() {
-		err = streamsync.Check(ctx, a.js.API(), a.want())
-	}
-	if errors.Is(err, streamsync.ErrNoStream) {
-		// First answer since start, or the stream was deleted meanwhile:
-		// reconcile (and create it, if allowed).
-		if _, err := streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions()); err != nil {
-			return err
-		}
-		a.synced.Store(true)
-		err = streamsync.Check(ctx, a.js.API(), a.want())
-	}
-	return err
-}
-
-func (a *App) syncOptions() streamsync.Options {
-	return streamsync.Options{
-		Log:     a.log.Named("streamsync"),
-		Patched: func(field string) { a.metrics.StreamConfigPatched.WithLabelValues(field).Inc() },
-	}
-}
-
 // Ready is /readyz: the database answers, the broker is connected and the
 // stream takes the relay's subjects. The reason names the part that is not.
 func (a *App) Ready(ctx context.Context) error {
@@ -283,6 +242,12 @@ func (a *App) Ready(ctx context.Context) error {
 		// A lock held by the application passes; anything else (a dropped
 		// table, a file that turned read-only) does not heal by waiting.
 		return fmt.Errorf("database: %w", err)
+	}
+	if a.js != nil {
+		// Before the pause it causes, which would read as an outage.
+		if err := a.streamConfigError(); err != nil {
+			return fmt.Errorf("stream: %w", err)
+		}
 	}
 	if err := a.relay.Paused(); err != nil {
 		return fmt.Errorf("broker: %w", err)
@@ -295,7 +260,7 @@ func (a *App) Ready(ctx context.Context) error {
 			strings.Join(denied, ", "), a.cfg.Stream.SubjectPrefix)
 	}
 	if a.js != nil {
-		if err := streamsync.Check(ctx, a.js.API(), a.want()); err != nil {
+		if err := a.examineStream(ctx); err != nil {
 			return fmt.Errorf("broker: %w", err)
 		}
 	}
@@ -324,7 +289,7 @@ func (a *App) serveHTTP() (stop func(), err error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	wait := metrics.Serve(ctx, ln, a.metrics.Handler(a.Live, a.Ready, a.relay.Role))
+	wait := metrics.Serve(ctx, ln, a.metrics.Handler(a.Live, a.Ready, a.role))
 	a.log.Info("serving metrics", zap.Stringer("listen", ln.Addr()))
 	return func() { cancel(); wait() }, nil
 }
@@ -347,6 +312,12 @@ func (a *App) Run(ctx context.Context) error {
 			}
 		}()
 		defer func() { stopWatch(); <-watchDone }()
+	}
+	if a.js != nil {
+		streamCtx, stopStream := context.WithCancel(ctx)
+		streamDone := make(chan struct{})
+		go func() { defer close(streamDone); a.watchStream(streamCtx) }()
+		defer func() { stopStream(); <-streamDone }()
 	}
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
 		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),

@@ -19,6 +19,12 @@ import (
 // test ends, and returns it.
 func openTest(t *testing.T, n *testenv.NATS, mutate func(*config.Config)) (*App, config.Config) {
 	t.Helper()
+	return openTestLog(t, n, zap.NewNop(), mutate)
+}
+
+// openTestLog is openTest logging to log.
+func openTestLog(t *testing.T, n *testenv.NATS, log *zap.Logger, mutate func(*config.Config)) (*App, config.Config) {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Database.Path = testenv.NewDB(t)
 	cfg.NATS.URL = n.URL()
@@ -27,7 +33,7 @@ func openTest(t *testing.T, n *testenv.NATS, mutate func(*config.Config)) (*App,
 		mutate(&cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := Open(ctx, cfg, zap.NewNop(), Options{Version: "test"})
+	a, err := Open(ctx, cfg, log, Options{Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

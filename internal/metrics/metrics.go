@@ -33,24 +33,25 @@ const (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Published           prometheus.Counter
-	Duplicates          prometheus.Counter
-	Deferred            *prometheus.CounterVec
-	Retries             prometheus.Counter
-	DeadLettered        *prometheus.CounterVec
-	LeasesReclaimed     prometheus.Counter
-	Backlog             *prometheus.GaugeVec
-	OldestPendingAge    prometheus.Gauge
-	ParkedKeys          prometheus.Gauge
-	BrokerConnected     prometheus.Gauge
-	Leader              prometheus.Gauge
-	InFlight            prometheus.Gauge
-	PublishDuration     prometheus.Histogram
-	DeliveryLag         prometheus.Histogram
-	StreamConfigPatched *prometheus.CounterVec
-	ConsumerExhausted   prometheus.Counter
-	PrunedRows          *prometheus.CounterVec
-	BuildInfo           *prometheus.GaugeVec
+	Published             prometheus.Counter
+	Duplicates            prometheus.Counter
+	Deferred              *prometheus.CounterVec
+	Retries               prometheus.Counter
+	DeadLettered          *prometheus.CounterVec
+	LeasesReclaimed       prometheus.Counter
+	Backlog               *prometheus.GaugeVec
+	OldestPendingAge      prometheus.Gauge
+	ParkedKeys            prometheus.Gauge
+	BrokerConnected       prometheus.Gauge
+	Leader                prometheus.Gauge
+	InFlight              prometheus.Gauge
+	PublishDuration       prometheus.Histogram
+	DeliveryLag           prometheus.Histogram
+	StreamConfigPatched   *prometheus.CounterVec
+	StreamDuplicateWindow prometheus.Gauge
+	ConsumerExhausted     prometheus.Counter
+	PrunedRows            *prometheus.CounterVec
+	BuildInfo             *prometheus.GaugeVec
 }
 
 // New creates the metrics on a new private registry, with the Go and
@@ -92,13 +93,15 @@ func New(version, commit string) *Metrics {
 		Help:    "Time from a row's created_at to its acknowledgement by the broker.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600}})
 	m.StreamConfigPatched = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "stream_config_patched_total",
-		Help: "Stream and consumer fields changed at startup reconciliation, by field."}, []string{"field"})
+		Help: "Stream and consumer fields changed at startup reconciliation, by field (duplicate_window, max_deliver, ack_wait)."}, []string{"field"})
+	m.StreamDuplicateWindow = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "stream_duplicate_window_seconds",
+		Help: "The stream's duplicate window as the relay last read it: JetStream drops a repeated Nats-Msg-Id only within it, so below stream.duplicate_window exactly-once holds only that long. 0 until the stream is read, and in core mode."})
 	m.PrunedRows = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "pruned_rows_total",
 		Help: "Rows deleted by retention, by table."}, []string{"table"})
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
 	for _, c := range []prometheus.Collector{m.Deferred, m.DeadLettered, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.BrokerConnected, m.Leader, m.InFlight,
-		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.PrunedRows, m.BuildInfo} {
+		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.StreamDuplicateWindow, m.PrunedRows, m.BuildInfo} {
 		f(c)
 	}
 	f(collectors.NewGoCollector())

@@ -1,0 +1,169 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
+)
+
+// streamInterval is how often a running relay rereads the stream, so that
+// the duplicate window it reports follows an operator's edit.
+const streamInterval = time.Minute
+
+// streamState is what the daemon learned of the stream between probes.
+type streamState struct {
+	mu sync.Mutex
+	// configErr keeps the stream from being created (a subject overlap):
+	// no retry heals it until an operator changes a stream or the
+	// configuration.
+	configErr error
+	window    *streamsync.Window // as last read
+}
+
+// Want is what the configuration asks of the stream and the consumer.
+func Want(cfg config.Config) streamsync.Want {
+	s, c := cfg.Stream, cfg.Consumer
+	return streamsync.Want{
+		Stream: s.Name, Subjects: s.Subjects, DuplicateWindow: s.DuplicateWindow,
+		Replicas: s.Replicas, Create: s.Create, SubjectPrefix: s.SubjectPrefix,
+		Durable: c.Durable, MaxDeliver: cfg.Relay.MaxAttempts, AckWait: c.AckWait, CreateConsumer: c.Create,
+	}
+}
+
+func (a *App) want() streamsync.Want { return Want(a.cfg) }
+
+// brokerReady is the relay's outage probe: the broker is connected and, in
+// JetStream mode, the stream exists and captures the relay's subjects. The
+// first time the broker answers, the stream and consumer are reconciled.
+func (a *App) brokerReady(ctx context.Context) error {
+	if err := a.pub.Ready(ctx); err != nil {
+		return err
+	}
+	if a.js == nil {
+		return nil
+	}
+	err := streamsync.ErrNoStream
+	if a.synced.Load() {
+		err = a.examineStream(ctx)
+	}
+	if errors.Is(err, streamsync.ErrNoStream) {
+		// First answer since start, or the stream was deleted meanwhile:
+		// reconcile (and create it, if allowed).
+		_, err := streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions())
+		a.noteConfigError(err)
+		if err != nil {
+			return err
+		}
+		a.synced.Store(true)
+		err = a.examineStream(ctx)
+	}
+	return err
+}
+
+func (a *App) syncOptions() streamsync.Options {
+	return streamsync.Options{
+		Log:     a.log.Named("streamsync"),
+		Patched: func(field string) { a.metrics.StreamConfigPatched.WithLabelValues(field).Inc() },
+	}
+}
+
+// noteConfigError keeps the configuration error a sync returned, logged
+// once, or forgets it once a sync succeeds. Other errors (the broker
+// went away) say nothing about it.
+func (a *App) noteConfigError(err error) {
+	a.stream.mu.Lock()
+	defer a.stream.mu.Unlock()
+	prev := a.stream.configErr
+	switch {
+	case errors.Is(err, streamsync.ErrSubjectOverlap):
+		if prev == nil || prev.Error() != err.Error() {
+			a.log.Error("the stream cannot be created: a configuration error, fixed only by changing a stream or stream.subjects; "+
+				"the relay stays not ready until then", zap.String("stream", a.cfg.Stream.Name), zap.Error(err))
+		}
+		a.stream.configErr = err
+	case err == nil && prev != nil:
+		a.log.Info("the stream's configuration error is fixed", zap.String("stream", a.cfg.Stream.Name))
+		a.stream.configErr = nil
+	}
+}
+
+// streamConfigError is the configuration error that keeps the stream from
+// being created, if any.
+func (a *App) streamConfigError() error {
+	a.stream.mu.Lock()
+	defer a.stream.mu.Unlock()
+	return a.stream.configErr
+}
+
+// examineStream is streamsync.Check that also records the stream's
+// duplicate window.
+func (a *App) examineStream(ctx context.Context) error {
+	w, err := streamsync.Examine(ctx, a.js.API(), a.want())
+	if w.Stream != "" {
+		a.noteWindow(w)
+	}
+	return err
+}
+
+// noteWindow records the stream's duplicate window on the gauge and for
+// /readyz, and logs when it becomes shorter than the relay needs, or
+// long enough again.
+func (a *App) noteWindow(w streamsync.Window) {
+	a.metrics.StreamDuplicateWindow.Set(w.Have.Seconds())
+	a.stream.mu.Lock()
+	prev := a.stream.window
+	a.stream.window = &w
+	a.stream.mu.Unlock()
+	switch {
+	case w.Short() && (prev == nil || !prev.Short() || prev.Have != w.Have):
+		a.log.Warn("the stream's duplicate window is shorter than stream.duplicate_window; publishing with it",
+			zap.String("stream", w.Stream), zap.Duration("duplicate_window", w.Have), zap.Duration("wanted", w.Want), zap.String("choice", w.Choice()))
+	case !w.Short() && prev != nil && prev.Short():
+		a.log.Info("the stream's duplicate window is what the relay needs again", zap.String("stream", w.Stream), zap.Duration("duplicate_window", w.Have))
+	}
+}
+
+// windowWarning is what /readyz adds to its "ok" while the window is
+// short.
+func (a *App) windowWarning() string {
+	a.stream.mu.Lock()
+	defer a.stream.mu.Unlock()
+	if a.stream.window == nil {
+		return ""
+	}
+	return a.stream.window.Warning()
+}
+
+// role is what a passing /readyz says: the relay's role, and a warning
+// while the duplicate window is short (ready, but exactly-once holds only
+// within that window).
+func (a *App) role() string {
+	r := a.relay.Role()
+	if w := a.windowWarning(); w != "" {
+		r += "; warning: " + w
+	}
+	return r
+}
+
+// watchStream rereads the stream every streamInterval until ctx ends, so
+// that the window reported follows an operator's edit.
+func (a *App) watchStream(ctx context.Context) {
+	t := time.NewTicker(streamInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		a.examineStream(rctx) // an error is the probe's and /readyz's to report
+		cancel()
+	}
+}
