@@ -223,11 +223,13 @@ func applySchema(ctx context.Context, s *sqlitedb.DB, mode string, log *zap.Logg
 	case config.SchemaVerify:
 		return schema.Verify(ctx, s)
 	case config.SchemaOff:
-		// Nothing is checked, but a missing table would never heal by
-		// waiting: the relay would only retry.
+		// Nothing is changed, but a schema the relay cannot run on would
+		// never heal by waiting: its rows would only fail, or never be
+		// claimed.
 		if err := schema.TableExists(ctx, s); err != nil {
 			return fmt.Errorf("%w (schema.mode is off, so the relay does not create it: create it, or use schema.mode auto)", err)
 		}
+		return checkSchemaOff(ctx, s, log)
 	}
 	return nil
 }
