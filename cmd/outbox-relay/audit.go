@@ -28,8 +28,10 @@ func (c *cli) auditCommand() *cobra.Command {
 stream sequence JetStream gave it, and reports how many carry the row's event id
 (Nats-Msg-Id), how many the stream no longer holds (removed by its limits, a
 purge or a delete), how many rows have no sequence recorded (done before the
-relay recorded them, or published with core NATS), and every mismatch: a
-sequence that holds another event. Exit code 1 when there is a mismatch.
+relay recorded them, or published with core NATS), how many were published to
+an earlier stream of the name (done before the stream was created: it was
+deleted and created again), and every mismatch: a sequence that holds another
+event. Exit code 1 when there is a mismatch.
 Read-only on the database and safe while the relay runs.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -47,7 +49,7 @@ Read-only on the database and safe while the relay runs.`,
 				return err
 			}
 			defer db.Close()
-			read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, uint64, error) {
+			read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
 				return streamsync.ReadStored(ctx, js.API(), cfg.Stream.Name, seqs, 32)
 			}
 			o := audit.Options{Since: since, Limit: limit}
@@ -92,6 +94,10 @@ func printAudit(w io.Writer, cfg config.Config, since time.Duration, r audit.Rep
 	fmt.Fprintf(w, "  matched     %d (the message at the row's stream sequence carries its event id)\n", r.Matched)
 	fmt.Fprintf(w, "  removed     %d (no longer in the stream: its limits, a purge or a delete; first sequence now %d)\n", r.Removed, r.FirstSeq)
 	fmt.Fprintf(w, "  unrecorded  %d (no stream sequence on the row: done before it was recorded, or core NATS)\n", r.Unrecorded)
+	if r.EarlierStream > 0 {
+		fmt.Fprintf(w, "  earlier     %d (published to an earlier stream %s, since deleted: done before this one was created at %s)\n",
+			r.EarlierStream, cfg.Stream.Name, r.Created.UTC().Format(time.RFC3339))
+	}
 	fmt.Fprintf(w, "  mismatched  %d\n", len(r.Mismatches))
 	for i, m := range r.Mismatches {
 		if i == mismatchesShown {

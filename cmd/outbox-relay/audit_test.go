@@ -86,3 +86,35 @@ func TestAudit(t *testing.T) {
 		t.Fatalf("audit --json of forged rows: exit %d, %v", code, r)
 	}
 }
+
+// TestAuditEarlierStream: rows the relay published before the stream was
+// deleted are reported as published to an earlier stream once the relay
+// has created it again and published into it, not as mismatches where
+// the new stream holds other events at their sequences: audit exits 0.
+func TestAuditEarlierStream(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	relay := func(done int) {
+		t.Helper()
+		d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN="}, "run", "--database-path", path)
+		testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == done })
+		d.stop()
+	}
+	testenv.InsertN(t, app, 5, "Before")
+	relay(5)
+	if err := n.JetStream(t).DeleteStream(context.Background(), "EVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.InsertN(t, app, 3, "After")
+	relay(8)
+
+	code, r := auditJSON(t, n, path)
+	if code != 0 || r["audited"] != 8.0 || r["matched"] != 3.0 || r["earlier_stream"] != 5.0 || r["removed"] != 0.0 || len(r["mismatches"].([]any)) != 0 {
+		t.Fatalf("audit after the stream was deleted and created again: exit %d, %v", code, r)
+	}
+	code, out, _ := runCLI(t, "audit", "--database-path", path, "--nats-url", n.URL())
+	if code != 0 || !strings.Contains(out, "  earlier     5 (published to an earlier stream EVENTS, since deleted") || !strings.Contains(out, "mismatched  0") {
+		t.Fatalf("audit: exit %d\n%s", code, out)
+	}
+}

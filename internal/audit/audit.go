@@ -2,6 +2,9 @@
 // in the stream: each done row's recorded stream sequence holds a message
 // with the row's event id. It reads the table in short batches (read-only,
 // safe while relays and the application run) and the stream by sequence.
+// A row done before the stream was created was published to an earlier
+// stream of that name (deleted, then created again, counting its
+// sequences from 1 again): it is told apart, not taken for a mismatch.
 package audit
 
 import (
@@ -16,8 +19,8 @@ import (
 )
 
 // Reader reads the messages at sequences, and the stream's first
-// sequence (streamsync.ReadStored on one stream).
-type Reader func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, uint64, error)
+// sequence and creation time (streamsync.ReadStored on one stream).
+type Reader func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error)
 
 // Options say which rows are audited and how.
 type Options struct {
@@ -37,6 +40,11 @@ type Report struct {
 	// sequence when the audit ended.
 	Removed  int    `json:"removed"`
 	FirstSeq uint64 `json:"stream_first_seq"`
+	// EarlierStream: rows done before the stream was created (Created),
+	// whose message is not at their sequence: they were published to an
+	// earlier stream of the name, since deleted.
+	EarlierStream int       `json:"earlier_stream"`
+	Created       time.Time `json:"stream_created,omitzero"`
 	// Unrecorded: done rows without a stream sequence (done before the
 	// relay recorded them, or published with core NATS).
 	Unrecorded int        `json:"unrecorded"`
@@ -82,40 +90,87 @@ func Run(ctx context.Context, db *sqlitedb.DB, read Reader, o Options) (Report, 
 		if len(rows) == 0 {
 			break
 		}
+		if err := r.audit(ctx, db, read, rows, since, before); err != nil {
+			return r, err
+		}
 		before = rows[len(rows)-1].ID
-		var seqs []uint64
-		var recorded []admin.DoneRow
-		for _, d := range rows {
-			if d.StreamSeq == 0 {
-				r.Unrecorded++
-				continue
-			}
-			seqs = append(seqs, d.StreamSeq)
-			recorded = append(recorded, d)
-		}
-		if len(seqs) > 0 {
-			stored, first, err := read(ctx, seqs)
-			if err != nil {
-				return r, err
-			}
-			r.FirstSeq = first
-			for i, st := range stored {
-				d := recorded[i]
-				switch {
-				case st.Gone:
-					r.Removed++
-				case st.MsgID == d.EventID && (st.RowID == "" || st.RowID == strconv.FormatInt(d.ID, 10)):
-					// (A message from before Outbox-Row-Id carries none.)
-					r.Matched++
-				default:
-					r.Mismatches = append(r.Mismatches, Mismatch{RowID: d.ID, EventID: d.EventID, StreamSeq: d.StreamSeq, MsgID: st.MsgID, MsgRowID: st.RowID})
-				}
-			}
-		}
 		r.Audited += len(rows)
 		if o.Progress != nil {
 			o.Progress(r.Audited)
 		}
 	}
 	return r, nil
+}
+
+// audit checks one batch of done rows, read newest first from those done
+// since since with ids below before.
+func (r *Report) audit(ctx context.Context, db *sqlitedb.DB, read Reader, rows []admin.DoneRow, since, before int64) error {
+	var seqs []uint64
+	var recorded []admin.DoneRow
+	for _, d := range rows {
+		if d.StreamSeq == 0 {
+			r.Unrecorded++
+			continue
+		}
+		seqs = append(seqs, d.StreamSeq)
+		recorded = append(recorded, d)
+	}
+	if len(seqs) == 0 {
+		return nil
+	}
+	stored, st, err := read(ctx, seqs)
+	if err != nil {
+		return err
+	}
+	r.FirstSeq, r.Created = st.FirstSeq, st.Created
+	var unmatched []int
+	for i, m := range stored {
+		d := recorded[i]
+		// (A message from before Outbox-Row-Id carries none.)
+		if !m.Gone && m.MsgID == d.EventID && (m.RowID == "" || m.RowID == strconv.FormatInt(d.ID, 10)) {
+			r.Matched++
+		} else {
+			unmatched = append(unmatched, i)
+		}
+	}
+	if len(unmatched) == 0 {
+		return nil
+	}
+	current, err := doneSince(ctx, db, st.Created, since, before, len(rows))
+	if err != nil {
+		return err
+	}
+	for _, i := range unmatched {
+		d, m := recorded[i], stored[i]
+		switch {
+		case !current[d.ID]:
+			r.EarlierStream++
+		case m.Gone:
+			r.Removed++
+		default:
+			r.Mismatches = append(r.Mismatches, Mismatch{RowID: d.ID, EventID: d.EventID, StreamSeq: d.StreamSeq, MsgID: m.MsgID, MsgRowID: m.RowID})
+		}
+	}
+	return nil
+}
+
+// doneSince returns which of the done rows below before (and done since
+// since) were done at or after created: the others were published before
+// the stream existed. The batch of n rows below before holds every one of
+// them, so n rows of the narrower read are enough. A zero created (not
+// known) counts every row.
+func doneSince(ctx context.Context, db *sqlitedb.DB, created time.Time, since, before int64, n int) (map[int64]bool, error) {
+	from := since
+	if !created.IsZero() {
+		from = max(since, created.UnixMilli())
+	}
+	rows, err := admin.DoneRows(ctx, db, from, before, n)
+	if err != nil {
+		return nil, err
+	}
+	ids := make(map[int64]bool, len(rows))
+	for _, d := range rows {
+		ids[d.ID] = true
+	}
+	return ids, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -19,13 +20,23 @@ type Stored struct {
 	Gone bool
 }
 
+// StreamState is what ReadStored tells of the stream besides its
+// messages.
+type StreamState struct {
+	FirstSeq uint64 // the stream's first sequence
+	// Created is when the stream was created: a row done before it was
+	// published to an earlier stream of that name, since deleted, whose
+	// sequences the new stream counts again from 1.
+	Created time.Time
+}
+
 // ReadStored reads the messages at seqs in the stream, up to concurrency
 // requests at once (direct gets when the stream allows them), and
-// returns them in the order of seqs, with the stream's first sequence.
-func ReadStored(ctx context.Context, js jetstream.JetStream, stream string, seqs []uint64, concurrency int) ([]Stored, uint64, error) {
+// returns them in the order of seqs, with the stream's state.
+func ReadStored(ctx context.Context, js jetstream.JetStream, stream string, seqs []uint64, concurrency int) ([]Stored, StreamState, error) {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return nil, 0, fmt.Errorf("look up stream %s: %w", stream, err)
+		return nil, StreamState{}, fmt.Errorf("look up stream %s: %w", stream, err)
 	}
 	// The first error ends the reads: the rest would wait out the same
 	// trouble one by one.
@@ -70,11 +81,11 @@ feed:
 	close(next)
 	wg.Wait()
 	if firstErr != nil {
-		return nil, 0, firstErr
+		return nil, StreamState{}, firstErr
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read stream %s: %w", stream, err)
+		return nil, StreamState{}, fmt.Errorf("read stream %s: %w", stream, err)
 	}
-	return out, info.State.FirstSeq, nil
+	return out, StreamState{FirstSeq: info.State.FirstSeq, Created: info.Created}, nil
 }

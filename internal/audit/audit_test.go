@@ -1,0 +1,82 @@
+package audit_test
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/audit"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// publishDone publishes one message per event id to the stream, as the
+// relay does (Nats-Msg-Id, Outbox-Row-Id), and marks each id's row done
+// with the sequence the PubAck gave, at the time of the ack; forged
+// overrides the sequence recorded, where set.
+func publishDone(t *testing.T, js jetstream.JetStream, app *sql.DB, ids []string, forged map[string]uint64) {
+	t.Helper()
+	for _, id := range ids {
+		ev := testenv.NewEvent("Thing", []byte(id))
+		ev.EventID = &id
+		rowID := testenv.InsertIDs(t, app, ev)[0]
+		m := nats.NewMsg("events.Thing")
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		m.Header.Set("Outbox-Row-Id", strconv.FormatInt(rowID, 10))
+		ack, err := js.PublishMsg(context.Background(), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq := ack.Sequence
+		if s, ok := forged[id]; ok {
+			seq = s
+		}
+		testenv.MustExec(t, app, `UPDATE event_queue SET status = 'done', stream_seq = ?, processed_at = ? WHERE id = ?`, seq, time.Now().UnixMilli(), rowID)
+	}
+}
+
+// TestRowsOfADeletedStream: rows published to a stream that was then
+// deleted and created again are reported as published to an earlier
+// stream, whether the new stream holds another event at their sequence
+// or nothing yet; the new stream's rows match, and a forged row of the new
+// stream is still a mismatch.
+func TestRowsOfADeletedStream(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	publishDone(t, js, app, []string{"old-1", "old-2", "old-3", "old-4", "old-5"}, nil)
+
+	if err := js.DeleteStream(ctx, "EVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	// The recreated stream is younger than every old row, to the
+	// millisecond the table keeps.
+	last := time.Now().UnixMilli()
+	testenv.Eventually(t, time.Second, "the clock past the old rows' millisecond", func() bool { return time.Now().UnixMilli() > last })
+	testenv.EventsStream(t, js, 0)
+	// new-3 is forged: it records sequence 2, which holds new-2.
+	publishDone(t, js, app, []string{"new-1", "new-2", "new-3"}, map[string]uint64{"new-3": 2})
+
+	read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
+		return streamsync.ReadStored(ctx, js, "EVENTS", seqs, 4)
+	}
+	for _, batch := range []int{500, 2} { // one read, and batches that split the old rows from the new
+		r, err := audit.Run(ctx, testenv.OpenDB(t, path), read, audit.Options{Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Audited != 8 || r.Matched != 2 || r.EarlierStream != 5 || r.Removed != 0 || len(r.Mismatches) != 1 || r.Mismatches[0].EventID != "new-3" {
+			t.Fatalf("batch %d: audit after the stream was deleted and created again: %+v", batch, r)
+		}
+		if r.Created.IsZero() || r.Created.UnixMilli() <= last {
+			t.Fatalf("batch %d: stream created at %v, want after the old rows (%d)", batch, r.Created, last)
+		}
+	}
+}
