@@ -30,7 +30,7 @@ type Options struct {
 	// LockWait is how long Open waits while another connection keeps the
 	// file locked against readers (one in PRAGMA locking_mode=EXCLUSIVE, or
 	// one writing to a file in rollback-journal mode): zero waits
-	// BusyTimeout, a negative value until ctx ends.
+	// BusyTimeout (at least minLockWait), a negative value until ctx ends.
 	LockWait time.Duration
 	// Log is told what Open waits for and who holds it, and when it switches
 	// a file to WAL mode; nil: nothing is logged.
@@ -39,6 +39,11 @@ type Options struct {
 	// when nil); share it with the relay, which times retries by it.
 	Clock *event.Clock
 }
+
+// minLockWait is the shortest wait of a bounded Open: long enough for the
+// locks that last milliseconds (another connection's recovery or last
+// close, a write in rollback-journal mode).
+const minLockWait = time.Second
 
 // Open opens the database at opts.Path. It does not touch the schema. It
 // names the file by its absolute path, in its errors too.
@@ -58,7 +63,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	}
 	lockWait := opts.LockWait
 	if lockWait == 0 {
-		lockWait = opts.BusyTimeout
+		lockWait = max(opts.BusyTimeout, minLockWait)
 	}
 	// The writer's first reads prove the file is a database and switch it
 	// to WAL; its busy_timeout is 0, so a lock shows at once.
