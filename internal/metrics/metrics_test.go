@@ -21,8 +21,8 @@ import (
 var specNames = []string{
 	"published_total", "duplicates_total", "deferred_total", "retries_total", "dead_lettered_total",
 	"leases_reclaimed_total", "backlog_rows", "oldest_pending_age_seconds", "parked_keys", "broker_connected",
-	"publish_duration_seconds", "delivery_lag_seconds", "stream_config_patched_total",
-	"consumer_exhausted_total", "pruned_rows_total", "build_info",
+	"leader", "in_flight_rows", "publish_duration_seconds", "delivery_lag_seconds", "stream_config_patched_total",
+	"stream_duplicate_window_seconds", "consumer_exhausted_total", "pruned_rows_total", "build_info",
 }
 
 // exported returns every series name the registry can expose, histogram
@@ -174,7 +174,7 @@ func TestDashboardUsesExportedMetrics(t *testing.T) {
 	}
 	checkExprs(t, "outbox-relay.json", exprs)
 	all := strings.ToLower(strings.Join(titles, "|"))
-	for _, want := range []string{"throughput", "backlog", "oldest pending", "lag", "broker", "dead letter"} {
+	for _, want := range []string{"throughput", "backlog", "oldest pending", "lag", "broker", "dead letter", "parked", "lead", "in flight", "duplicate window"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no panel about %s (panels: %s)", want, all)
 		}
