@@ -38,13 +38,14 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- s
 		err = stmt.QueryRowContext(quick).Scan(&v)
 		return v, err
 	}
+	// Watching before the first look: a commit in between is not missed.
+	ww := newWalWatch(s.path, &s.watchSeen)
+	defer ww.close()
+	events, errs := ww.events(), ww.errs()
 	last, err := version()
 	if err != nil {
 		return fmt.Errorf("watch commits: %w", err)
 	}
-	ww := newWalWatch(s.path, &s.watchSeen)
-	defer ww.close()
-	events, errs := ww.events(), ww.errs()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	poll := pace{fast: interval}
