@@ -46,8 +46,13 @@ type Instance struct {
 	Version     string    `json:"version"`
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
-	// Leader: this relay claims and publishes; the others stand by.
+	// Leader: this relay claims and publishes; the others stand by. A
+	// relay presumed dead never leads.
 	Leader bool `json:"leader"`
+	// PresumedDead: the relay has not heartbeated for longer than
+	// StatusOptions.StaleAfter (killed, or its host gone) and left its row
+	// behind; the next relay to heartbeat takes its lead and its rows.
+	PresumedDead bool `json:"presumed_dead"`
 	// InFlight is how many rows the relay held in flight at its latest
 	// heartbeat.
 	InFlight int64 `json:"in_flight"`
@@ -97,6 +102,9 @@ type StatusOptions struct {
 	// Parks: dead letters park their ordering keys (ordering.on_dead_letter:
 	// hold). Without it no key is parked.
 	Parks bool
+	// StaleAfter is how long a relay may go without a heartbeat before the
+	// relays take it for dead (Instance.PresumedDead); 0 judges none.
+	StaleAfter time.Duration
 }
 
 // NullStatus is the key Status.Rows counts rows with a NULL status under.
@@ -157,7 +165,7 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 			return st, err
 		}
 	}
-	if st.Relays, err = instances(ctx, tx); err != nil {
+	if st.Relays, err = instances(ctx, tx, s.Table(), time.UnixMilli(now), o.StaleAfter); err != nil {
 		return st, err
 	}
 	if cols, err := sqlitedb.Columns(ctx, tx, s.Table()); err != nil {
@@ -252,7 +260,14 @@ func parkedKeys(ctx context.Context, q sqlitedb.Querier, table string, limit int
 	return n, out, rows.Err()
 }
 
-func instances(ctx context.Context, q sqlitedb.Querier) ([]Instance, error) {
+// instances lists the heartbeat rows of the relays of the outbox table
+// (each table in a file has its own leader; a row without outbox_table,
+// from an older relay, counts for every table), the longest-running relay
+// first. It leads unless its heartbeat is older than staleAfter at now:
+// then it is presumed dead, and no relay leads until another has judged it
+// so and removed its row (lead.Lease.Heartbeat), which takes a standby
+// about staleAfter.
+func instances(ctx context.Context, q sqlitedb.Querier, table string, now time.Time, staleAfter time.Duration) ([]Instance, error) {
 	cols, err := sqlitedb.Columns(ctx, q, schema.InstancesTable)
 	if err != nil {
 		return nil, fmt.Errorf("list relays: %w", err)
@@ -261,8 +276,12 @@ func instances(ctx context.Context, q sqlitedb.Querier) ([]Instance, error) {
 	if cols["in_flight"] {
 		inFlight = "coalesce(in_flight, 0)"
 	}
+	ofTable, args := "", []any{} // from before migration 107: one lead per file
+	if cols["outbox_table"] {
+		ofTable, args = ` WHERE lower(coalesce(outbox_table, ?1)) = lower(?1)`, []any{table}
+	}
 	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at, `+inFlight+`
-FROM `+schema.InstancesTable+` ORDER BY started_at, instance_id`)
+FROM `+schema.InstancesTable+ofTable+` ORDER BY started_at, instance_id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list relays: %w", err)
 	}
@@ -275,7 +294,8 @@ FROM `+schema.InstancesTable+` ORDER BY started_at, instance_id`)
 			return nil, fmt.Errorf("list relays: %w", err)
 		}
 		in.StartedAt, in.HeartbeatAt = time.UnixMilli(started), time.UnixMilli(beat)
-		in.Leader = len(out) == 0 // the order of leaderSQL
+		in.PresumedDead = staleAfter > 0 && now.Sub(in.HeartbeatAt) > staleAfter
+		in.Leader = len(out) == 0 && !in.PresumedDead // the order of leaderSQL
 		out = append(out, in)
 	}
 	return out, rows.Err()

@@ -53,6 +53,55 @@ func TestOneRelayLeads(t *testing.T) {
 	}
 }
 
+// TestSilentRelayIsPresumedDead: a relay killed without cleaning up
+// leaves its heartbeat row, the longest-running one; past StaleAfter it is
+// presumed dead and does not lead, and the live relay beside it is not
+// taken for the leader either until the dead one's row is gone (the
+// relays' own rule). Without StaleAfter nothing is judged.
+func TestSilentRelayIsPresumedDead(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MigratedDB(t)
+	live := lead.New(testenv.OpenDB(t, db.Path()))
+	now := time.Now()
+	testenv.MustExec(t, testenv.AppDB(t, db.Path()), `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight)
+		VALUES ('killed', ?, ?, 'host', 4242, 'test', 7)`, now.Add(-time.Hour).UnixMilli(), now.Add(-35*time.Second).UnixMilli())
+	if _, err := live.Heartbeat(ctx, "test", 0, time.Hour, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ReadStatus(ctx, db, StatusOptions{StaleAfter: 6 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Relays) != 2 || st.Relays[0].ID != "killed" || !st.Relays[0].PresumedDead || st.Relays[0].Leader ||
+		st.Relays[1].PresumedDead || st.Relays[1].Leader {
+		t.Fatalf("relays %+v; want the killed one presumed dead, and neither leading", st.Relays)
+	}
+	if st, err = ReadStatus(ctx, db, StatusOptions{}); err != nil || st.Relays[0].PresumedDead || !st.Relays[0].Leader {
+		t.Fatalf("without StaleAfter: %+v %v; want the longest-running one leading", st.Relays, err)
+	}
+}
+
+// TestStatusListsTheTablesRelays: relays of another outbox table in the
+// same file lead their own table and are not listed; a row from a relay
+// that predates outbox_table counts for every table.
+func TestStatusListsTheTablesRelays(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MigratedDB(t)
+	app := testenv.AppDB(t, db.Path())
+	now := time.Now()
+	for i, table := range []any{"orders_outbox", nil, "EVENT_QUEUE"} {
+		testenv.MustExec(t, app, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table)
+			VALUES (?, ?, ?, 'host', 1, 'test', 0, ?)`, fmt.Sprint("relay-", i), now.Add(time.Duration(i)*time.Second).UnixMilli(), now.UnixMilli(), table)
+	}
+	st, err := ReadStatus(ctx, db, StatusOptions{StaleAfter: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Relays) != 2 || st.Relays[0].ID != "relay-1" || !st.Relays[0].Leader || st.Relays[1].ID != "relay-2" || st.Relays[1].Leader {
+		t.Fatalf("relays of event_queue %+v; want relay-1 (no table named) leading, relay-2 standing by", st.Relays)
+	}
+}
+
 // parked returns a ParkedKey as testenv.InsertParkedKeys writes them.
 func parked(key string, id, processed int64, lastError string, waiting int64) ParkedKey {
 	return ParkedKey{OrderingKey: key, WaitingRows: waiting, DeadLetter: DeadLetter{ID: id, EventID: fmt.Sprint("e", id), EventType: fmt.Sprint("T", id),
