@@ -39,16 +39,16 @@ Read-only on the database and safe while the relay runs.`,
 				return usagef("audit: --since and --limit must not be negative")
 			}
 			ctx := context.Background()
+			db, _, err := c.openDB(ctx, true) // first: a missing table needs no server to report
+			if err != nil {
+				return err
+			}
+			defer db.Close()
 			cfg, _, js, closeJS, err := c.streamClient(ctx, "audit", "audit")
 			if err != nil {
 				return err
 			}
 			defer closeJS()
-			db, _, err := c.openDB(ctx, true)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
 			read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
 				return streamsync.ReadStored(ctx, js.API(), cfg.Stream.Name, seqs, 32)
 			}
@@ -104,7 +104,7 @@ func printAudit(w io.Writer, cfg config.Config, since time.Duration, r audit.Rep
 			fmt.Fprintf(w, "  and %d more (--json lists them all)\n", len(r.Mismatches)-mismatchesShown)
 			break
 		}
-		fmt.Fprintf(w, "  row %d (event_id %s): stream sequence %d holds event %q (row %q)\n", m.RowID, m.EventID, m.StreamSeq, m.MsgID, m.MsgRowID)
+		fmt.Fprintf(w, "  row %d (event_id %s): stream sequence %d holds event %q (row %q)\n", m.RowID, shown(m.EventID), m.StreamSeq, m.MsgID, m.MsgRowID)
 	}
 }
 

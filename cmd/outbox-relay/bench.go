@@ -40,6 +40,9 @@ func (c *cli) benchCommand() *cobra.Command {
   with --idle D: the relay's CPU over D on an empty table, connected.
 With --config, the bench's connection and every process it starts read the
 same file (credentials, TLS, and the children's relay settings).`,
+		Example: `  outbox-relay bench --rows 50000 --ceiling-in-flight 1000
+  outbox-relay bench --done-rows 1000000 --rate 1000 --duration 30s --idle 60s
+  outbox-relay bench --keys 1000 --nats-url nats://nats:4222 --config /etc/outbox-relay.yaml --json`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if o.Rows < 1 || o.Size < 0 || o.Rate < 0 || o.DoneRows < 0 || o.Keys < 0 || o.WriterCheckpoint < 0 {

@@ -41,10 +41,14 @@ func signalContext(log *zap.Logger) (context.Context, func()) {
 }
 
 // start builds the logger and the signal context of a long-running command;
-// stop flushes and releases both.
+// stop flushes and releases both. With JSON logs, the error the command
+// ends on is logged too (reportError).
 func (c *cli) start(cfg config.Config) (log *zap.Logger, ctx context.Context, stop func(), err error) {
 	if log, err = newLogger(cfg.Log, c.stderr); err != nil {
 		return nil, nil, nil, err
+	}
+	if cfg.Log.Format != "console" {
+		c.jsonLog = log
 	}
 	ctx, stopSignals := signalContext(log)
 	return log, ctx, func() { stopSignals(); log.Sync() }, nil
@@ -91,7 +95,10 @@ func (c *cli) migrateCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply the outbox schema to database.path (creating the file) and exit",
-		Args:  cobra.NoArgs,
+		Example: `  outbox-relay migrate --database-path /var/lib/app/app.db
+  outbox-relay migrate --config /etc/outbox-relay.yaml
+  OUTBOX_RELAY_DATABASE_TABLE=orders_outbox outbox-relay migrate --database-path app.db`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			cfg, err := c.loadConfig()
 			if err != nil {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	neturl "net/url"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,29 +18,18 @@ import (
 // healthcheckCommand probes a running relay's /healthz, for container
 // HEALTHCHECKs in images without a shell or curl.
 func (c *cli) healthcheckCommand() *cobra.Command {
-	var url string
-	var path string
+	var base, path string
 	cmd := &cobra.Command{
-		Use:   "healthcheck [--url URL]",
+		Use:   "healthcheck [--url URL] [--path /readyz]",
 		Short: "Exit 0 if the relay at metrics.listen answers /healthz (for container healthchecks)",
-		Args:  cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			if url == "" {
-				cfg, err := c.loadConfig()
-				if err != nil {
-					return err
-				}
-				if cfg.Metrics.Listen == "" {
-					return usagef("healthcheck: metrics.listen is empty: nothing to probe")
-				}
-				host, port, err := net.SplitHostPort(cfg.Metrics.Listen)
-				if err != nil {
-					return usagef("healthcheck: metrics.listen %q: %v", cfg.Metrics.Listen, err)
-				}
-				if host == "" || host == "0.0.0.0" || host == "::" {
-					host = "127.0.0.1"
-				}
-				url = "http://" + net.JoinHostPort(host, port) + path
+		Example: `  outbox-relay healthcheck                                   # /healthz on metrics.listen
+  outbox-relay healthcheck --path /readyz                    # readiness: leading and the broker answering
+  outbox-relay healthcheck --url http://relay:9108 --path /readyz`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			url, err := c.probeURL(base, path, cmd.Flags().Changed("path"))
+			if err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
@@ -58,9 +49,43 @@ func (c *cli) healthcheckCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&url, "url", "", "URL to probe (default: /healthz on metrics.listen)")
-	cmd.Flags().StringVar(&path, "path", "/healthz", "path to probe on metrics.listen (/readyz for readiness)")
+	cmd.Flags().StringVar(&base, "url", "", "URL to probe (default: http://metrics.listen); --path, when given, replaces its path")
+	cmd.Flags().StringVar(&path, "path", "/healthz", "path to probe (/readyz for readiness)")
 	return cmd
+}
+
+// probeURL is what healthcheck probes: path on metrics.listen, or the URL
+// given, with path in place of its own when one was given (pathSet) or it
+// has none.
+func (c *cli) probeURL(base, path string, pathSet bool) (string, error) {
+	if !strings.HasPrefix(path, "/") {
+		return "", usagef("healthcheck: --path %q must start with /", path)
+	}
+	if base == "" {
+		cfg, err := c.loadConfig()
+		if err != nil {
+			return "", err
+		}
+		if cfg.Metrics.Listen == "" {
+			return "", usagef("healthcheck: metrics.listen is empty: nothing to probe")
+		}
+		host, port, err := net.SplitHostPort(cfg.Metrics.Listen)
+		if err != nil {
+			return "", usagef("healthcheck: metrics.listen %q: %v", cfg.Metrics.Listen, err)
+		}
+		if host == "" || host == "0.0.0.0" || host == "::" {
+			host = "127.0.0.1"
+		}
+		return "http://" + net.JoinHostPort(host, port) + path, nil
+	}
+	u, err := neturl.Parse(base)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return "", usagef("healthcheck: --url %q is not an absolute URL such as http://127.0.0.1:9108", base)
+	}
+	if pathSet || u.Path == "" || u.Path == "/" {
+		u.Path, u.RawPath = path, ""
+	}
+	return u.String(), nil
 }
 
 // demoAppCommand is the example application of the compose file: it
@@ -70,9 +95,10 @@ func (c *cli) healthcheckCommand() *cobra.Command {
 func (c *cli) demoAppCommand() *cobra.Command {
 	var rate int
 	cmd := &cobra.Command{
-		Use:   "demo-app [--rate N]",
-		Short: "An example application writing events into database.path (the compose demo's app)",
-		Args:  cobra.NoArgs,
+		Use:     "demo-app [--rate N]",
+		Short:   "An example application writing events into database.path (the compose demo's app)",
+		Example: `  outbox-relay demo-app --database-path app.db --rate 50`,
+		Args:    cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if rate < 1 {
 				return usagef("--rate must be at least 1")

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 )
@@ -58,11 +57,12 @@ func exitCode(err error) int {
 
 // run is main without the process: it returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	root := newRoot(stdout, stderr)
+	c := &cli{stdout: stdout, stderr: stderr}
+	root := c.newRoot()
 	root.SetArgs(args)
 	err := root.Execute()
 	if err != nil && !errors.Is(err, errNeedsAttention) {
-		fmt.Fprintf(stderr, "outbox-relay: %v\n", err)
+		c.reportError(err)
 	}
 	return exitCode(err)
 }
@@ -71,17 +71,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 type cli struct {
 	stdout, stderr io.Writer
 	configFile     string
-	flags          *pflag.FlagSet // the config-key flags
+	flags          *pflag.FlagSet // the running command's flags, config keys among them
+	// jsonLog is the logger of a long-running command whose logs are
+	// JSON: the error it ends on is logged there (reportError).
+	jsonLog *zap.Logger
 }
 
-func newRoot(stdout, stderr io.Writer) *cobra.Command {
-	c := &cli{stdout: stdout, stderr: stderr}
+func (c *cli) newRoot() *cobra.Command {
 	root := &cobra.Command{
-		Use:   "outbox-relay [--config FILE] <command>",
+		Use:   "outbox-relay",
 		Short: "Relay a SQLite transactional outbox to NATS JetStream",
 		Long: `outbox-relay claims due rows of a SQLite outbox table, publishes each to NATS
 JetStream with Nats-Msg-Id set to its event id, and marks it done once the
-stream has acknowledged it. "run" is the default command.`,
+stream has acknowledged it. "run" is the default command, and takes the same
+flags here (outbox-relay run --help lists them).
+
+Every configuration key is also an environment variable (OUTBOX_RELAY_...) and
+a YAML key (--config FILE); each command has flags for the keys it reads.
+Keys, defaults and precedence: docs/configuration.md.`,
+		Example: `  outbox-relay demo                                  # the whole job on an embedded JetStream server
+  outbox-relay migrate --database-path app.db        # create the outbox table
+  outbox-relay --config /etc/outbox-relay.yaml       # run the relay
+  outbox-relay status --database-path app.db`,
+		Version:       versionLine(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Args: func(_ *cobra.Command, args []string) error {
@@ -90,71 +102,107 @@ stream has acknowledged it. "run" is the default command.`,
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, _ []string) error { return c.runDaemon(cmd) },
+		// Every command: config.Load reads the keys' flags from the
+		// command that runs.
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) { c.flags = cmd.Flags() },
+		RunE:             func(cmd *cobra.Command, _ []string) error { return c.runDaemon(cmd) },
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.CompletionOptions.DisableDefaultCmd = true
-	root.SetOut(stdout)
-	root.SetErr(stderr)
+	root.SetOut(c.stdout)
+	root.SetErr(c.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.PersistentFlags().StringVar(&c.configFile, "config", "", "YAML configuration file")
-	config.BindFlags(root.PersistentFlags())
-	c.flags = root.PersistentFlags()
+	c.withConfig(root, allKeys)
+	// run's help lists them; the root's lists the commands.
+	root.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Name != "config" {
+			f.Hidden = true
+		}
+	})
+	root.AddCommand(c.commands()...)
+	usageErrors(root)
+	return root
+}
 
-	root.AddCommand(
-		&cobra.Command{
+// commands are the root's commands, each with the configuration flags of
+// the keys it reads (withConfig); version reads none.
+func (c *cli) commands() []*cobra.Command {
+	return []*cobra.Command{
+		c.withConfig(&cobra.Command{
 			Use:   "run",
 			Short: "Run the relay daemon (the default)",
-			Args:  cobra.NoArgs,
-			RunE:  func(cmd *cobra.Command, _ []string) error { return c.runDaemon(cmd) },
-		},
-		c.migrateCommand(),
-		c.streamsyncCommand(),
-		c.statusCommand(),
-		c.auditCommand(),
-		c.deadLettersCommand(),
-		c.healthcheckCommand(),
-		c.demoAppCommand(),
-		c.benchCommand(),
-		c.benchClientCommand(),
-		c.demoCommand(),
-		&cobra.Command{
-			Use:   "version",
-			Short: "Print version, commit and Go version",
-			Args:  cobra.NoArgs,
+			Example: `  outbox-relay run --config /etc/outbox-relay.yaml
+  outbox-relay run --database-path /var/lib/app/app.db --nats-url nats://nats:4222
+  NATS_URL=embedded outbox-relay run --database-path app.db   # an in-process JetStream server`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return c.runDaemon(cmd) },
+		}, allKeys),
+		c.withConfig(c.migrateCommand(), databaseKeys),
+		c.withConfig(example(c.streamsyncCommand(), `  outbox-relay streamsync --nats-url nats://nats:4222 --dry-run
+  outbox-relay streamsync --config /etc/outbox-relay.yaml
+  NATS_URL=nats://nats:4222 outbox-relay streamsync --consumer-durable worker --json`), streamKeys),
+		c.withConfig(c.statusCommand(), statusKeys),
+		c.withConfig(example(c.auditCommand(), `  outbox-relay audit --database-path app.db --nats-url nats://nats:4222
+  outbox-relay audit --config /etc/outbox-relay.yaml --since 24h
+  outbox-relay audit --config /etc/outbox-relay.yaml --limit 10000 --json`), auditKeys),
+		c.deadLettersCommand(), // its subcommands: databaseKeys
+		c.withConfig(c.healthcheckCommand(), keysOf([]string{"metrics"})),
+		c.withConfig(c.demoAppCommand(), keysOf([]string{"database", "log"})),
+		c.withConfig(c.benchCommand(), connectionKeys),
+		c.withConfig(c.benchClientCommand(), connectionKeys),
+		c.withConfig(example(c.demoCommand(), `  outbox-relay demo
+  outbox-relay demo --rate 1000 --duration 30s
+  outbox-relay demo --dir /tmp/outbox-relay-demo --nats-embedded-listen 127.0.0.1:4222 --consumer-durable worker --consumer-create`), allKeys),
+		{
+			Use:     "version",
+			Short:   "Print version, commit and Go version",
+			Example: "  outbox-relay version\n  outbox-relay --version",
+			Args:    cobra.NoArgs,
 			RunE: func(*cobra.Command, []string) error {
-				fmt.Fprintf(stdout, "outbox-relay %s (commit %s, %s)\n", version, buildCommit(), runtime.Version())
+				fmt.Fprintln(c.stdout, versionLine())
 				return nil
 			},
 		},
-	)
-	// Flag and argument errors of every subcommand are usage errors too.
-	var all []*cobra.Command
+	}
+}
+
+// example sets the examples of a command built in a file that is about
+// what it does rather than how it is called.
+func example(cmd *cobra.Command, examples string) *cobra.Command {
+	cmd.Example = examples
+	return cmd
+}
+
+// usageErrors makes the flag and argument errors of every command under
+// root usage errors (exit code 2).
+func usageErrors(root *cobra.Command) {
 	var walk func(*cobra.Command)
-	walk = func(c *cobra.Command) {
-		for _, sub := range c.Commands() {
-			all = append(all, sub)
+	walk = func(cmd *cobra.Command) {
+		for _, sub := range cmd.Commands() {
+			sub.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+			if check := sub.Args; check != nil {
+				sub.Args = func(cmd *cobra.Command, args []string) error {
+					if err := check(cmd, args); err != nil {
+						return usageError{err}
+					}
+					return nil
+				}
+			}
 			walk(sub)
 		}
 	}
 	walk(root)
-	for _, sub := range all {
-		sub.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-		if sub.Args != nil {
-			check := sub.Args
-			sub.Args = func(cmd *cobra.Command, args []string) error {
-				if err := check(cmd, args); err != nil {
-					return usageError{err}
-				}
-				return nil
-			}
-		}
-	}
-	return root
 }
 
-// loadConfig reads the configuration from file, environment and flags.
+// loadConfig reads the configuration from file, environment and the
+// running command's flags.
 func (c *cli) loadConfig() (config.Config, error) {
 	return config.Load(c.configFile, c.flags)
+}
+
+// versionLine is what version and --version print.
+func versionLine() string {
+	return fmt.Sprintf("outbox-relay %s (commit %s, %s)", version, buildCommit(), runtime.Version())
 }
 
 // buildCommit is the commit stamped at build time, or the one Go recorded.
@@ -170,25 +218,4 @@ func buildCommit() string {
 		}
 	}
 	return "unknown"
-}
-
-// newLogger builds the root logger from the log section.
-func newLogger(cfg config.Log, w io.Writer) (*zap.Logger, error) {
-	level, err := zapcore.ParseLevel(cfg.Level)
-	if err != nil {
-		return nil, &config.Error{Err: fmt.Errorf("log.level: %w", err)}
-	}
-	enc := zap.NewProductionEncoderConfig()
-	enc.TimeKey = "ts"
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	var encoder zapcore.Encoder
-	if cfg.Format == "console" {
-		enc.EncodeLevel = zapcore.CapitalLevelEncoder
-		encoder = zapcore.NewConsoleEncoder(enc)
-	} else {
-		encoder = zapcore.NewJSONEncoder(enc)
-	}
-	// Locked: NATS callbacks log from their own goroutines.
-	core := zapcore.NewCore(encoder, zapcore.Lock(zapcore.AddSync(w)), level)
-	return zap.New(core), nil
 }

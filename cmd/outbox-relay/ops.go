@@ -6,12 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -19,22 +17,30 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/config"
-	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
-// openDB opens database.path for an operator command. One that writes in
+// openDB opens database.path for an operator command, and checks that it
+// holds the outbox table and the relay's tables the command reads (so that
+// a wrong file or table is named, with what to do). One that writes in
 // many short transactions checkpoints between them itself (see
 // admin.Requeue), outside the lock.
-func (c *cli) openDB(ctx context.Context, readOnly bool) (*sqlitedb.DB, config.Config, error) {
+func (c *cli) openDB(ctx context.Context, readOnly bool, relayTables ...string) (*sqlitedb.DB, config.Config, error) {
 	cfg, err := c.loadConfig()
 	if err != nil {
 		return nil, cfg, err
 	}
 	s, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout,
 		ReadOnly: readOnly, OwnCheckpoints: !readOnly})
-	return s, cfg, err
+	if err != nil {
+		return nil, cfg, err
+	}
+	if err := admin.RequireTables(ctx, s, relayTables...); err != nil {
+		s.Close()
+		return nil, cfg, err
+	}
+	return s, cfg, nil
 }
 
 // migrate opens database.path, creating the file if it is missing, and
@@ -52,157 +58,6 @@ func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
-}
-
-// parkedListed is how many parked keys status lists, longest parked
-// first; it counts them all.
-const parkedListed = 100
-
-func (c *cli) statusCommand() *cobra.Command {
-	var asJSON bool
-	var last int
-	cmd := &cobra.Command{
-		Use:   "status [--json]",
-		Short: "Rows per status, oldest pending age, relays, parked keys, last dead letters (read-only)",
-		Args:  cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			ctx := context.Background()
-			s, cfg, err := c.openDB(ctx, true)
-			if err != nil {
-				return err
-			}
-			defer s.Close()
-			st, err := admin.ReadStatus(ctx, s, admin.StatusOptions{LastDead: last, ParkedKeys: parkedListed, Parks: cfg.Ordering.Parks()})
-			if err != nil {
-				return err
-			}
-			now := time.Now()
-			age := 0.0
-			if !st.OldestPending.IsZero() {
-				age = max(0, now.Sub(st.OldestPending).Seconds())
-			}
-			if asJSON {
-				return printJSON(c.stdout, struct {
-					Database      string  `json:"database"`
-					Table         string  `json:"table"`
-					OldestPending float64 `json:"oldest_pending_age_seconds"`
-					OnDeadLetter  string  `json:"ordering_on_dead_letter"`
-					admin.Status
-				}{cfg.Database.Path, cfg.Database.Table, age, cfg.Ordering.OnDeadLetter, st})
-			}
-			w := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "database\t%s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
-			fmt.Fprintf(w, "rows\t%s\n", rowCounts(st.Rows))
-			fmt.Fprintf(w, "pending\tdue %d   scheduled %d\n", st.PendingDue, st.PendingScheduled)
-			if st.OldestPending.IsZero() {
-				fmt.Fprintf(w, "oldest pending\tnone due\n")
-			} else {
-				fmt.Fprintf(w, "oldest pending\t%s waiting since it became due (%s)\n", roundAge(age), st.OldestPending.UTC().Format(time.RFC3339))
-			}
-			fmt.Fprintf(w, "relays\t%d\n", len(st.Relays))
-			for _, r := range st.Relays {
-				role := "standing by"
-				if r.Leader {
-					role = "leading"
-				}
-				fmt.Fprintf(w, "\t%s on %s (pid %d, %s), %s, %d in flight, started %s, heartbeat %s ago\n", r.ID, r.Hostname, r.PID, r.Version,
-					role, r.InFlight, r.StartedAt.UTC().Format(time.RFC3339), roundAge(now.Sub(r.HeartbeatAt).Seconds()))
-			}
-			fmt.Fprintf(w, "consumer exhausted\t%d message(s) (dead-letters list --consumer)\n", st.ConsumerExhausted)
-			if st.LastStreamSeq > 0 {
-				fmt.Fprintf(w, "stream sequence\t%d on the latest done row (audit checks each row's)\n", st.LastStreamSeq)
-			}
-			switch {
-			case !cfg.Ordering.Parks():
-				fmt.Fprintf(w, "parked keys\tnone (ordering.on_dead_letter: %s)\n", cfg.Ordering.OnDeadLetter)
-			case st.ParkedKeyCount == 0:
-				fmt.Fprintf(w, "parked keys\tnone\n")
-			default:
-				fmt.Fprintf(w, "parked keys\t%d: their rows wait until the dead letter is retried (dead-letters retry ID) or deleted\n", st.ParkedKeyCount)
-			}
-			w.Flush()
-			if len(st.ParkedKeys) > 0 {
-				fmt.Fprintf(c.stdout, "parked keys, longest parked first:\n")
-				printParkedKeys(c.stdout, st.ParkedKeys)
-				if more := st.ParkedKeyCount - int64(len(st.ParkedKeys)); more > 0 {
-					fmt.Fprintf(c.stdout, "and %d more parked key(s)\n", more)
-				}
-			}
-			if len(st.LastDeadLetters) > 0 {
-				fmt.Fprintf(c.stdout, "last dead letters (dead-letters list for more):\n")
-				printDeadLetters(c.stdout, st.LastDeadLetters)
-			}
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	cmd.Flags().IntVar(&last, "last", 5, "how many recent dead letters to show")
-	return cmd
-}
-
-// rowCounts lists the rows per status in lifecycle order, then the rows
-// whose status the relay does not know (another writer's) as "other", each
-// named.
-func rowCounts(rows map[event.Status]int64) string {
-	var counts, others []string
-	var other int64
-	for _, status := range event.Statuses {
-		counts = append(counts, fmt.Sprintf("%s %d", status, rows[status]))
-	}
-	for status, n := range rows {
-		if !slices.Contains(event.Statuses, status) {
-			other += n
-			name := strconv.Quote(string(status))
-			if status == admin.NullStatus {
-				name = "NULL"
-			}
-			others = append(others, fmt.Sprintf("%s %d", name, n))
-		}
-	}
-	if other > 0 {
-		slices.Sort(others)
-		counts = append(counts, fmt.Sprintf("other %d (%s)", other, strings.Join(others, ", ")))
-	}
-	return strings.Join(counts, "   ")
-}
-
-func roundAge(seconds float64) string {
-	d := time.Duration(seconds * float64(time.Second))
-	switch {
-	case d < time.Second:
-		return d.Round(time.Millisecond).String()
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond).String()
-	}
-	return d.Round(time.Second).String()
-}
-
-func printDeadLetters(w io.Writer, dls []admin.DeadLetter) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tEVENT_ID\tEVENT_TYPE\tATTEMPTS\tPROCESSED_AT\tLAST_ERROR")
-	for _, d := range dls {
-		fmt.Fprintf(tw, "%d\t%s\t%q\t%d\t%s\t%s\n", d.ID, d.EventID, d.EventType, d.Attempts, d.ProcessedAt.UTC().Format(time.RFC3339), oneLine(d.LastError))
-	}
-	tw.Flush()
-}
-
-// printParkedKeys lists parked keys, each with the dead letter its rows
-// wait behind (ROW_ID, dead-lettered at SINCE) and how many rows wait.
-func printParkedKeys(w io.Writer, keys []admin.ParkedKey) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ORDERING_KEY\tSINCE\tROW_ID\tWAITING\tEVENT_TYPE\tLAST_ERROR")
-	for _, p := range keys {
-		fmt.Fprintf(tw, "%q\t%s\t%d\t%d\t%q\t%s\n", p.OrderingKey, p.ProcessedAt.UTC().Format(time.RFC3339), p.ID, p.WaitingRows, p.EventType, oneLine(p.LastError))
-	}
-	tw.Flush()
-}
-
-func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 160 {
-		s = s[:157] + "..."
-	}
-	return s
 }
 
 // filterFlags are the dead-letter filters of list, retry and discard.
@@ -259,9 +114,9 @@ func selection(cmd string, all bool, args []string, f admin.Filter) (admin.Selec
 	return sel, nil
 }
 
-// showPayload is how a payload is shown: as text when it is UTF-8 without
-// control characters other than whitespace, else hex; cut at max bytes.
-func showPayload(p []byte, maxBytes int) (shown, encoding string, truncated bool) {
+// showPayload is how a payload is shown: as text when it is printable
+// UTF-8 (see printable), else hex; cut at max bytes.
+func showPayload(p []byte, maxBytes int) (text, encoding string, truncated bool) {
 	if maxBytes >= 0 && len(p) > maxBytes {
 		cut := maxBytes
 		if utf8.Valid(p) {
@@ -277,12 +132,20 @@ func showPayload(p []byte, maxBytes int) (shown, encoding string, truncated bool
 	return hex.EncodeToString(p), "hex", truncated
 }
 
+// printable reports whether a payload may be printed as text: UTF-8 whose
+// characters are printable (as shown judges them), tabs, and line breaks
+// (a carriage return only before a line feed: alone it would let the text
+// after it hide the text before).
 func printable(p []byte) bool {
 	if !utf8.Valid(p) {
 		return false
 	}
-	for _, r := range string(p) {
-		if unicode.IsControl(r) && r != '\n' && r != '\r' && r != '\t' {
+	text := string(p)
+	for i, r := range text {
+		switch {
+		case r == '\n', r == '\t', strconv.IsPrint(r):
+		case r == '\r' && strings.HasPrefix(text[i+1:], "\n"):
+		default:
 			return false
 		}
 	}
@@ -293,7 +156,10 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dead-letters",
 		Short: "Inspect, requeue and discard dead-lettered rows",
-		Args:  cobra.NoArgs,
+		Example: `  outbox-relay dead-letters list --database-path app.db
+  outbox-relay dead-letters show 42 --database-path app.db
+  outbox-relay dead-letters retry --all --error max_msg_size --dry-run --database-path app.db`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return usagef("dead-letters needs a subcommand: list, show, retry or discard")
 		},
@@ -304,7 +170,11 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 	list := &cobra.Command{
 		Use:   "list [--json] [--limit N] [--consumer] [--type T] [--since WHEN] [--until WHEN] [--error TEXT]",
 		Short: "List dead-lettered rows, newest first (--consumer: messages the JetStream consumer gave up on)",
-		Args:  cobra.NoArgs,
+		Example: `  outbox-relay dead-letters list --database-path app.db
+  outbox-relay dead-letters list --type OrderPlaced --since 24h --limit 10
+  outbox-relay dead-letters list --error 10054 --json
+  outbox-relay dead-letters list --consumer`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if limit < 1 {
 				return usagef("--limit must be at least 1")
@@ -314,7 +184,11 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 				return err
 			}
 			ctx := context.Background()
-			s, _, err := c.openDB(ctx, true)
+			var tables []string
+			if consumer {
+				tables = admin.ExhaustedTables
+			}
+			s, _, err := c.openDB(ctx, true, tables...)
 			if err != nil {
 				return err
 			}
@@ -330,7 +204,7 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 				tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "EVENT_ID\tSTREAM\tCONSUMER\tSTREAM_SEQ\tSUBJECT\tDELIVERIES\tOBSERVED_AT")
 				for _, e := range ex {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", e.EventID, e.Stream, e.Consumer, e.StreamSeq, e.Subject, e.Deliveries, e.ObservedAt.UTC().Format(time.RFC3339))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", shown(e.EventID), shown(e.Stream), shown(e.Consumer), e.StreamSeq, shown(e.Subject), e.Deliveries, e.ObservedAt.UTC().Format(time.RFC3339))
 				}
 				return tw.Flush()
 			}
@@ -355,7 +229,9 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 	show := &cobra.Command{
 		Use:   "show ID [--json] [--max-bytes N]",
 		Short: "Show one row whole: its columns, and its payload as text when it is UTF-8, else as hex",
-		Args:  cobra.ExactArgs(1),
+		Example: `  outbox-relay dead-letters show 42 --database-path app.db
+  outbox-relay dead-letters show 42 --max-bytes -1 --json`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			id, err := strconv.ParseInt(args[0], 10, 64)
 			if err != nil {
@@ -383,10 +259,10 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 			}
 			tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 			for _, kv := range [][2]string{
-				{"id", strconv.FormatInt(r.ID, 10)}, {"status", r.Status}, {"event_id", r.EventID}, {"event_type", strconv.Quote(r.EventType)},
+				{"id", strconv.FormatInt(r.ID, 10)}, {"status", shown(r.Status)}, {"event_id", shown(r.EventID)}, {"event_type", strconv.Quote(r.EventType)},
 				{"ordering_key", strconv.Quote(r.OrderingKey)}, {"attempts", strconv.Itoa(r.Attempts)},
 				{"created_at", r.CreatedAt.UTC().Format(time.RFC3339Nano)}, {"available_at", r.AvailableAt.UTC().Format(time.RFC3339Nano)},
-				{"processed_at", r.ProcessedAt.UTC().Format(time.RFC3339Nano)}, {"last_error", r.LastError}, {"headers", r.Headers},
+				{"processed_at", r.ProcessedAt.UTC().Format(time.RFC3339Nano)}, {"last_error", shown(r.LastError)}, {"headers", shown(r.Headers)},
 			} {
 				fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
 			}
@@ -408,6 +284,9 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 		cmd := &cobra.Command{
 			Use:   name + " (--all | ID...) [--type T] [--since WHEN] [--until WHEN] [--error TEXT] [--dry-run] [--json]",
 			Short: short,
+			Example: fmt.Sprintf(`  outbox-relay dead-letters %[1]s 42 43 --database-path app.db
+  outbox-relay dead-letters %[1]s --all --type OrderPlaced --since 24h --dry-run
+  outbox-relay dead-letters %[1]s --all --error "permissions violation"`, name),
 			RunE: func(_ *cobra.Command, args []string) error {
 				f, err := ff.filter(time.Now())
 				if err != nil {
@@ -453,6 +332,8 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 	}
 	retry := bulkCommand("retry", "Requeue dead-lettered rows: pending, attempts 0, available now (last_error kept until the next attempt)", "requeued", admin.Requeue)
 	discard := bulkCommand("discard", "Delete dead-lettered rows", "discarded", admin.Discard)
-	cmd.AddCommand(list, show, retry, discard)
+	for _, sub := range []*cobra.Command{list, show, retry, discard} {
+		cmd.AddCommand(c.withConfig(sub, databaseKeys))
+	}
 	return cmd
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
@@ -32,7 +33,8 @@ func (c *cli) streamClient(ctx context.Context, cmd, does string) (config.Config
 	if cfg.NATS.URL == config.EmbeddedURL {
 		return cfg, nil, nil, nil, usagef("%s: nats.url is embedded: point it at the server to %s", cmd, does)
 	}
-	log, err := newLogger(cfg.Log, c.stderr)
+	// A report on stdout; on stderr only warnings and errors beside it.
+	log, err := reportLogger(cfg.Log, c.stderr)
 	if err != nil {
 		return cfg, nil, nil, nil, err
 	}
@@ -71,7 +73,10 @@ rejected an update or the stream does not capture the relay's subjects.`,
 				return err
 			}
 			defer closeJS()
-			res, err := streamsync.Sync(ctx, js.API(), daemon.Want(cfg), streamsync.Options{DryRun: dryRun, Log: log.Named("streamsync")})
+			// The report says what Sync did and what it could not: its
+			// warnings would only repeat it.
+			syncLog := log.Named("streamsync").WithOptions(zap.IncreaseLevel(zapcore.ErrorLevel))
+			res, err := streamsync.Sync(ctx, js.API(), daemon.Want(cfg), streamsync.Options{DryRun: dryRun, Log: syncLog})
 			if err != nil {
 				return err
 			}
