@@ -55,7 +55,7 @@ func (a *App) brokerReady(ctx context.Context) error {
 	if errors.Is(err, streamsync.ErrNoStream) {
 		// First answer since start, or the stream was deleted meanwhile:
 		// reconcile (and create it, if allowed).
-		_, err := streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions())
+		_, err = streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions())
 		a.noteConfigError(err)
 		if err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -156,5 +157,25 @@ func TestPatchCounterSeriesStartAtZero(t *testing.T) {
 		if v, ok := fields[want]; !ok || v != 0 {
 			t.Errorf("stream_config_patched_total{field=%q}: %v (present %v), want 0", want, v, ok)
 		}
+	}
+}
+
+// TestFirstProbeCreatesTheStreamAndPasses: the probe that reconciles the
+// stream on the broker's first answer passes once it has created it, so
+// that the relay does not begin with an outage of its own making.
+func TestFirstProbeCreatesTheStreamAndPasses(t *testing.T) {
+	n := testenv.StartNATS(t)
+	cfg := config.Default()
+	cfg.Database.Path, cfg.NATS.URL, cfg.Metrics.Listen = testenv.NewDB(t), n.URL(), ""
+	a, err := Open(context.Background(), cfg, zap.NewNop(), Options{Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.brokerReady(context.Background()); err != nil {
+		t.Fatalf("first probe: %v", err)
+	}
+	if _, err := n.JetStream(t).Stream(context.Background(), cfg.Stream.Name); err != nil {
+		t.Fatalf("the stream after the first probe: %v", err)
 	}
 }
