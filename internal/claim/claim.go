@@ -93,7 +93,7 @@ func New(db *sqlitedb.DB, opts Options) *Store {
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release, deadLetters string
+	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release, deadLetters, nextDue string
 }
 
 // pendingRow is the condition of every settle write: the row is still
@@ -139,6 +139,9 @@ FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHER
 		retry:      fmt.Sprintf(`UPDATE %s SET attempts = ?, available_at = ?, last_error = ? WHERE `+pendingRow, t),
 		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ? WHERE `+pendingRow, t),
 		release:    fmt.Sprintf(`UPDATE %s SET available_at = ? WHERE `+pendingRow, t),
+		// The earliest pending row not due at ?1: the pending index
+		// covers available_at.
+		nextDue: fmt.Sprintf(`SELECT min(%s) FROM %s WHERE status = 'pending' AND NOT %s`, schema.MsSQL("available_at"), t, schema.DueSQL("?1")),
 		// The dead letters' index (schema's _dead_lettered) covers id.
 		deadLetters: fmt.Sprintf(`SELECT count(*), coalesce(sum(id), 0) FROM %s WHERE status = 'dead_lettered'`, t),
 	}
@@ -159,7 +162,10 @@ type held struct {
 	waiting, parked map[string]bool
 	nextLook        time.Time
 	deadLetters     string // the dead letters' fingerprint when parked was filled
-	parkedEnc       string // parked as a JSON array ("": to encode again)
+	// quiet is until when a claim finds nothing unless the table changes
+	// (see Quiet); zero: unknown.
+	quiet     time.Time
+	parkedEnc string // parked as a JSON array ("": to encode again)
 	// gone are the ids let go since the current claim began: they were in
 	// flight when it read the table, which may show them still pending.
 	gone       map[int64]struct{}
@@ -275,6 +281,9 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		if err := s.assignIDs(ctx, out, noID); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.noteQuiet(ctx, query == s.q.takeRescan && len(out) == 0, now); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	for _, r := range out {
@@ -443,12 +452,55 @@ func (s *Store) rescanDue(now int64) bool {
 	return due
 }
 
+// Quiet returns until when a claim finds nothing unless the table changes
+// (a commit by another connection, a settle, a reclaim): after a claim of
+// the whole pending index that took nothing, with no row in flight, the
+// time the next pending row
+// comes due, or the next look at the keys found waiting, whichever is
+// first. It is zero after a claim that took rows (claim again as they
+// settle), and far off when nothing is scheduled. It reads the due clock
+// (Options.Clock) against the wall, so it may come early after a clock
+// step, never late.
+func (s *Store) Quiet() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held.quiet
+}
+
+// noteQuiet records Quiet after a claim: idle says the claim read the
+// whole pending index and took nothing, at now (due clock, Unix ms).
+func (s *Store) noteQuiet(ctx context.Context, idle bool, now int64) error {
+	s.mu.Lock()
+	inFlight := len(s.held.ids) > 0
+	s.mu.Unlock()
+	var quiet time.Time
+	// Rows in flight may be settled for later (a retry, an outage): their
+	// time is not in the table yet.
+	if idle && !inFlight {
+		var next sql.NullInt64
+		if err := s.db.Reader().QueryRowContext(ctx, s.q.nextDue, now).Scan(&next); err != nil {
+			return fmt.Errorf("claim rows: %w", err)
+		}
+		quiet = time.Now().Add(time.Hour)
+		if next.Valid {
+			quiet = time.Now().Add(time.Duration(next.Int64-now) * time.Millisecond)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.held.waiting) > 0 && quiet.After(s.held.nextLook) {
+		quiet = s.held.nextLook
+	}
+	s.held.quiet = quiet
+	return nil
+}
+
 // Rescan makes the next claim read the whole pending index, the keys
 // found waiting included: rows went back to pending (a heartbeat reclaimed
 // them).
 func (s *Store) Rescan() {
 	s.mu.Lock()
-	s.held.nextRescan, s.held.nextLook = time.Time{}, time.Time{}
+	s.held.nextRescan, s.held.nextLook, s.held.quiet = time.Time{}, time.Time{}, time.Time{}
 	clear(s.held.parked)
 	s.held.parkedEnc = ""
 	s.mu.Unlock()
@@ -761,6 +813,7 @@ func (s *Store) letGo(outs []event.Outcome, stale []int) {
 	for id := range h.ids {
 		h.max = max(h.max, id)
 	}
+	h.quiet = time.Time{} // what was settled may come due: claim to find out
 }
 
 // notSettled returns the indexes among idx (whose ids are the JSON array

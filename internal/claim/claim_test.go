@@ -188,9 +188,11 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	if !strings.Contains(plan, "SEARCH e USING COVERING INDEX event_queue_ordering (ordering_key=? AND id<?)") {
 		t.Errorf("claim plan %q: want the ordering index for the row before", plan)
 	}
-	// Marking rows done seeks each by its id.
+	// Marking rows done seeks each by its id (by the rowid, or in the
+	// pending index, which leads with id and holds only pending rows).
 	plan = testenv.QueryPlan(t, s.db, s.q.done, "[[1,5],[2,6]]", now)
-	if !strings.Contains(plan, "SEARCH event_queue USING INTEGER PRIMARY KEY (rowid=?)") || regexp.MustCompile(`SCAN event_queue($|;)`).MatchString(plan) {
+	byID := strings.Contains(plan, "SEARCH event_queue USING INTEGER PRIMARY KEY (rowid=?)") || strings.Contains(plan, "SEARCH event_queue USING COVERING INDEX event_queue_pending (id=?)")
+	if !byID || regexp.MustCompile(`SCAN event_queue($|;)`).MatchString(plan) {
 		t.Errorf("done plan %q: want each row sought by its id", plan)
 	}
 	b, err := housekeeping.Backlog(context.Background(), s.db, true)
@@ -619,4 +621,38 @@ func (s *Store) forget() {
 	s.mu.Lock()
 	s.held = newHeld()
 	s.mu.Unlock()
+}
+
+// TestQuietUntilTheNextRowComesDue: after a claim of the whole pending
+// index that took nothing, the store knows when a claim could next find a
+// row without the table changing: when the earliest scheduled row comes
+// due (far off when none is). After a claim that took rows, or a settle,
+// it knows nothing.
+func TestQuietUntilTheNextRowComesDue(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ctx := context.Background()
+	if rows, err := s.Claim(ctx, 10, 0); err != nil || len(rows) != 0 {
+		t.Fatalf("claim of an empty table: %v %v", rows, err)
+	}
+	if q := time.Until(s.Quiet()); q < 30*time.Minute {
+		t.Fatalf("quiet for %v with nothing scheduled, want far off", q)
+	}
+	later := time.Now().Add(10 * time.Minute).UnixMilli()
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('later', 'T', 'x', ?)`, later)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('much-later', 'T', 'x', ?)`, later+3600000)
+	if rows, err := s.Claim(ctx, 10, 0); err != nil || len(rows) != 0 {
+		t.Fatalf("claim with only scheduled rows: %v %v", rows, err)
+	}
+	if q := s.Quiet().UnixMilli(); q < later-60000 || q > later+1000 {
+		t.Fatalf("quiet until %v, want when the row scheduled at %v comes due", time.UnixMilli(q), time.UnixMilli(later))
+	}
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('now', 'T', 'x')`)
+	rows, err := s.Claim(ctx, 10, 0)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("claim of a due row: %v %v", rows, err)
+	}
+	if !s.Quiet().IsZero() {
+		t.Fatalf("quiet until %v after a claim that took a row, want unknown", s.Quiet())
+	}
 }

@@ -33,6 +33,10 @@ type Store interface {
 	// Rescan makes the next claim look at every pending row: rows went
 	// back to pending (a heartbeat reclaimed them).
 	Rescan()
+	// Quiet returns until when a claim would find nothing unless the
+	// database changes (a commit, a settle): the next time a pending row
+	// comes due, after a claim that found nothing; zero when unknown.
+	Quiet() time.Time
 }
 
 // Lead is this relay's heartbeat row and the lead (*lead.Lease): one relay
@@ -67,8 +71,10 @@ type Options struct {
 	PollInterval     time.Duration // fallback claim timer when no wake-up comes
 	WatchInterval    time.Duration // commit detection: the fallback poll of PRAGMA data_version
 	// Watch announces commits to the database (sqlitedb.DB.Watch) until
-	// ctx ends; without it, or with a zero WatchInterval, the relay polls.
-	Watch func(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error
+	// ctx ends: on foreign those of other connections than the relay's own
+	// writer, on any every commit. Without it, or with a zero
+	// WatchInterval, the relay polls.
+	Watch func(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error
 	// Lead keeps the heartbeat and says whether this relay leads; without
 	// it, or with a zero HeartbeatInterval, the relay is alone on its file:
 	// it always leads and keeps no heartbeat.
@@ -434,12 +440,24 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 	return nil
 }
 
+// maxQuiet bounds how long an idle relay with a commit watch goes without
+// claiming: the watch announces every commit, so the poll only has to find
+// rows that came due, but a claim at least this often is cheap insurance.
+const maxQuiet = time.Minute
+
 // idle waits for a wake-up, the poll timer or the end; and for rows to
-// settle when due rows wait for room in their ordering key.
+// settle when due rows wait for room in their ordering key. While the
+// commit watch announces commits, the poll waits until a row comes due
+// (Store.Quiet; at least PollInterval, at most maxQuiet): an idle claim
+// walks every pending row, thousands where keys are parked.
 func (r *Relay) idle(ctx context.Context) {
 	var timer <-chan time.Time
 	if r.o.PollInterval > 0 {
-		t := time.NewTimer(r.o.PollInterval)
+		d := r.o.PollInterval
+		if r.watching.Load() {
+			d = min(max(d, time.Until(r.store.Quiet())), max(d, maxQuiet))
+		}
+		t := time.NewTimer(d)
 		defer t.Stop()
 		timer = t.C
 	}

@@ -193,3 +193,52 @@ func TestOpenNamesTheAbsolutePath(t *testing.T) {
 		t.Fatalf("Path() = %q; want %q", s.Path(), abs)
 	}
 }
+
+// TestWatchTellsItsOwnCommitsApart: a commit by the DB's own writer (a
+// relay's heartbeat, say) is announced to the channels that follow every
+// commit, not to the one that follows other connections' commits, so an
+// idle relay does not look for rows after each of its own heartbeats.
+func TestWatchTellsItsOwnCommitsApart(t *testing.T) {
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	ctx, cancel := context.WithCancel(context.Background())
+	foreign, all := make(chan struct{}, 1), make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Watch(ctx, time.Hour, foreign, all) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}()
+	waitFor := func(ch chan struct{}, what string, commit func()) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			commit()
+			select {
+			case <-ch:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no wake-up on %s", what)
+			}
+		}
+	}
+	appCommit := func() { testenv.InsertRows(t, db, 1, "pending") }
+	waitFor(foreign, "the application's commit", appCommit) // watching from here on
+	<-all
+	ownCommit := func() {
+		if _, err := s.Exec(context.Background(), `UPDATE event_queue SET attempts = attempts + 1 WHERE id = 1`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(all, "the writer's own commit", ownCommit)
+	select {
+	case <-foreign:
+		t.Fatal("the writer's own commit was announced as another connection's")
+	default:
+	}
+	waitFor(foreign, "the application's commit after the writer's", appCommit)
+}

@@ -6,9 +6,13 @@ import (
 	"time"
 )
 
-// Watch sends on every wake channel (without blocking: signals coalesce)
+// Watch sends on every channel of any (without blocking: signals coalesce)
 // whenever another connection (the application, or this process's own
-// writer) has committed to the database. The truth is PRAGMA data_version
+// writer) has committed to the database, and on foreign when a connection
+// other than this DB's writer has: an idle relay's own heartbeats then do
+// not make it look for rows. PRAGMA data_version on the writer's
+// connection, which this DB's own commits leave unchanged, tells the two
+// apart; a look at it that fails counts as foreign. The truth is PRAGMA data_version
 // on one pinned read-only connection (it changes with every other
 // connection's commit); what makes Watch look is a file-system
 // notification on the database's -wal file, which every commit writes
@@ -19,7 +23,7 @@ import (
 // again. Idle, it costs nothing but that poll; no snapshot is held between
 // looks, so checkpoints are never starved. It returns when ctx ends; the
 // caller runs it in a goroutine it tracks.
-func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- struct{}) error {
+func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
 	const debounce = 200 * time.Microsecond
 	conn, err := s.read.Conn(ctx)
 	if err != nil {
@@ -46,6 +50,12 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- s
 	if err != nil {
 		return fmt.Errorf("watch commits: %w", err)
 	}
+	// The writer's own view: it changes only with others' commits.
+	writerVersion := func() (v int64, err error) {
+		err = s.write.QueryRowContext(quick, `PRAGMA data_version`).Scan(&v)
+		return v, err
+	}
+	lastWriter, writerErr := writerVersion()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	poll := pace{fast: interval}
@@ -111,12 +121,25 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, wake ...chan<- s
 		if next, change := poll.found(notified, polled); change {
 			t.Reset(next)
 		}
-		for _, w := range wake {
-			select {
-			case w <- struct{}{}:
-			default:
-			}
+		wv, err := writerVersion()
+		if err != nil || writerErr != nil || wv != lastWriter {
+			signalOne(foreign)
 		}
+		lastWriter, writerErr = wv, err
+		for _, w := range any {
+			signalOne(w)
+		}
+	}
+}
+
+// signalOne sends on w without blocking (a nil w is none).
+func signalOne(w chan<- struct{}) {
+	if w == nil {
+		return
+	}
+	select {
+	case w <- struct{}{}:
+	default:
 	}
 }
 

@@ -22,6 +22,9 @@ func (NopStore) Waiting() bool { return false }
 // Rescan does nothing.
 func (NopStore) Rescan() {}
 
+// Quiet reports no time: a fake's rows may come at any moment.
+func (NopStore) Quiet() time.Time { return time.Time{} }
+
 // MemStore is an outbox in memory, for driving the relay without SQLite:
 // Claim hands out the rows added, in order, and Settle records their
 // outcomes.
