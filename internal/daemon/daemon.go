@@ -128,11 +128,15 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if a.db, err = sqlitedb.Open(ctx, sqlitedb.Options{
 		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.CreateDB,
 		OwnCheckpoints: true, Clock: clock,
+		// A file held locked against readers (an application in
+		// locking_mode=EXCLUSIVE) is waited out, saying who holds it, as a
+		// busy writer is.
+		LockWait: -1, Log: log.Named("database"),
 	}); err != nil {
 		return nil, err
 	}
 	if err = applySchema(ctx, a.db, cfg.Schema.Mode, log); err != nil {
-		return nil, sqlitedb.NotWritable(cfg.Database.Path, err)
+		return nil, sqlitedb.NotWritable(a.db.Path(), err)
 	}
 	a.lease = lead.New(a.db)
 	a.claims = claim.New(a.db, claim.Options{
