@@ -11,8 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,8 +32,9 @@ type Conn struct {
 	log *zap.Logger
 
 	mu      sync.Mutex
-	denied  map[string]time.Time // subject -> when the server last refused it
-	closing atomic.Bool          // Close was called: closing is expected
+	denied  map[string]time.Time     // subject -> when the server last refused it
+	refusal map[string]chan struct{} // subject -> closed at its next refusal (see denied.go)
+	closing atomic.Bool              // Close was called: closing is expected
 }
 
 // ErrClosed is returned by Ready when the connection is closed for good
@@ -96,7 +95,7 @@ func ConnectOnce(ctx context.Context, urls string, cfg config.NATS, name string,
 // connectOnce tries the servers once. On failure it returns the Conn and
 // options for a retrying attempt (nil when the options themselves are wrong).
 func connectOnce(urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, []nats.Option, error) {
-	c := &Conn{log: log, denied: map[string]time.Time{}}
+	c := &Conn{log: log, denied: map[string]time.Time{}, refusal: map[string]chan struct{}{}}
 	opts, err := c.options(cfg, name)
 	if err != nil {
 		return nil, nil, err
@@ -241,56 +240,6 @@ func fatalConnectError(err error) bool {
 		}
 	}
 	return false
-}
-
-var deniedSubjectRe = regexp.MustCompile(`(?i)permissions violation for publish to "([^"]+)"`)
-
-// deniedTTL is how long a permission violation is remembered: long enough
-// to classify the publishes that time out after it, short enough that a
-// permission an operator grants takes effect without a restart.
-const deniedTTL = time.Minute
-
-// asyncError handles errors the server reports outside any call; a publish
-// permission violation is only ever reported here. It is logged once per
-// subject (again only after it was forgotten).
-func (c *Conn) asyncError(err error) {
-	if m := deniedSubjectRe.FindStringSubmatch(err.Error()); m != nil {
-		c.mu.Lock()
-		at, seen := c.denied[m[1]]
-		c.denied[m[1]] = time.Now()
-		c.mu.Unlock()
-		if !seen || time.Since(at) > deniedTTL {
-			c.log.Error("nats permission denied: rows on this subject are rejected until the permission is granted",
-				zap.String("subject", m[1]), zap.Error(err))
-		}
-		return
-	}
-	c.log.Warn("nats error", zap.Error(err))
-}
-
-// Denied reports whether the server recently refused to let this
-// connection publish to subject.
-func (c *Conn) Denied(subject string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	at, ok := c.denied[subject]
-	return ok && time.Since(at) < deniedTTL
-}
-
-// DeniedSubjects lists the subjects the server recently refused.
-func (c *Conn) DeniedSubjects() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]string, 0, len(c.denied))
-	for s, at := range c.denied {
-		if time.Since(at) < deniedTTL {
-			out = append(out, s)
-		} else {
-			delete(c.denied, s)
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 // check reports why the connection cannot publish now, or nil; a closed

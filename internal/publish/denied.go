@@ -1,19 +1,66 @@
 package publish
 
-import "time"
+import (
+	"regexp"
+	"sort"
+	"time"
 
-// deniedSince reports whether the server refused, at or after sent, to let
-// this connection publish to subject. The server reports a permission
-// violation only to the connection's error handler, after it read the
-// message, and the publish itself then times out: a timeout of a message
-// sent at sent on a subject denied since is that message's refusal. A
-// denial before sent says nothing of the message (the permission may have
-// been granted since), so it is sent and tried like any other.
-func (c *Conn) deniedSince(subject string, sent time.Time) bool {
+	"go.uber.org/zap"
+)
+
+// The server reports a publish it refuses for lack of permission only to
+// the connection's error handler, after it read the message, and the
+// publish itself then times out. The Conn remembers when each subject was
+// last refused, and wakes the acknowledgements waiting on a subject when it
+// is refused again, so that a refusal is known in about a round trip
+// instead of after relay.ack_timeout.
+
+var deniedSubjectRe = regexp.MustCompile(`(?i)permissions violation for publish to "([^"]+)"`)
+
+// deniedTTL is how long a permission violation is remembered for /readyz
+// when no message on the subject is stored since.
+const deniedTTL = time.Minute
+
+// asyncError handles errors the server reports outside any call; a publish
+// permission violation is only ever reported here. It is logged once per
+// subject (again only after it was forgotten).
+func (c *Conn) asyncError(err error) {
+	if m := deniedSubjectRe.FindStringSubmatch(err.Error()); m != nil {
+		c.mu.Lock()
+		at, seen := c.denied[m[1]]
+		c.denied[m[1]] = time.Now()
+		if ch, ok := c.refusal[m[1]]; ok {
+			close(ch)
+			delete(c.refusal, m[1])
+		}
+		c.mu.Unlock()
+		if !seen || time.Since(at) > deniedTTL {
+			c.log.Error("nats permission denied: rows on this subject are rejected until the permission is granted",
+				zap.String("subject", m[1]), zap.Error(err))
+		}
+		return
+	}
+	c.log.Warn("nats error", zap.Error(err))
+}
+
+// closed is a channel that is ready at once.
+var closed = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
+// refused returns a channel that is closed when the server refuses subject
+// to this connection, at once when it did so at or after sent (a message
+// sent at sent may be the one refused).
+func (c *Conn) refused(subject string, sent time.Time) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	at, ok := c.denied[subject]
-	return ok && !at.Before(sent)
+	if c.deniedSinceLocked(subject, sent) {
+		return closed
+	}
+	ch, ok := c.refusal[subject]
+	if !ok {
+		ch = make(chan struct{})
+		c.refusal[subject] = ch
+	}
+	return ch
 }
 
 // stored forgets a denial of subject older than a message sent at sent
@@ -25,4 +72,33 @@ func (c *Conn) stored(subject string, sent time.Time) {
 	if at, ok := c.denied[subject]; ok && at.Before(sent) {
 		delete(c.denied, subject)
 	}
+}
+
+// DeniedSubjects lists the subjects the server recently refused.
+func (c *Conn) DeniedSubjects() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.denied))
+	for s, at := range c.denied {
+		if time.Since(at) < deniedTTL {
+			out = append(out, s)
+		} else {
+			delete(c.denied, s)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// deniedSince reports whether the server refused subject at or after sent:
+// a message sent at sent that timed out since is that refusal.
+func (c *Conn) deniedSince(subject string, sent time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deniedSinceLocked(subject, sent)
+}
+
+func (c *Conn) deniedSinceLocked(subject string, sent time.Time) bool {
+	at, ok := c.denied[subject]
+	return ok && !at.Before(sent)
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -336,6 +337,16 @@ type JetStream struct {
 	mu     sync.Mutex
 	handle jetstream.Stream // for reading back a duplicate's original
 
+	// Each message's place in the order it was sent (see answered).
+	sendMu   sync.Mutex // held while a message is placed and written
+	ackMu    sync.Mutex
+	order    map[*nats.Msg]uint64
+	sentMsgs uint64
+	// answered is the highest place of a message the stream acknowledged:
+	// the stream answers one connection's messages in the order it reads
+	// them, so every message sent before it has had its answer.
+	answered atomic.Uint64
+
 	sizeMu sync.Mutex
 	// The stream's max_msg_size (0: none) as last read, if read since the
 	// stream last refused a message for its size; after a read that
@@ -353,13 +364,52 @@ const sizeReadRetry = 30 * time.Second
 // ackTimeout bounds every acknowledgement: without it, futures pending on a
 // closed connection never resolve.
 func NewJetStream(c *Conn, stream string, maxInFlight int, ackTimeout time.Duration) (*JetStream, error) {
+	p := &JetStream{conn: c, stream: stream, order: map[*nats.Msg]uint64{}}
 	js, err := jetstream.New(c.NC,
 		jetstream.WithPublishAsyncMaxPending(maxInFlight),
-		jetstream.WithPublishAsyncTimeout(ackTimeout))
+		jetstream.WithPublishAsyncTimeout(ackTimeout),
+		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { p.forget(m, true) }),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, _ error) { p.forget(m, false) }))
 	if err != nil {
 		return nil, fmt.Errorf("open jetstream: %w", err)
 	}
-	return &JetStream{conn: c, js: js, stream: stream}, nil
+	p.js = js
+	return p, nil
+}
+
+// send publishes msg, the message of m, noting its place in the order
+// sent. The claimer and the settler (a key's next row) both publish: the
+// place is taken with the message written, so that places follow the
+// order on the wire, which is the order the stream answers in.
+func (p *JetStream) send(m Message, msg *nats.Msg) *jsAck {
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	p.ackMu.Lock()
+	p.sentMsgs++
+	place := p.sentMsgs
+	p.order[msg] = place
+	p.ackMu.Unlock()
+	sent := time.Now()
+	fut, err := p.js.PublishMsgAsync(msg)
+	if err != nil {
+		p.forget(msg, false)
+	}
+	return &jsAck{p: p, subject: m.Subject, rowID: m.Row.ID, sent: sent, place: place, fut: fut, err: err}
+}
+
+// forget drops msg's place once it is resolved; an acknowledgement raises
+// answered to it.
+func (p *JetStream) forget(msg *nats.Msg, acked bool) {
+	p.ackMu.Lock()
+	n, ok := p.order[msg]
+	delete(p.order, msg)
+	p.ackMu.Unlock()
+	for ok && acked {
+		old := p.answered.Load()
+		if n <= old || p.answered.CompareAndSwap(old, n) {
+			return
+		}
+	}
 }
 
 // API returns the JetStream API handle for stream management.
@@ -377,9 +427,7 @@ func (p *JetStream) Publish(ctx context.Context, msgs []Message) []Ack {
 		// Every message is sent, even on a subject the server refused a
 		// moment ago: only the server's answer to this message may spend
 		// its attempt (a permission granted since takes effect at once).
-		sent := time.Now()
-		fut, err := p.js.PublishMsgAsync(msg)
-		acks[i] = &jsAck{p: p, subject: m.Subject, rowID: m.Row.ID, sent: sent, fut: fut, err: err}
+		acks[i] = p.send(m, msg)
 	}
 	return acks
 }
@@ -437,6 +485,7 @@ type jsAck struct {
 	subject string
 	rowID   int64
 	sent    time.Time // when the message was handed to the connection
+	place   uint64    // its place in the order sent (see JetStream.answered)
 	fut     jetstream.PubAckFuture
 	err     error // the publish call itself failed
 }
@@ -446,17 +495,65 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 	if a.fut != nil {
 		select {
 		case ack := <-a.fut.Ok():
-			a.p.conn.stored(a.subject, a.sent)
-			if ack.Duplicate {
-				return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, ack.Sequence), Seq: ack.Sequence}
-			}
-			return Result{Kind: Stored, Seq: ack.Sequence}
+			return a.stored(ctx, ack)
 		case err = <-a.fut.Err():
 		case <-ctx.Done():
 			return Result{Kind: Transport, Err: ctx.Err()}
+		case <-a.p.conn.refused(a.subject, a.sent):
+			return a.afterRefusal(ctx)
 		}
 	}
 	return a.p.classify(a.subject, a.sent, err)
+}
+
+// refusalGrace bounds how long a message waits for its answer once the
+// server refused its subject after it was sent, when no message sent after
+// it has been answered: the refusal is its own unless it was stored just
+// before the permission changed (its ack is then on its way).
+const refusalGrace = 250 * time.Millisecond
+
+// afterRefusal resolves a message whose subject the server refused after
+// it was sent. The stream answers messages in the order it reads them, so
+// once a message sent after this one is acknowledged and this one is not,
+// this one was refused; while none is, its own acknowledgement may still
+// come, for refusalGrace at most.
+func (a *jsAck) afterRefusal(ctx context.Context) Result {
+	grace := time.NewTimer(refusalGrace)
+	defer grace.Stop()
+	look := time.NewTicker(2 * time.Millisecond)
+	defer look.Stop()
+	for {
+		select {
+		case ack := <-a.fut.Ok():
+			return a.stored(ctx, ack)
+		case err := <-a.fut.Err():
+			return a.p.classify(a.subject, a.sent, err)
+		case <-ctx.Done():
+			return Result{Kind: Transport, Err: ctx.Err()}
+		case <-grace.C:
+			return Result{Kind: Rejected, Err: deniedErr(a.subject)}
+		case <-look.C:
+			if a.p.answered.Load() <= a.place {
+				continue
+			}
+			// Answered after a later one: unless its own answer raced in.
+			select {
+			case ack := <-a.fut.Ok():
+				return a.stored(ctx, ack)
+			default:
+				return Result{Kind: Rejected, Err: deniedErr(a.subject)}
+			}
+		}
+	}
+}
+
+// stored is the result of a message the stream acknowledged.
+func (a *jsAck) stored(ctx context.Context, ack *jetstream.PubAck) Result {
+	a.p.conn.stored(a.subject, a.sent)
+	if ack.Duplicate {
+		return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, ack.Sequence), Seq: ack.Sequence}
+	}
+	return Result{Kind: Stored, Seq: ack.Sequence}
 }
 
 // classify refines Classify with what only the subject tells: a publish the
