@@ -31,8 +31,14 @@ func (c *cli) openDB(ctx context.Context, readOnly bool, relayTables ...string) 
 	if err != nil {
 		return nil, cfg, err
 	}
+	// A file held locked against readers (an application in
+	// locking_mode=EXCLUSIVE) is waited out, saying on stderr who holds it.
+	log, err := reportLogger(cfg.Log, c.stderr)
+	if err != nil {
+		return nil, cfg, err
+	}
 	s, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout,
-		ReadOnly: readOnly, OwnCheckpoints: !readOnly})
+		ReadOnly: readOnly, OwnCheckpoints: !readOnly, LockWait: -1, Log: log.Named("database")})
 	if err != nil {
 		return nil, cfg, err
 	}

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -322,5 +323,67 @@ func TestReadOnlyCommandsLeaveTheFileAlone(t *testing.T) {
 		if m := journalMode(); m != "delete" {
 			t.Errorf("%s switched journal_mode to %s", strings.Join(args, " "), m)
 		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer a command writes while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestReadCommandsWaitForAnExclusiveLock: an application holding the file
+// in locking_mode=EXCLUSIVE keeps every other connection out. status does
+// not block silently or fail: it says on stderr that the file is locked,
+// waits, and answers once the application lets go.
+func TestReadCommandsWaitForAnExclusiveLock(t *testing.T) {
+	path, app := preparedDB(t)
+	app.Close() // EXCLUSIVE mode needs the file to itself to begin with
+	holder, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder.SetMaxOpenConns(1)
+	for _, q := range []string{`PRAGMA locking_mode = EXCLUSIVE`, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('held', 'T', 'x')`} {
+		if _, err := holder.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stdout, stderr lockedBuffer
+	code := make(chan int, 1)
+	// A busy timeout of 100 ms bounds a wait for a writer's lock; a file
+	// locked against readers is waited out past it.
+	go func() {
+		code <- run([]string{"status", "--database-path", path, "--database-busy-timeout", "100ms"}, &stdout, &stderr)
+	}()
+	testenv.Eventually(t, 30*time.Second, "status to say the file is locked", func() bool {
+		return strings.Contains(stderr.String(), "database locked against this process; waiting until it is free")
+	})
+	time.Sleep(2 * time.Second) // not a synchronisation: status must still be waiting after it
+	select {
+	case c := <-code:
+		t.Fatalf("status ended with %d while the file was locked: %s %s", c, stdout.String(), stderr.String())
+	default:
+	}
+	holder.Close() // the application lets go
+	select {
+	case c := <-code:
+		if c != 0 || !strings.Contains(stdout.String(), "pending") {
+			t.Fatalf("status after the lock was released: exit %d, %q, stderr %q", c, stdout.String(), stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("status did not answer after the lock was released")
 	}
 }
