@@ -35,8 +35,9 @@ func keysOf(names []string, but ...string) keys {
 var (
 	// migrate and dead-letters.
 	databaseKeys = keysOf([]string{"database"})
-	// status: the file, and whether dead letters park their keys.
-	statusKeys = keysOf([]string{"database", "ordering"})
+	// status: the file, whether dead letters park their keys, and with
+	// --stream the stream's server and what the relay needs of it.
+	statusKeys = keysOf([]string{"database", "ordering", "nats", "stream", "relay.ack_timeout", "log"}, "nats.embedded")
 	// audit: the file, and the stream's server and name.
 	auditKeys = keysOf([]string{"database", "nats", "stream.name", "relay.ack_timeout", "log"}, "nats.embedded")
 	// The credentials and TLS of a command that connects to a server of

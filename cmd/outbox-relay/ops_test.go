@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/json"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -385,5 +388,27 @@ func TestReadCommandsWaitForAnExclusiveLock(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("status did not answer after the lock was released")
+	}
+}
+
+// TestStatusShowsAShortDuplicateWindow: with --stream, status asks the
+// server for the stream's duplicate window and, when a max_age below an
+// hour caps it, says so with the command the server accepts and what a
+// shorter window costs.
+func TestStatusShowsAShortDuplicateWindow(t *testing.T) {
+	n := testenv.StartNATS(t)
+	if _, err := n.JetStream(t).CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, MaxAge: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	path, _ := preparedDB(t)
+	code, out, errOut := runCLI(t, "status", "--stream", "--database-path", path, "--nats-url", n.URL())
+	for _, want := range []string{"duplicate window: 1m0s (stream EVENTS, stream.duplicate_window 1h0m0s)", "warning: stream EVENTS dedups within 1m", "--max-age 1h --dupe-window 1h"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("status --stream: exit %d, output lacks %q:\n%s%s", code, want, out, errOut)
+		}
+	}
+	code, out, _ = runCLI(t, "status", "--stream", "--json", "--database-path", path, "--nats-url", n.URL())
+	if code != 0 || !strings.Contains(out, `"duplicate_window": {`) || !strings.Contains(out, `"short": true`) {
+		t.Errorf("status --stream --json: exit %d:\n%s", code, out)
 	}
 }

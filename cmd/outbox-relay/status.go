@@ -14,7 +14,9 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/ledger"
 )
 
@@ -29,7 +31,7 @@ const parkedListed = 100
 const relayStaleAfter = ledger.RelayStaleAfter
 
 func (c *cli) statusCommand() *cobra.Command {
-	var asJSON bool
+	var asJSON, stream bool
 	var last int
 	cmd := &cobra.Command{
 		Use:   "status [--json] [--last N]",
@@ -55,20 +57,31 @@ func (c *cli) statusCommand() *cobra.Command {
 			if !st.OldestPending.IsZero() {
 				age = max(0, now.Sub(st.OldestPending).Seconds())
 			}
+			var window *streamsync.Window
+			if stream {
+				if window, err = c.streamWindow(ctx); err != nil {
+					return err
+				}
+			}
 			if asJSON {
 				return printJSON(c.stdout, struct {
-					Database      string  `json:"database"`
-					Table         string  `json:"table"`
-					OldestPending float64 `json:"oldest_pending_age_seconds"`
-					OnDeadLetter  string  `json:"ordering_on_dead_letter"`
+					Database      string             `json:"database"`
+					Table         string             `json:"table"`
+					OldestPending float64            `json:"oldest_pending_age_seconds"`
+					OnDeadLetter  string             `json:"ordering_on_dead_letter"`
+					Window        *streamsync.Window `json:"duplicate_window,omitempty"`
 					admin.Status
-				}{cfg.Database.Path, cfg.Database.Table, age, cfg.Ordering.OnDeadLetter, st})
+				}{cfg.Database.Path, cfg.Database.Table, age, cfg.Ordering.OnDeadLetter, window, st})
 			}
 			printStatus(c.stdout, cfg, st, now, age)
+			if window != nil {
+				printWindow(c.stdout, *window)
+			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
+	cmd.Flags().BoolVar(&stream, "stream", false, "also ask the server for the stream's duplicate window (connects to nats.url)")
 	cmd.Flags().IntVar(&last, "last", 5, "how many recent dead letters to show")
 	return cmd
 }
@@ -189,4 +202,28 @@ func printParkedKeys(w io.Writer, keys []admin.ParkedKey) {
 		fmt.Fprintf(tw, "%q\t%s\t%d\t%d\t%q\t%s\n", p.OrderingKey, p.ProcessedAt.UTC().Format(time.RFC3339), p.ID, p.WaitingRows, p.EventType, oneLine(p.LastError))
 	}
 	tw.Flush()
+}
+
+// streamWindow asks the server for the stream's duplicate window against
+// the one the relay needs (status --stream).
+func (c *cli) streamWindow(ctx context.Context) (*streamsync.Window, error) {
+	cfg, _, js, closeConn, err := c.streamClient(ctx, "status", "examine")
+	if err != nil {
+		return nil, err
+	}
+	defer closeConn()
+	w, err := streamsync.Examine(ctx, js.API(), daemon.Want(cfg))
+	if err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// printWindow says how long the stream deduplicates, with the warning and
+// the choice when that is shorter than the relay needs.
+func printWindow(out io.Writer, w streamsync.Window) {
+	fmt.Fprintf(out, "duplicate window: %s (stream %s, stream.duplicate_window %s)\n", w.Have, w.Stream, w.Want)
+	if warning := w.Warning(); warning != "" {
+		fmt.Fprintf(out, "warning: %s\n", warning)
+	}
 }
