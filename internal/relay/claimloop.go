@@ -1,0 +1,223 @@
+package relay
+
+// The claim loop: take due rows while there is room in flight, and start
+// publishing them.
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+)
+
+// claimLoop claims and publishes until ctx ends or the broker connection is
+// gone for good (returned).
+func (r *Relay) claimLoop(ctx context.Context) error {
+	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	// Claim nothing before the broker can take it: a missing stream or a
+	// broker down at startup is an outage, not a reason to spend attempts.
+	if err := r.probe(ctx); err != nil && ctx.Err() == nil {
+		if errors.Is(err, publish.ErrClosed) {
+			return err
+		}
+		r.outage.begin(err, r.log, r.m)
+	} else if err == nil {
+		r.m.BrokerConnected.Set(1)
+	}
+	for ctx.Err() == nil {
+		if r.outage.active() {
+			if err := r.waitBroker(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		if !r.leading.Load() && r.o.HeartbeatInterval > 0 {
+			wait(ctx, r.led, nil) // a standby claims nothing
+			continue
+		}
+		if r.outage.halfOpen() && r.inflight.Load() > 0 {
+			wait(ctx, r.settled, nil) // the row on trial decides first
+			continue
+		}
+		free := int64(r.o.MaxInFlight) - r.inflight.Load()
+		freeBytes := int64(r.o.MaxInFlightBytes) - r.inflightBytes.Load()
+		if free <= 0 || (r.o.MaxInFlightBytes > 0 && freeBytes <= 0) {
+			wait(ctx, r.settled, nil)
+			continue
+		}
+		limit := min(int64(r.o.BatchSize), free)
+		if r.outage.halfOpen() {
+			limit = 1 // one row tells whether the broker takes publishes again
+		}
+		var maxBytes int64 // the claim reads no payload past the budget
+		if r.o.MaxInFlightBytes > 0 {
+			maxBytes = freeBytes
+		}
+		seq := r.claimSeq.Add(1)
+		rows, err := r.store.Claim(ctx, int(limit), maxBytes)
+		if r.stopIfReplaced(err) {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.claimTrouble.Fail(err)
+			sleep(ctx, retry.next())
+			continue
+		}
+		retry.reset()
+		if len(rows) == 0 {
+			// An empty claim may not have written (it looks first): it
+			// proves nothing about the lock, but the database answered.
+			r.claimTrouble.OKUnlessBusy()
+			r.outage.nothingToTry(r.log, r.m)
+			r.idle(ctx)
+			continue
+		}
+		r.claimTrouble.OK()
+		r.m.InFlight.Set(float64(r.inflight.Add(int64(len(rows)))))
+		bytes := event.PayloadBytes(rows)
+		r.inflightBytes.Add(bytes)
+		r.pipeline <- r.publish(ctx, rows, seq)
+		if int64(len(rows)) < limit && (maxBytes == 0 || bytes < maxBytes) {
+			// Caught up: wait for the next commit rather than spinning.
+			r.idle(ctx)
+		}
+	}
+	return nil
+}
+
+// maxQuiet bounds how long an idle relay with a commit watch goes without
+// claiming: the watch announces every commit, so the poll only has to find
+// rows that came due, but a claim at least this often is cheap insurance.
+const maxQuiet = time.Minute
+
+// idle waits for a wake-up, the poll timer or the end; and for rows to
+// settle when due rows wait for room in their ordering key. While the
+// commit watch announces commits, the poll waits until a row comes due
+// (Store.Quiet; at least PollInterval, at most maxQuiet): an idle claim
+// walks every pending row, thousands where keys are parked.
+func (r *Relay) idle(ctx context.Context) {
+	var timer <-chan time.Time
+	if r.o.PollInterval > 0 {
+		d := r.o.PollInterval
+		if r.watching.Load() {
+			d = min(max(d, time.Until(r.store.Quiet())), max(d, maxQuiet))
+		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timer = t.C
+	}
+	var settled chan struct{}
+	if r.store.Waiting() {
+		settled = r.settled
+	}
+	select {
+	case <-ctx.Done():
+	case <-r.wake:
+	case <-settled:
+	case <-timer:
+	}
+}
+
+// publish starts publishing rows of claim seq: those without an ordering
+// key in one go, those with one through their key's lane. A row that cannot be
+// published (an event type that cannot form a subject, say) is
+// dead-lettered without publishing, and stops its key's lane.
+func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batch {
+	b := &batch{msgs: make([]publish.Message, 0, len(rows)), published: time.Now()}
+	b.acks = make([]publish.Ack, 0, len(rows))
+	var now []publish.Message // sent in one go
+	var nowAt []int           // indexes in b.acks of now
+	var keyed []*laneAck      // of now, the rows with a key; nil for others
+	for _, row := range rows {
+		m, invalid := r.message(row)
+		if invalid != nil && row.OrderingKey == "" {
+			b.outcomes = append(b.outcomes, r.invalid(row, invalid))
+			continue
+		}
+		// A keyed row that is invalid waits for its turn in its lane.
+		b.msgs = append(b.msgs, m)
+		var lane *laneAck
+		if row.OrderingKey != "" {
+			a, send := r.lanes.add(m, invalid, seq)
+			if send == nil {
+				b.acks = append(b.acks, a)
+				continue
+			}
+			lane = a
+		}
+		nowAt = append(nowAt, len(b.acks))
+		now = append(now, m)
+		keyed = append(keyed, lane)
+		b.acks = append(b.acks, lane)
+	}
+	if len(now) > 0 {
+		for i, a := range r.pub.Publish(ctx, now) {
+			if keyed[i] != nil {
+				r.lanes.sent(keyed[i], a)
+				continue
+			}
+			b.acks[nowAt[i]] = a
+		}
+	}
+	return b
+}
+
+// invalid returns the outcome of a row that can never be published as it
+// is, and logs it.
+func (r *Relay) invalid(row event.Row, why error) event.Outcome {
+	r.log.Warn("dead-lettered invalid row", zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.String("reason", why.Error()))
+	o := event.Invalid(row, why.Error())
+	if errors.Is(why, publish.ErrTooLarge) {
+		o.Reason = event.DeadLetterTooLarge
+	}
+	return o
+}
+
+// message returns the message to publish for row, or why the row cannot
+// be published as it is.
+// (A row too large for the broker is found by the publisher, which knows
+// the limits.)
+func (r *Relay) message(row event.Row) (publish.Message, error) {
+	m := publish.Message{Row: row}
+	if row.Problem != "" {
+		return m, errors.New(row.Problem)
+	}
+	subject, err := event.Subject(r.o.SubjectPrefix, row.EventType)
+	if err != nil {
+		return m, err
+	}
+	if err := event.ValidateEventID(row.EventID); err != nil {
+		return m, err
+	}
+	if err := event.ValidateCreatedAt(row.CreatedAt); err != nil {
+		return m, err
+	}
+	if row.OrderingKey != "" {
+		if err := event.ValidateOrderingKey(row.OrderingKey); err != nil {
+			return m, err
+		}
+	}
+	headers, err := event.ParseHeaders(row.Headers, r.reserved...)
+	if err != nil {
+		return m, err
+	}
+	m.Subject, m.Headers, m.Format = subject, headers, r.o.Format
+	return m, nil
+}
+
+// stopIfReplaced ends the claim loop when err says the database file was
+// replaced (Run then returns it and writes nothing more), and reports it.
+func (r *Relay) stopIfReplaced(err error) bool {
+	if !errors.Is(err, event.ErrDatabaseReplaced) {
+		return false
+	}
+	r.halt(err)
+	return true
+}

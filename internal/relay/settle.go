@@ -1,0 +1,189 @@
+package relay
+
+// The settle loop: wait for each batch's acknowledgements in order and
+// write the outcomes.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+)
+
+// settleLoop waits for each batch's acknowledgements in order (until
+// ackCtx ends) and settles them (retried until writeCtx ends): every batch
+// resolved within SettleWindow after the first in one transaction, or a
+// quarter of MaxInFlight rows as soon as they are resolved (with no
+// window, each batch in its own). At a steady trickle of small batches
+// that halves the relay's write transactions, so it takes the
+// application's write lock half as often.
+func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
+	// Acks are awaited apart from the window, so that a batch whose acks
+	// are slow (up to relay.ack_timeout) does not hold back the settling
+	// of the batches before it.
+	resolved := make(chan []event.Outcome)
+	go func() {
+		defer close(resolved)
+		for b := range r.pipeline {
+			resolved <- r.resolve(ctx, ackCtx, b)
+		}
+	}()
+	var outs []event.Outcome
+	var first time.Time
+	window := time.NewTimer(time.Hour)
+	defer window.Stop()
+	flush := func() {
+		r.settle(writeCtx, outs)
+		outs = nil
+	}
+	for {
+		select {
+		case o, ok := <-resolved:
+			if !ok {
+				flush()
+				return
+			}
+			if len(outs) == 0 {
+				first = time.Now()
+				window.Reset(r.o.SettleWindow)
+			}
+			outs = append(outs, o...)
+			// A quarter of MaxInFlight goes at once: during a drain, rows
+			// waiting for the window would hold back claims.
+			if time.Since(first) >= r.o.SettleWindow || len(outs) >= r.o.MaxInFlight/4 {
+				flush()
+			}
+		case <-window.C:
+			flush()
+		}
+	}
+}
+
+// resolve turns a batch's acknowledgements into outcomes.
+func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome {
+	outs := b.outcomes
+	for i, ack := range b.acks {
+		row := b.msgs[i].Row
+		res := ack.Wait(waitCtx)
+		if a, ok := ack.(*laneAck); ok {
+			r.sendNext(ctx, a, res)
+		}
+		now := r.o.Clock.Now()
+		switch res.Kind {
+		case publish.Stored, publish.Duplicate:
+			if res.Kind == publish.Duplicate {
+				r.m.Duplicates.Inc()
+				if res.Err != nil {
+					// Another event with this id went out within the
+					// duplicate window: this one is not in the stream.
+					r.log.Warn("broker dropped an event as a duplicate of another row's event with the same id",
+						zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.Error(res.Err))
+				}
+			}
+			r.m.PublishDuration.Observe(time.Since(b.published).Seconds())
+			r.m.DeliveryLag.Observe(max(0, time.Since(row.Created()).Seconds()))
+			r.outage.answered(b.published, r.log, r.m)
+			outs = append(outs, event.Outcome{Row: row, Settlement: event.Done, StreamSeq: res.Seq})
+		case publish.Rejected:
+			// The broker answered about this message: it is up.
+			r.outage.answered(b.published, r.log, r.m)
+			o := event.Reject(row, res.Err.Error(), r.o.MaxAttempts, now)
+			level := zap.WarnLevel
+			if publish.PermissionDenied(res.Err) && o.Settlement == event.Retry {
+				level = zap.DebugLevel // the connection logs a denied subject once, not once a row
+			}
+			r.log.Log(level, "broker rejected event", zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID),
+				zap.String("subject", b.msgs[i].Subject), zap.Int("attempts", o.Attempts), zap.Stringer("next", o.Settlement), zap.Error(res.Err))
+			outs = append(outs, o)
+		case publish.Transport:
+			if ctx.Err() != nil || waitCtx.Err() != nil {
+				// Shutting down: hand the row back at once, for whoever runs next.
+				outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now, Reason: metrics.DeferShutdown})
+				continue
+			}
+			delay := r.outage.deferRow(res.Err, r.log, r.m)
+			r.wakeClaimer() // the claimer may be idle: let it see the outage now
+			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
+		case publish.Invalid:
+			outs = append(outs, r.invalid(row, res.Err))
+		case publish.Withheld:
+			// It waits behind its key's row that was not stored; the claim
+			// takes it again once that row is published (or skipped).
+			r.log.Debug("row withheld", zap.Int64("row_id", row.ID), zap.Error(res.Err))
+			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now, Reason: metrics.DeferOrdering})
+		default:
+			panic(fmt.Sprintf("unknown publish result %v", res.Kind))
+		}
+	}
+	return outs
+}
+
+// sendNext sends the row of a's key after it, if a was stored and the
+// next row waits for it (see lanes); after shutdown began it is not sent.
+func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
+	next, m := r.lanes.resolved(a, res, ctx.Err())
+	if m != nil {
+		r.lanes.sent(next, r.pub.Publish(ctx, []publish.Message{*m})[0])
+	}
+}
+
+// settle writes outcomes, retrying database errors until it succeeds or
+// writeCtx ends (only after shutdown began).
+func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
+	if len(outs) == 0 {
+		return
+	}
+	retry := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}
+	for {
+		stale, err := r.store.Settle(writeCtx, outs)
+		if err == nil {
+			r.settleTrouble.OK()
+			r.count(outs, stale)
+			break
+		}
+		if writeCtx.Err() != nil || r.stopIfReplaced(err) {
+			r.log.Error("could not settle rows before exiting; they stay pending, and the next leader publishes them again",
+				zap.Int("rows", len(outs)), zap.Error(err))
+			break
+		}
+		r.settleTrouble.Fail(err)
+		sleep(writeCtx, retry.next())
+	}
+	r.lanes.settled(outs, r.claimSeq.Load())
+	r.m.InFlight.Set(float64(r.inflight.Add(-int64(len(outs)))))
+	var bytes int64
+	for _, o := range outs {
+		bytes += int64(len(o.Row.Payload))
+	}
+	r.inflightBytes.Add(-bytes)
+	signal(r.settled)
+}
+
+// count updates the metrics for the outcomes that were written; stale ones
+// changed nothing.
+func (r *Relay) count(outs []event.Outcome, stale []int) {
+	if len(stale) > 0 {
+		r.log.Warn("rows not settled: this relay lost the lead, or the rows changed meanwhile; the leader publishes what is still pending", zap.Int("rows", len(stale)))
+	}
+	for i, o := range outs {
+		if len(stale) > 0 && stale[0] == i {
+			stale = stale[1:]
+			continue
+		}
+		switch o.Settlement {
+		case event.Done:
+			r.m.Published.Inc()
+		case event.Retry:
+			r.m.Retries.Inc()
+		case event.DeadLetter:
+			r.m.DeadLettered.WithLabelValues(o.Reason).Inc()
+		case event.Release:
+			r.m.Deferred.WithLabelValues(o.Reason).Inc()
+		}
+	}
+}
