@@ -2,9 +2,10 @@
 
 // Package fault is the fault-injection suite: it drives the real
 // outbox-relay binary, a real nats-server process and a writer process
-// through crashes, outages and contention, and checks that every row ends
-// done (or dead_lettered where expected) with exactly one message per
-// event_id in the stream.
+// through crashes, outages, contention and an operator's changes to the
+// server (a permission granted, a stream sealed and replaced), and checks
+// that every row ends done (or dead_lettered where expected) with exactly
+// one message per event_id in the stream.
 //
 //	go test -tags fault -v -timeout 30m ./test/fault/
 package fault
@@ -92,13 +93,14 @@ func printSummaries() {
 
 // env is one scenario's world: a database, a nats-server process, relays.
 type env struct {
-	t       *testing.T
-	dir     string
-	db      string
-	port    int
-	nats    *child.Process
-	relays  map[string]*child.Process // the latest relay of each name, running or not
-	started time.Time
+	t        *testing.T
+	dir      string
+	db       string
+	port     int
+	natsConf string // the broker's configuration file; "" for none
+	nats     *child.Process
+	relays   map[string]*child.Process // the latest relay of each name, running or not
+	started  time.Time
 }
 
 // stopTimeout bounds a process's exit after SIGTERM: a relay's shutdown
@@ -106,10 +108,15 @@ type env struct {
 // seconds of writes.
 const stopTimeout = time.Minute
 
-func newEnv(t *testing.T) *env {
+// newEnv makes a scenario's world; opts change it before the broker
+// starts.
+func newEnv(t *testing.T, opts ...func(*env)) *env {
 	e := &env{t: t, dir: t.TempDir(), relays: map[string]*child.Process{}, started: time.Now()}
 	e.db = filepath.Join(e.dir, "app.db")
 	e.port = testenv.FreePort(t)
+	for _, o := range opts {
+		o(e)
+	}
 	if out, err := exec.Command(bin.relay, "migrate", "--database-path", e.db).CombinedOutput(); err != nil {
 		t.Fatalf("migrate: %v %s", err, out)
 	}
@@ -137,7 +144,11 @@ func (e *env) natsURL() string { return fmt.Sprintf("nats://127.0.0.1:%d", e.por
 
 func (e *env) startNATS() {
 	e.t.Helper()
-	p, err := child.Start(exec.Command(bin.natsServer, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(e.port), "-sd", filepath.Join(e.dir, "nats")))
+	args := []string{"-js", "-a", "127.0.0.1", "-p", strconv.Itoa(e.port), "-sd", filepath.Join(e.dir, "nats")}
+	if e.natsConf != "" {
+		args = append(args, "-c", e.natsConf) // the flags above still win
+	}
+	p, err := child.Start(exec.Command(bin.natsServer, args...))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -154,6 +165,53 @@ func (e *env) startNATS() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// withNATSConfig starts the broker with the configuration conf, in a file
+// that reloadNATS rewrites.
+func withNATSConfig(conf string) func(*env) {
+	return func(e *env) {
+		e.natsConf = filepath.Join(e.dir, "nats.conf")
+		e.writeNATSConfig(conf)
+	}
+}
+
+func (e *env) writeNATSConfig(conf string) {
+	e.t.Helper()
+	if err := os.WriteFile(e.natsConf, []byte(conf), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// natsLogCount counts the broker's log lines that contain text.
+func (e *env) natsLogCount(text string) int {
+	n := 0
+	for _, l := range e.nats.Lines() {
+		if strings.Contains(l.Text, text) {
+			n++
+		}
+	}
+	return n
+}
+
+// reloadNATS rewrites the broker's configuration file as conf and has the
+// running broker reload it (SIGHUP, as nats-server --signal reload does),
+// returning once the broker has logged that it reloaded: by then every
+// connection has the new permissions.
+func (e *env) reloadNATS(conf string) {
+	e.t.Helper()
+	const done, failed = "Reloaded server configuration", "Failed to reload server configuration"
+	before, failedBefore := e.natsLogCount(done), e.natsLogCount(failed)
+	e.writeNATSConfig(conf)
+	if err := e.nats.Signal(syscall.SIGHUP); err != nil {
+		e.t.Fatalf("signal nats-server to reload: %v", err)
+	}
+	testenv.Eventually(e.t, 30*time.Second, "nats-server to reload its configuration", func() bool {
+		if e.natsLogCount(failed) > failedBefore {
+			e.t.Fatalf("nats-server refused the new configuration:\n%s", conf)
+		}
+		return e.natsLogCount(done) > before
+	})
 }
 
 // stopNATS stops the broker (SIGTERM) and waits for it.
@@ -204,14 +262,53 @@ func (e *env) logCount(name, msg string) int {
 	return len(e.relays[name].Find(msg))
 }
 
-// metric scrapes one metric value from a running relay's /metrics.
-func (e *env) metric(name, metric string) float64 {
+// metricsAddr is the address a running relay serves /metrics and its
+// probes on, as it logged it.
+func (e *env) metricsAddr(name string) string {
 	e.t.Helper()
 	line, err := e.relays[name].WaitFor("serving metrics", 30*time.Second)
 	if err != nil {
 		e.t.Fatalf("relay %s %v", name, err)
 	}
-	resp, err := http.Get("http://" + line.Fields["listen"].(string) + "/metrics")
+	return line.Fields["listen"].(string)
+}
+
+// readyz asks a running relay's /readyz: the status code and the body.
+func (e *env) readyz(name string) (int, string) {
+	e.t.Helper()
+	resp, err := http.Get("http://" + e.metricsAddr(name) + "/readyz")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(body))
+}
+
+// waitReadyz waits up to 30 s for a running relay's /readyz to answer
+// code with a body containing text, and returns the body. A relay's
+// probe can say another thing for a moment (an acknowledgement that
+// timed out under load pauses it): what it settles on is what counts.
+func (e *env) waitReadyz(name string, code int, text string) string {
+	e.t.Helper()
+	var got int
+	var body string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if got, body = e.readyz(name); got == code && strings.Contains(body, text) {
+			return body
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("/readyz of relay %s answers %d %q, want %d with %q", name, got, body, code, text)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// metric scrapes one metric value from a running relay's /metrics.
+func (e *env) metric(name, metric string) float64 {
+	e.t.Helper()
+	resp, err := http.Get("http://" + e.metricsAddr(name) + "/metrics")
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -253,6 +350,7 @@ type writerSummary struct {
 	Holds      int     `json:"holds"`
 	MaxWaitMs  float64 `json:"max_commit_wait_ms"`
 	Keyed      int     `json:"keyed"`
+	Restricted int     `json:"restricted"`
 }
 
 func (e *env) waitWriter(w *writer) writerSummary {
@@ -312,6 +410,15 @@ func (e *env) waitSettled(db *sql.DB, timeout time.Duration) {
 // row, and the messages of each ordering key in row-id order. It returns
 // lost and duplicate counts for the summary.
 func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
+	e.t.Helper()
+	return e.verifyReplaced(db, wantDead, nil)
+}
+
+// verifyReplaced is verify for a stream that replaced an earlier one of
+// the name: the rows whose event ids are in gone were done before, their
+// messages went with the earlier stream, and none may be in this one (a
+// row published again counts as a duplicate).
+func (e *env) verifyReplaced(db *sql.DB, wantDead int, gone map[string]bool) (lost, duplicates, dead int) {
 	e.t.Helper()
 	c := testenv.Counts(e.t, db)
 	dead = c["dead_lettered"]
@@ -374,7 +481,11 @@ func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
 		}
 	}
 	for id := range done {
-		if seen[id] == 0 {
+		switch {
+		case gone[id] && seen[id] > 0:
+			duplicates += seen[id]
+			e.t.Errorf("row of event %s was done before the stream was replaced, and published again", id)
+		case !gone[id] && seen[id] == 0:
 			lost++
 		}
 	}
@@ -388,7 +499,13 @@ func (e *env) verify(db *sql.DB, wantDead int) (lost, duplicates, dead int) {
 // holds in flight (claims live in its memory; the rows stay pending until
 // settled) and those it has not taken yet.
 func pendingIDs(t *testing.T, db *sql.DB) []int64 {
-	rows, err := db.Query(`SELECT id FROM event_queue WHERE status = 'pending'`)
+	return rowIDs(t, db, `SELECT id FROM event_queue WHERE status = 'pending'`)
+}
+
+// rowIDs runs a query for row ids.
+func rowIDs(t *testing.T, db *sql.DB, q string, args ...any) []int64 {
+	t.Helper()
+	rows, err := db.Query(q, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,6 +515,9 @@ func pendingIDs(t *testing.T, db *sql.DB) []int64 {
 		var id int64
 		rows.Scan(&id)
 		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 	return ids
 }

@@ -1,7 +1,8 @@
 // Command writer is the fault-injection suite's application: it inserts
 // outbox rows the way an application does (its own data and the event in
 // one transaction) at a steady rate, and on request holds the write lock
-// for seconds at random moments or mixes in poison rows.
+// for seconds at random moments or mixes in poison rows or rows on a
+// subject the relay may not publish to.
 package main
 
 import (
@@ -17,21 +18,37 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
+// options are the command's flags.
+type options struct {
+	db                 string
+	rows, rate         int
+	holdEvery, holdFor time.Duration
+	poisonBig, bigSize int
+	poisonType         int
+	keys               int
+	restrictedPercent  int
+	seed               uint64
+}
+
 func main() {
-	var (
-		db         = flag.String("db", "", "SQLite file (already migrated)")
-		rows       = flag.Int("rows", 20000, "rows to write")
-		rate       = flag.Int("rate", 2000, "rows per second")
-		holdEvery  = flag.Duration("hold-every", 0, "hold BEGIN IMMEDIATE about this often (0: never)")
-		holdFor    = flag.Duration("hold-for", 3*time.Second, "how long each hold lasts")
-		poisonBig  = flag.Int("poison-big", 0, "rows with a payload of -big-size bytes")
-		bigSize    = flag.Int("big-size", 64<<10, "size of a big poison payload")
-		poisonType = flag.Int("poison-type", 0, "rows with an invalid event type")
-		keys       = flag.Int("keys", 0, "give 70% of the rows one of this many ordering keys (0: none)")
-		seed       = flag.Uint64("seed", 1, "random seed")
-	)
+	var o options
+	flag.StringVar(&o.db, "db", "", "SQLite file (already migrated)")
+	flag.IntVar(&o.rows, "rows", 20000, "rows to write")
+	flag.IntVar(&o.rate, "rate", 2000, "rows per second")
+	flag.DurationVar(&o.holdEvery, "hold-every", 0, "hold BEGIN IMMEDIATE about this often (0: never)")
+	flag.DurationVar(&o.holdFor, "hold-for", 3*time.Second, "how long each hold lasts")
+	flag.IntVar(&o.poisonBig, "poison-big", 0, "rows with a payload of -big-size bytes")
+	flag.IntVar(&o.bigSize, "big-size", 64<<10, "size of a big poison payload")
+	flag.IntVar(&o.poisonType, "poison-type", 0, "rows with an invalid event type")
+	flag.IntVar(&o.keys, "keys", 0, "give 70% of the rows one of this many ordering keys (0: none)")
+	flag.IntVar(&o.restrictedPercent, "restricted-percent", 0, "give this percentage of the rows the event type "+restrictedType)
+	flag.Uint64Var(&o.seed, "seed", 1, "random seed")
 	flag.Parse()
-	if err := run(*db, *rows, *rate, *holdEvery, *holdFor, *poisonBig, *bigSize, *poisonType, *keys, *seed); err != nil {
+	if o.restrictedPercent < 0 || o.restrictedPercent > 100 {
+		fmt.Fprintf(os.Stderr, "writer: -restricted-percent %d: must be between 0 and 100\n", o.restrictedPercent)
+		os.Exit(2)
+	}
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "writer:", err)
 		os.Exit(1)
 	}
@@ -45,13 +62,57 @@ type summary struct {
 	Holds      int     `json:"holds"`
 	MaxWaitMs  float64 `json:"max_commit_wait_ms"`
 	Keyed      int     `json:"keyed"`
+	Restricted int     `json:"restricted"`
 }
 
 var types = []string{"ReviewLogged", "ReviewEdited", "WatchlistItemAdded", "MovieDiscovered", "movie.deleted"}
 var badTypes = []string{"has space", "wild.*", "trailing.", "", "a..b"}
 
-func run(path string, rows, rate int, holdEvery, holdFor time.Duration, poisonBig, bigSize, poisonType, keys int, seed uint64) error {
-	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=30000&_journal_mode=WAL&_txlock=immediate")
+// restrictedType is the event type of the rows -restricted-percent asks
+// for: the suite's server may deny the relay its subject.
+const restrictedType = "Restricted"
+
+// row is one outbox row to insert.
+type row struct {
+	typ     string
+	payload []byte
+	key     any // NULL: not ordered
+}
+
+// rowMaker chooses each row's type, payload and key, counting what it
+// chose in the summary.
+type rowMaker struct {
+	o      options
+	rng    *rand.Rand
+	poison map[int]string // row number -> "big" or "type"
+	s      *summary
+}
+
+func (m *rowMaker) make(n int) row {
+	r := row{typ: types[m.rng.IntN(len(types))]}
+	r.payload, _ = json.Marshal(map[string]any{"n": n, "note": "fault suite"})
+	switch {
+	case m.poison[n] == "big":
+		r.payload = make([]byte, m.o.bigSize)
+		m.s.PoisonBig++
+	case m.poison[n] == "type":
+		r.typ = badTypes[m.rng.IntN(len(badTypes))]
+		m.s.PoisonType++
+	// Drawn only when asked for, so that other runs see the rows they
+	// always saw for a seed.
+	case m.o.restrictedPercent > 0 && m.rng.IntN(100) < m.o.restrictedPercent:
+		r.typ = restrictedType
+		m.s.Restricted++
+	}
+	if m.o.keys > 0 && m.rng.IntN(10) < 7 {
+		r.key = fmt.Sprintf("key-%d", m.rng.IntN(m.o.keys))
+		m.s.Keyed++
+	}
+	return r
+}
+
+func run(o options) error {
+	db, err := sql.Open("sqlite3", "file:"+o.db+"?_busy_timeout=30000&_journal_mode=WAL&_txlock=immediate")
 	if err != nil {
 		return err
 	}
@@ -60,69 +121,61 @@ func run(path string, rows, rate int, holdEvery, holdFor time.Duration, poisonBi
 	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS app_data (id INTEGER PRIMARY KEY, note TEXT)`); err != nil {
 		return err
 	}
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	// Poison rows go at random positions among the good ones.
-	poison := map[int]string{}
-	for i := 0; i < poisonBig; i++ {
-		poison[rng.IntN(rows)] = "big"
-	}
-	for i := 0; i < poisonType; i++ {
-		poison[rng.IntN(rows)] = "type"
-	}
 	var s summary
+	rng := rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15))
+	m := &rowMaker{o: o, rng: rng, poison: map[int]string{}, s: &s}
+	// Poison rows go at random positions among the good ones.
+	for i := 0; i < o.poisonBig; i++ {
+		m.poison[rng.IntN(o.rows)] = "big"
+	}
+	for i := 0; i < o.poisonType; i++ {
+		m.poison[rng.IntN(o.rows)] = "type"
+	}
 	start := time.Now()
-	nextHold := time.Now().Add(jitter(rng, holdEvery))
-	for s.Written < rows {
-		if holdEvery > 0 && time.Now().After(nextHold) {
-			if err := hold(db, holdFor); err != nil {
+	nextHold := time.Now().Add(jitter(rng, o.holdEvery))
+	for s.Written < o.rows {
+		if o.holdEvery > 0 && time.Now().After(nextHold) {
+			if err := hold(db, o.holdFor); err != nil {
 				return err
 			}
 			s.Holds++
-			nextHold = time.Now().Add(jitter(rng, holdEvery))
+			nextHold = time.Now().Add(jitter(rng, o.holdEvery))
 		}
-		due := int(time.Since(start).Seconds()*float64(rate)) - s.Written
+		due := int(time.Since(start).Seconds()*float64(o.rate)) - s.Written
 		if due <= 0 {
 			time.Sleep(time.Millisecond)
 			continue
 		}
-		n := min(due, 1+rng.IntN(10), rows-s.Written)
+		n := min(due, 1+rng.IntN(10), o.rows-s.Written)
 		t0 := time.Now()
-		tx, err := db.Begin()
-		if err != nil {
-			return err
-		}
-		for i := 0; i < n; i++ {
-			typ := types[rng.IntN(len(types))]
-			payload, _ := json.Marshal(map[string]any{"n": s.Written + i, "note": "fault suite"})
-			switch poison[s.Written+i] {
-			case "big":
-				payload = make([]byte, bigSize)
-				s.PoisonBig++
-			case "type":
-				typ = badTypes[rng.IntN(len(badTypes))]
-				s.PoisonType++
-			}
-			if _, err := tx.Exec(`INSERT INTO app_data (note) VALUES (?)`, typ); err != nil {
-				tx.Rollback()
-				return err
-			}
-			var key any // NULL: not ordered
-			if keys > 0 && rng.IntN(10) < 7 {
-				key = fmt.Sprintf("key-%d", rng.IntN(keys))
-				s.Keyed++
-			}
-			if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, ?, ?, ?)`, event.NewID(), typ, payload, key); err != nil {
-				tx.Rollback()
-				return err
-			}
-		}
-		if err := tx.Commit(); err != nil {
+		if err := insert(db, m, s.Written, n); err != nil {
 			return err
 		}
 		s.MaxWaitMs = max(s.MaxWaitMs, float64(time.Since(t0).Microseconds())/1000)
 		s.Written += n
 	}
 	return json.NewEncoder(os.Stdout).Encode(s)
+}
+
+// insert writes rows first..first+n-1 in one transaction, each beside a
+// row of the application's own data.
+func insert(db *sql.DB, m *rowMaker, first, n int) error {
+	tx, err := db.Begin()
+	if err != nil {
+		return err
+	}
+	for i := first; i < first+n; i++ {
+		r := m.make(i)
+		if _, err := tx.Exec(`INSERT INTO app_data (note) VALUES (?)`, r.typ); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, ?, ?, ?)`, event.NewID(), r.typ, r.payload, r.key); err != nil {
+			tx.Rollback()
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 // hold keeps the write lock, as an application's long transaction does.
