@@ -65,12 +65,16 @@ func (c *Conn) refused(subject string, sent time.Time) <-chan struct{} {
 
 // stored forgets a denial of subject older than a message sent at sent
 // that the stream stored: the permission was granted since, and /readyz
-// stops naming the subject at once.
+// stops naming the subject at once; the grant is logged once.
 func (c *Conn) stored(subject string, sent time.Time) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if at, ok := c.denied[subject]; ok && at.Before(sent) {
+	at, ok := c.denied[subject]
+	if ok && at.Before(sent) {
 		delete(c.denied, subject)
+	}
+	c.mu.Unlock()
+	if ok && at.Before(sent) && !c.closing.Load() {
+		c.log.Info("nats permission granted: rows on this subject are published again", zap.String("subject", subject))
 	}
 }
 

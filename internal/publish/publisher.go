@@ -294,10 +294,10 @@ func Classify(err error) Kind {
 // with code 400 like a message's own faults, but no row is at fault: the
 // relay pauses (an outage) and spends no attempt.
 var streamLevelCodes = map[jetstream.ErrorCode]string{
-	10109: "the stream is sealed and refuses every message; a sealed stream cannot be unsealed: point stream.name at another stream (or delete and recreate this one)",
-	10002: "the account's JetStream resources are exhausted; raise the account's limits or free space in its streams",
-	10120: "the account has no JetStream limits that apply to this stream; give the account JetStream limits",
-	10113: "the account requires streams to set max_bytes; set it on the stream (nats stream edit --max-bytes)",
+	10109: "it is sealed, and a sealed stream cannot be unsealed: point stream.name at another stream, or delete this one and let the relay create it",
+	10002: "the account's JetStream resources are exhausted: raise the account's limits or free space in its streams",
+	10120: "the account has no JetStream limits that apply to this stream: give the account JetStream limits",
+	10113: "the account requires streams to set max_bytes: set it on the stream (nats stream edit --max-bytes)",
 }
 
 // streamLevel returns what an operator can do about a JetStream error code

@@ -95,7 +95,11 @@ func (o *outageState) err() error {
 	if o.since.IsZero() {
 		return nil
 	}
-	return fmt.Errorf("broker unavailable for %s: %v", time.Since(o.since).Round(time.Second), o.last)
+	what := "broker unavailable"
+	if errors.Is(o.last, publish.ErrStreamRefusesAll) {
+		what = "paused" // the broker answers; the stream refuses (sealed, say)
+	}
+	return fmt.Errorf("%s for %s: %v", what, time.Since(o.since).Round(time.Second), o.last)
 }
 
 // begin records a transport failure and returns how long the row waits

@@ -183,7 +183,7 @@ func TestPermissionGrantedTakesEffectAtOnce(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	testenv.InsertN(t, app, 3, "denied.thing")
-	startRelay(t, path, n.URL(), harnessOptions{maxTries: 10, ackTimeout: 500 * time.Millisecond,
+	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 10, ackTimeout: 500 * time.Millisecond,
 		natsCfg: config.NATS{User: "relay", Password: "pw"}})
 	testenv.Eventually(t, 20*time.Second, "the denied rows refused once", func() bool {
 		var refused int
@@ -212,5 +212,8 @@ func TestPermissionGrantedTakesEffectAtOnce(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	if got := len(testenv.StreamMessages(t, js, "EVENTS")); got != 8 {
 		t.Errorf("stream holds %d messages, want 8", got)
+	}
+	if got := logCount(h, "nats permission granted: rows on this subject are published again"); got != 1 {
+		t.Errorf("the grant was logged %d times, want once", got)
 	}
 }
