@@ -143,7 +143,7 @@ FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHER
 		// covers available_at.
 		nextDue: fmt.Sprintf(`SELECT min(%s) FROM %s WHERE status = 'pending' AND NOT %s`, schema.MsSQL("available_at"), t, schema.DueSQL("?1")),
 		// The dead letters' index (schema's _dead_lettered) covers id.
-		deadLetters: fmt.Sprintf(`SELECT count(*), coalesce(sum(id), 0) FROM %s WHERE status = 'dead_lettered'`, t),
+		deadLetters: fmt.Sprintf(`SELECT count(*), coalesce(max(id), 0), coalesce(sum((id %% 2147483647) * 48271 %% 2147483647), 0) FROM %s WHERE status = 'dead_lettered'`, t),
 	}
 }
 
@@ -161,7 +161,8 @@ type held struct {
 	// table with thousands of parked keys is not read again every look.
 	waiting, parked map[string]bool
 	nextLook        time.Time
-	deadLetters     string // the dead letters' fingerprint when parked was filled
+	deadLetters     string    // the dead letters' fingerprint when parked was filled
+	parkedSince     time.Time // when parked began to fill
 	// quiet is until when a claim finds nothing unless the table changes
 	// (see Quiet); zero: unknown.
 	quiet     time.Time
@@ -216,26 +217,32 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	look := !time.Now().Before(s.held.nextLook)
 	parked := len(s.held.parked) > 0
 	s.mu.Unlock()
+	// Parked keys are compared with the dead letters at every claim (one
+	// read of their index): a retry or a discard must free its key at the
+	// next claim, not at the next look, since an idle relay claims only
+	// on commits.
 	var deadLetters string
-	if look && parked {
+	if parked {
 		var err error
 		if deadLetters, err = s.deadLetterPrint(ctx); err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
 	}
 	s.mu.Lock()
+	if parked && (deadLetters != s.held.deadLetters || time.Since(s.held.parkedSince) > maxParkedFor) {
+		// Read the parked keys again (and, now and then, in case the
+		// fingerprint missed a change).
+		clear(s.held.parked)
+		s.held.parkedEnc = ""
+	}
+	if !parked || len(s.held.parked) == 0 {
+		// The keys parked from now on are compared with this.
+		s.held.deadLetters, s.held.parkedSince = deadLetters, time.Now()
+	}
 	if look {
 		// Look at the waiting keys again: what they wait for may have
-		// been settled, become due, or been retried by an operator. A
-		// parked key waits for its dead letter, which only a retry, a
-		// discard or a delete changes.
+		// been settled, become due, or been retried by an operator.
 		clear(s.held.waiting)
-		if deadLetters != s.held.deadLetters || deadLetters == "" {
-			// The keys parked since are read again at the next look, with
-			// the fingerprint then to compare.
-			clear(s.held.parked)
-			s.held.parkedEnc, s.held.deadLetters = "", deadLetters
-		}
 		s.held.nextLook = time.Now().Add(s.rescan)
 		s.held.nextRescan = time.Time{}
 	}
@@ -518,15 +525,22 @@ func (h *held) wait(k string, p prevRow) {
 	h.waiting[k] = true
 }
 
+// maxParkedFor is how long parked keys stay set aside at most without a
+// change of the dead letters' fingerprint: a backstop should a change
+// leave it as it was.
+const maxParkedFor = time.Minute
+
 // deadLetterPrint returns a fingerprint of the table's dead letters that
 // changes when one is retried, discarded or deleted, or another is added:
-// their count and the sum of their ids, read from the dead letters' index.
+// their count, highest id, and a sum of their ids scrambled so that
+// different sets rarely add up alike (and small enough never to overflow),
+// read from the dead letters' index.
 func (s *Store) deadLetterPrint(ctx context.Context) (string, error) {
-	var n, sum int64
-	if err := s.db.Reader().QueryRowContext(ctx, s.q.deadLetters).Scan(&n, &sum); err != nil {
+	var n, top, sum int64
+	if err := s.db.Reader().QueryRowContext(ctx, s.q.deadLetters).Scan(&n, &top, &sum); err != nil {
 		return "", err
 	}
-	return strconv.FormatInt(n, 10) + ":" + strconv.FormatInt(sum, 10), nil
+	return strconv.FormatInt(n, 10) + ":" + strconv.FormatInt(top, 10) + ":" + strconv.FormatInt(sum, 10), nil
 }
 
 // readRows reads claimed rows, in id order, the row before each of the
@@ -555,16 +569,19 @@ func readRows(rows *sql.Rows, now int64) (out []event.Row, prev []prevRow, noID 
 		}
 		r.EventID, r.EventType, r.Payload, r.OrderingKey, r.Headers = text(eventID), text(eventType), blob(payload), text(orderingKey), text(headers)
 		var problems []string
-		// An identity must be TEXT: SQLite never finds a BLOB or a number
+		// An event id must be TEXT: SQLite never finds a BLOB or a number
 		// equal to the TEXT of the same bytes, so the unique index would
-		// let X'616263' beside 'abc' (deduplicated against it by the
-		// broker), and one key would be two keys to the claim's lookups.
+		// let X'616263' beside 'abc', or 123 beside '123' (one
+		// Nats-Msg-Id, deduplicated by the broker).
 		if kind := notText(eventID); kind != "" {
-			problems = append(problems, fmt.Sprintf("event_id is %s, not TEXT (write it as TEXT: CAST(event_id AS TEXT))", kind))
+			problems = append(problems, fmt.Sprintf("event_id is %s, not TEXT (write it as TEXT, in a column declared TEXT: CAST(event_id AS TEXT))", kind))
 		}
-		if kind := notText(orderingKey); kind != "" {
-			problems = append(problems, fmt.Sprintf("ordering_key is %s, not TEXT (write it as TEXT: CAST(ordering_key AS TEXT)); a key is compared as TEXT", kind))
-			r.OrderingKey = "" // of no key: dead-lettered alone, holding up no TEXT key
+		// A key may be a number in a column declared INTEGER, where SQLite
+		// keeps every key a number; a BLOB key never equals the key it
+		// spells.
+		if _, isBlob := orderingKey.([]byte); isBlob {
+			problems = append(problems, "ordering_key is a BLOB, which SQLite never finds equal to the TEXT key it spells (write it as TEXT: CAST(ordering_key AS TEXT))")
+			r.OrderingKey = "" // of no key: dead-lettered alone, holding up no key
 		}
 		r.Attempts = int(max(0, min(attempts.Int64, math.MaxInt32)))
 		// A NULL created_at leaves the claim as the earliest time known.

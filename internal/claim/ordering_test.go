@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -293,4 +294,142 @@ func TestParkedKeysAreNotReadAgainUntilDeadLettersChange(t *testing.T) {
 	db.QueryRow(`SELECT id FROM event_queue WHERE event_id = 'dead-7'`).Scan(&retried)
 	db.QueryRow(`SELECT id FROM event_queue WHERE event_id = 'parked-7'`).Scan(&behind)
 	wantIDs(t, "the look after a retry", look(), retried, behind)
+}
+
+// forceLook makes the next claim a look (as if Options.Rescan had passed).
+func forceLook(s *Store) {
+	s.mu.Lock()
+	s.held.nextLook = time.Time{}
+	s.mu.Unlock()
+}
+
+// TestRequeueSoonAfterALookIsSeen: an operator requeues the dead
+// letter that parks a key less than Options.Rescan after the relay's last
+// look (for instance the second batch of `dead-letters retry`, or right
+// after any application commit). The wake-up claim is not a look, so the
+// key stays set aside and the claim takes nothing; Quiet then says nothing
+// can come for an hour, so the relay's idle waits maxQuiet (1 min) instead
+// of Rescan (1 s).
+func TestRequeueSoonAfterALookIsSeen(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertKeyed(t, db, "k", "k")
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'dead_lettered' WHERE id = ?`, ids[0])
+	// Two looks: the key is parked and the dead letters' print recorded.
+	wantIDs(t, "first look", claimIDs(t, s))
+	forceLook(s)
+	wantIDs(t, "second look", claimIDs(t, s))
+	// An application commit wakes the relay: a look (nextLook passed).
+	forceLook(s)
+	insertKeyed(t, db, "k") // a row behind the parked key
+	wantIDs(t, "claim after the application's commit", claimIDs(t, s))
+	// Within Rescan of that look, the operator requeues the dead letter
+	// (what admin.Requeue writes); the watch wakes the claimer.
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'pending', attempts = 0, available_at = ?, processed_at = NULL WHERE id = ?`,
+		time.Now().UnixMilli(), ids[0])
+	if got := claimIDs(t, s); len(got) == 0 || got[0] != ids[0] {
+		t.Fatalf("the claim after the requeue took %v, want the requeued dead letter %d first", got, ids[0])
+	}
+}
+
+// TestDeadLetterPrintSeesAnEqualSum: dead letters 10 and 30 park keys k1 and
+// k2; within one look interval the relay dead-letters rows 15 and 25 (rows
+// without a key, invalid) and an operator discards 10 and 30. Count and id
+// sum are unchanged, so the parked keys are never read again, although
+// nothing holds them any more (until some other dead letter changes).
+func TestDeadLetterPrintSeesAnEqualSum(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ins := func(id int64, key, status string) {
+		var k any
+		if key != "" {
+			k = key
+		}
+		testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, ordering_key) VALUES (?, ?, 'T', 'x', ?, ?)`,
+			id, event.NewID(), status, k)
+	}
+	ins(10, "k1", "dead_lettered")
+	ins(11, "k1", "pending")
+	ins(15, "", "pending")
+	ins(25, "", "pending")
+	ins(30, "k2", "dead_lettered")
+	ins(31, "k2", "pending")
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, r := range rows {
+		got = append(got, r.ID)
+	}
+	wantIDs(t, "first claim", got, 15, 25)
+	forceLook(s)
+	wantIDs(t, "a look that records the print (2 dead letters, sum 40)", claimIDs(t, s))
+	// The relay dead-letters 15 and 25 (say max attempts), the operator
+	// discards 10 and 30: 2 dead letters, sum 40 again.
+	settleAll(t, s, rows, map[int64]event.Outcome{
+		15: {Settlement: event.DeadLetter, Error: "x"}, 25: {Settlement: event.DeadLetter, Error: "x"}})
+	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE id IN (10, 30) AND status = 'dead_lettered'`)
+	for i := 0; i < 3; i++ {
+		forceLook(s)
+		if got := claimIDs(t, s); len(got) == 0 {
+			if i == 2 {
+				t.Fatalf("rows 11 and 31 are never claimed: nothing holds k1 and k2, but the dead letters' print did not change")
+			}
+			continue
+		}
+		return
+	}
+}
+
+// TestDeadLetterPrintOfLargeIDs: sum(id) is SQLite's integer sum,
+// which raises "integer overflow" instead of wrapping. With large ids (an
+// application that sets them, schema.mode off), every look fails the claim,
+// and the relay never claims again while a key is parked.
+func TestDeadLetterPrintOfLargeIDs(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	for i, id := range []int64{5e18, 5e18 + 1, 5e18 + 2} {
+		status := "dead_lettered"
+		if i > 0 {
+			status = "pending"
+		}
+		testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, ordering_key) VALUES (?, ?, 'T', 'x', ?, 'k')`,
+			id, event.NewID(), status)
+	}
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status) VALUES (6e18, 'd2', 'T', 'x', 'dead_lettered')`)
+	claimIDs(t, s) // parks k
+	forceLook(s)
+	_, err := s.Claim(context.Background(), 100, 0)
+	if err != nil && strings.Contains(err.Error(), "overflow") {
+		t.Fatalf("every look now fails: %v", err)
+	}
+}
+
+// TestIntegerOrderingKeyColumn: an application table (schema.mode
+// verify or off; Verify checks only the time columns' affinity) whose
+// ordering_key column is declared INTEGER, keyed by an aggregate's integer
+// id. Before 7d0cafe such keys were consistent in SQL (42 = 42, and the
+// skip list's '42' takes the column's affinity); now every keyed row comes
+// back with Problem and is dead-lettered at once.
+func TestIntegerOrderingKeyColumn(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	testenv.MustExec(t, db, `DROP INDEX IF EXISTS event_queue_ordering`)
+	testenv.MustExec(t, db, `ALTER TABLE event_queue DROP COLUMN ordering_key`)
+	testenv.MustExec(t, db, `ALTER TABLE event_queue ADD COLUMN ordering_key INTEGER`)
+	testenv.MustExec(t, db, `CREATE INDEX event_queue_ordering ON event_queue (ordering_key, id) WHERE ordering_key IS NOT NULL`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES ('a', 'T', 'x', 42), ('b', 'T', 'x', 42)`)
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) == 0 {
+		t.Fatal("no row of key 42 claimed")
+	}
+	for _, r := range rows {
+		if r.Problem != "" || r.OrderingKey != "42" {
+			t.Errorf("row %d (key 42 in an INTEGER column): key %q, problem %q", r.ID, r.OrderingKey, r.Problem)
+		}
+	}
 }

@@ -72,15 +72,15 @@ func OldestDueSQL(table string) string {
 // not done, or when it is the key's last row (the next one written will
 // wait); one that later rows already passed (under skip) parks nothing.
 // An empty or NULL key orders nothing and parks nothing, and neither does
-// a key that is not TEXT (the relay dead-letters such a row on its own,
-// holding up no key). It reads the dead
+// a BLOB key (the relay dead-letters such a row on its own, holding up no
+// key). It reads the dead
 // letters' index and, for each, seeks the ordering index once: its cost
 // follows the dead letters, not the rows with a key (the unary + keeps
 // SQLite off the ordering index for the outer scan, which would look at
 // every keyed row's status).
 func ParkedKeysSQL(table string) string {
 	return fmt.Sprintf(`SELECT d.ordering_key AS parked_key, min(d.id) AS parked_id FROM %[1]s AS d
-	WHERE d.status = 'dead_lettered' AND +d.ordering_key > '' AND typeof(d.ordering_key) = 'text'
+	WHERE d.status = 'dead_lettered' AND +d.ordering_key <> '' AND typeof(d.ordering_key) <> 'blob'
 		AND coalesce((SELECT n.status FROM %[1]s AS n WHERE n.ordering_key = d.ordering_key AND n.id > d.id ORDER BY n.id LIMIT 1), '') <> 'done'
 	GROUP BY +d.ordering_key`, table)
 }
