@@ -34,7 +34,10 @@ type Conn struct {
 	mu      sync.Mutex
 	denied  map[string]time.Time     // subject -> when the server last refused it
 	refusal map[string]chan struct{} // subject -> closed at its next refusal (see denied.go)
-	closing atomic.Bool              // Close was called: closing is expected
+	// lastStored: subject -> when the latest message the stream stored
+	// on it was sent.
+	lastStored map[string]time.Time
+	closing    atomic.Bool // Close was called: closing is expected
 }
 
 // ErrClosed is returned by Ready when the connection is closed for good
@@ -95,7 +98,7 @@ func ConnectOnce(ctx context.Context, urls string, cfg config.NATS, name string,
 // connectOnce tries the servers once. On failure it returns the Conn and
 // options for a retrying attempt (nil when the options themselves are wrong).
 func connectOnce(urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, []nats.Option, error) {
-	c := &Conn{log: log, denied: map[string]time.Time{}, refusal: map[string]chan struct{}{}}
+	c := &Conn{log: log, denied: map[string]time.Time{}, refusal: map[string]chan struct{}{}, lastStored: map[string]time.Time{}}
 	opts, err := c.options(cfg, name)
 	if err != nil {
 		return nil, nil, err

@@ -63,31 +63,40 @@ func (c *Conn) refused(subject string, sent time.Time) <-chan struct{} {
 	return ch
 }
 
-// stored forgets a denial of subject older than a message sent at sent
-// that the stream stored: the permission was granted since, and /readyz
-// stops naming the subject at once; the grant is logged once.
+// stored records that the stream stored a message on subject sent at
+// sent: a denial of the subject older than that is over (the permission
+// was granted since), so /readyz stops naming the subject, and the grant
+// is logged once. The denial's time is kept: a message sent before it may
+// still be waiting for its answer.
 func (c *Conn) stored(subject string, sent time.Time) {
 	c.mu.Lock()
-	at, ok := c.denied[subject]
-	if ok && at.Before(sent) {
-		delete(c.denied, subject)
+	at, denied := c.denied[subject]
+	granted := denied && at.Before(sent) && !c.lastStored[subject].After(at)
+	if sent.After(c.lastStored[subject]) {
+		c.lastStored[subject] = sent
 	}
 	c.mu.Unlock()
-	if ok && at.Before(sent) && !c.closing.Load() {
+	if granted && !c.closing.Load() {
 		c.log.Info("nats permission granted: rows on this subject are published again", zap.String("subject", subject))
 	}
 }
 
-// DeniedSubjects lists the subjects the server recently refused.
+// refusedAt returns when the server last refused subject (zero: never).
+func (c *Conn) refusedAt(subject string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.denied[subject]
+}
+
+// DeniedSubjects lists the subjects the server refused within deniedTTL
+// and has stored no message on since.
 func (c *Conn) DeniedSubjects() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]string, 0, len(c.denied))
 	for s, at := range c.denied {
-		if time.Since(at) < deniedTTL {
+		if time.Since(at) < deniedTTL && !c.lastStored[s].After(at) {
 			out = append(out, s)
-		} else {
-			delete(c.denied, s)
 		}
 	}
 	sort.Strings(out)

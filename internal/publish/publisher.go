@@ -298,6 +298,7 @@ var streamLevelCodes = map[jetstream.ErrorCode]string{
 	10002: "the account's JetStream resources are exhausted: raise the account's limits or free space in its streams",
 	10120: "the account has no JetStream limits that apply to this stream: give the account JetStream limits",
 	10113: "the account requires streams to set max_bytes: set it on the stream (nats stream edit --max-bytes)",
+	10169: "the stream counts messages (allow_msg_counter) and takes no other: point stream.name at a stream without counters",
 }
 
 // streamLevel returns what an operator can do about a JetStream error code
@@ -368,7 +369,10 @@ func NewJetStream(c *Conn, stream string, maxInFlight int, ackTimeout time.Durat
 	js, err := jetstream.New(c.NC,
 		jetstream.WithPublishAsyncMaxPending(maxInFlight),
 		jetstream.WithPublishAsyncTimeout(ackTimeout),
-		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { p.forget(m, true) }),
+		// A duplicate is answered before the messages ahead of it on a
+		// clustered stream (at once, without a proposal): it says nothing
+		// of their answers.
+		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, a *jetstream.PubAck) { p.forget(m, !a.Duplicate) }),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, _ error) { p.forget(m, false) }))
 	if err != nil {
 		return nil, fmt.Errorf("open jetstream: %w", err)
@@ -506,20 +510,20 @@ func (a *jsAck) Wait(ctx context.Context) Result {
 	return a.p.classify(a.subject, a.sent, err)
 }
 
-// refusalGrace bounds how long a message waits for its answer once the
-// server refused its subject after it was sent, when no message sent after
+// refusalGrace bounds how long, after the latest refusal of its subject,
+// a message sent before it waits for its answer when no message sent after
 // it has been answered: the refusal is its own unless it was stored just
-// before the permission changed (its ack is then on its way).
+// before the permission changed (its ack is then on its way). Counted from
+// the refusal, it is one wait for a whole burst of refused messages.
 const refusalGrace = 250 * time.Millisecond
 
 // afterRefusal resolves a message whose subject the server refused after
-// it was sent. The stream answers messages in the order it reads them, so
-// once a message sent after this one is acknowledged and this one is not,
-// this one was refused; while none is, its own acknowledgement may still
-// come, for refusalGrace at most.
+// it was sent. The stream answers messages in the order it reads them
+// (duplicates aside, see NewJetStream), so once a message sent after this
+// one is acknowledged and this one is not, this one was refused; while
+// none is, its own answer may still come, until refusalGrace after the
+// subject's latest refusal.
 func (a *jsAck) afterRefusal(ctx context.Context) Result {
-	grace := time.NewTimer(refusalGrace)
-	defer grace.Stop()
 	look := time.NewTicker(2 * time.Millisecond)
 	defer look.Stop()
 	for {
@@ -530,16 +534,17 @@ func (a *jsAck) afterRefusal(ctx context.Context) Result {
 			return a.p.classify(a.subject, a.sent, err)
 		case <-ctx.Done():
 			return Result{Kind: Transport, Err: ctx.Err()}
-		case <-grace.C:
-			return Result{Kind: Rejected, Err: deniedErr(a.subject)}
 		case <-look.C:
-			if a.p.answered.Load() <= a.place {
+			later := a.p.answered.Load() > a.place
+			if !later && time.Since(a.p.conn.refusedAt(a.subject)) < refusalGrace {
 				continue
 			}
-			// Answered after a later one: unless its own answer raced in.
+			// Its own answer may have raced in.
 			select {
 			case ack := <-a.fut.Ok():
 				return a.stored(ctx, ack)
+			case err := <-a.fut.Err():
+				return a.p.classify(a.subject, a.sent, err)
 			default:
 				return Result{Kind: Rejected, Err: deniedErr(a.subject)}
 			}
