@@ -466,8 +466,9 @@ func (s *Store) rescanDue(now int64) bool {
 // comes due, or the next look at the keys found waiting, whichever is
 // first. It is zero after a claim that took rows (claim again as they
 // settle), and far off when nothing is scheduled. It reads the due clock
-// (Options.Clock) against the wall, so it may come early after a clock
-// step, never late.
+// (Options.Clock) against the wall: after a step back of the wall clock it
+// comes early, after a step forward late by the step (the relay's idle
+// wait is a minute at most).
 func (s *Store) Quiet() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -110,8 +110,14 @@ func (s *DB) Reader() *sql.DB { return s.read }
 
 // Close closes the pools, the writer last: the connection that closes the
 // database last copies the WAL into it, which a read-only one cannot do,
-// and (keepWAL) leaves the -wal file empty.
+// and (keepWAL) leaves the -wal file empty. A file replaced since it was
+// opened (a restore renamed over it) keeps its read-write connections to
+// the process's exit: closing the last of them would checkpoint the old
+// file and rewrite the -wal that now lies beside the new one.
 func (s *DB) Close() error {
+	if errors.Is(s.SameFile(), event.ErrDatabaseReplaced) {
+		return s.read.Close()
+	}
 	return errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
 }
 

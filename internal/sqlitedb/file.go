@@ -51,6 +51,12 @@ func (s *DB) SameFile() error {
 // the file's times are coarse, and a commit in the same tick as the last
 // checkpoint would otherwise wait for the next commit to be noticed.
 func (s *DB) Checkpoint(ctx context.Context) (walPages, checkpointed int, err error) {
+	// A restored file renamed over the database finds the old -wal beside
+	// it: a checkpoint, on a connection the pool opens anew, would copy
+	// the old file's pages into it.
+	if err := s.SameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+		return 0, 0, err
+	}
 	s.ckptMu.Lock()
 	defer s.ckptMu.Unlock()
 	fi, statErr := os.Stat(s.path + "-wal")

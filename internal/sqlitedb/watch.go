@@ -50,9 +50,11 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 	if err != nil {
 		return fmt.Errorf("watch commits: %w", err)
 	}
-	// The writer's own view: it changes only with others' commits.
+	// The writer's own view: it changes only with others' commits. It
+	// waits for the writer's connection (a write under way, held up by
+	// the application's lock): cancellable, so that shutdown does not.
 	writerVersion := func() (v int64, err error) {
-		err = s.write.QueryRowContext(quick, `PRAGMA data_version`).Scan(&v)
+		err = s.write.QueryRowContext(ctx, `PRAGMA data_version`).Scan(&v)
 		return v, err
 	}
 	lastWriter, writerErr := writerVersion()
