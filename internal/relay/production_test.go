@@ -19,19 +19,23 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
+// allowedOnly lets the relay's user ("relay", "pw") publish on
+// events.allowed.> and the JetStream API only.
+func allowedOnly(o *server.Options) {
+	o.Users = []*server.User{{
+		Username: "relay", Password: "pw",
+		Permissions: &server.Permissions{Publish: &server.SubjectPermission{
+			Allow: []string{"events.allowed.>", "$JS.API.>", "_INBOX.>"},
+		}},
+	}}
+}
+
 // TestPermissionDeniedDeadLetters: the server lets the relay's user publish
 // on events.allowed.> only. Rows of other types are rejected with the
 // permission reason (not taken for an outage) and dead-lettered after their
 // attempts; allowed rows flow; the denial is logged once per subject.
 func TestPermissionDeniedDeadLetters(t *testing.T) {
-	n := testenv.StartNATS(t, func(o *server.Options) {
-		o.Users = []*server.User{{
-			Username: "relay", Password: "pw",
-			Permissions: &server.Permissions{Publish: &server.SubjectPermission{
-				Allow: []string{"events.allowed.>", "$JS.API.>", "_INBOX.>"},
-			}},
-		}}
-	})
+	n := testenv.StartNATS(t, allowedOnly)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	for i := 0; i < 5; i++ {
@@ -172,14 +176,7 @@ func TestLeaderFailover(t *testing.T) {
 // stored: those written after the grant spend nothing, and a row put back
 // by hand (what dead-letters retry does) goes out on its next try.
 func TestPermissionGrantedTakesEffectAtOnce(t *testing.T) {
-	n := testenv.StartNATS(t, func(o *server.Options) {
-		o.Users = []*server.User{{
-			Username: "relay", Password: "pw",
-			Permissions: &server.Permissions{Publish: &server.SubjectPermission{
-				Allow: []string{"events.allowed.>", "$JS.API.>", "_INBOX.>"},
-			}},
-		}}
-	})
+	n := testenv.StartNATS(t, allowedOnly)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	testenv.InsertN(t, app, 3, "denied.thing")
