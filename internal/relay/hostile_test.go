@@ -51,6 +51,15 @@ func rowByEventID(t *testing.T, db *sql.DB, id string) rowState {
 	return r
 }
 
+// nothingSpent fails the test when a row spent an attempt or was
+// dead-lettered; why, if not empty, says what should not have cost any.
+func nothingSpent(t *testing.T, db *sql.DB, why string) {
+	t.Helper()
+	if attempted, dead := spentAttempts(t, db); attempted+dead > 0 {
+		t.Fatalf("%d rows spent attempts and %d were dead-lettered %s", attempted, dead, why)
+	}
+}
+
 // spentAttempts returns how many rows spent an attempt or were dead-lettered.
 func spentAttempts(t *testing.T, db *sql.DB) (attempted, dead int) {
 	t.Helper()
@@ -202,17 +211,13 @@ func TestStreamThatStopsCapturingPauses(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
-		t.Fatalf("%d rows spent attempts and %d were dead-lettered while the stream did not capture the subjects", attempted, dead)
-	}
+	nothingSpent(t, app, "while the stream did not capture the subjects")
 	cfg.Subjects = []string{"events.>"}
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	waitAllSettled(t, app, 70, 30*time.Second)
-	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
-		t.Fatalf("%d rows spent attempts and %d were dead-lettered", attempted, dead)
-	}
+	nothingSpent(t, app, "")
 }
 
 // TestDroppedConnectionsSpendNoAttempts: the server drops the relay's
@@ -254,9 +259,7 @@ func TestDroppedConnectionsSpendNoAttempts(t *testing.T) {
 	}
 	t.Logf("dropped the relay's connection %d times", kicks)
 	waitAllSettled(t, app, rows, 60*time.Second)
-	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
-		t.Fatalf("%d rows spent attempts and %d were dead-lettered; dropped connections are not rejections", attempted, dead)
-	}
+	nothingSpent(t, app, "(dropped connections are not rejections)")
 	assertOncePerEvent(t, n, app, rows)
 }
 
@@ -392,9 +395,7 @@ func TestFullStreamStaysPaused(t *testing.T) {
 	if c := logCount(h, recovered); c != 1 {
 		t.Fatalf("logged %q %d times, want once", recovered, c)
 	}
-	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
-		t.Fatalf("%d rows spent attempts and %d were dead-lettered", attempted, dead)
-	}
+	nothingSpent(t, app, "")
 }
 
 // failingClaims is the real store whose claims fail while the heartbeats
@@ -539,17 +540,13 @@ func TestSealedStreamPausesAndSpendsNothing(t *testing.T) {
 	deferred := func() float64 { return scrape(t, h, `outbox_relay_deferred_total{reason="outage"}`) }
 	first := deferred()
 	testenv.Eventually(t, 30*time.Second, "a try after the pause began", func() bool { return deferred() > first })
-	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
-		t.Fatalf("%d rows spent attempts and %d were dead-lettered on a sealed stream", attempted, dead)
-	}
+	nothingSpent(t, app, "on a sealed stream")
 	// A sealed stream cannot be unsealed: the operator replaces it.
 	if err := js.DeleteStream(ctx, "EVENTS"); err != nil {
 		t.Fatal(err)
 	}
 	waitAllSettled(t, app, 35, 60*time.Second)
-	if attempted, dead := spentAttempts(t, app); attempted+dead > 0 {
-		t.Fatalf("%d rows spent attempts and %d were dead-lettered", attempted, dead)
-	}
+	nothingSpent(t, app, "")
 }
 
 // TestCreatedAtOutsideRFC3339IsRefused: Outbox-Created-At is RFC 3339,

@@ -11,7 +11,7 @@ import (
 // walWatch is the file notification behind Watch. It watches the -wal file
 // itself, not its directory: a watch on the directory is sent every write
 // to every file in it, and an application's other SQLite files (a cache,
-// sessions, another relay's outbox) would wake every relay beside them on
+// its users' logins, another relay's outbox) would wake every relay beside them on
 // each of their commits (each relay's heartbeat waking all the others).
 // While the -wal file is missing (removed, renamed, or not yet created) it
 // watches the directory until the file is back, dropping every other name

@@ -14,7 +14,7 @@ import (
 )
 
 // TestWatchIgnoresOtherFilesInItsDirectory: an application keeps other
-// SQLite files beside the outbox's (a cache, sessions, another relay's
+// SQLite files beside the outbox's (a cache, its users' logins, another relay's
 // outbox). Their commits must not reach the commit watch at all, not even
 // as notifications it drops, while a commit to its own file still wakes
 // it.
@@ -29,7 +29,7 @@ func TestWatchIgnoresOtherFilesInItsDirectory(t *testing.T) {
 	testenv.MustExec(t, other, `CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT)`)
 	// A file in rollback-journal mode creates and deletes its -journal on
 	// every write.
-	legacy, err := sql.Open("sqlite3", "file:"+filepath.Join(filepath.Dir(s.Path()), "sessions.db")+"?_journal_mode=DELETE&_busy_timeout=5000")
+	legacy, err := sql.Open("sqlite3", "file:"+filepath.Join(filepath.Dir(s.Path()), "logins.db")+"?_journal_mode=DELETE&_busy_timeout=5000")
 	if err != nil {
 		t.Fatal(err)
 	}
