@@ -448,28 +448,50 @@ func TestWorkerStopsGracefully(t *testing.T) {
 }
 
 // TestWorkerReturnsWhenItsConsumerIsDeleted: messages that stop without
-// the worker being asked to stop are an error.
+// ctx ending make Run return an error, whether the consumer is deleted
+// under a pull the server holds (it says so at once) or before the
+// worker's first pull reached it (the missed heartbeats tell).
 func TestWorkerReturnsWhenItsConsumerIsDeleted(t *testing.T) {
-	_, js := stream(t)
-	cons := durable(t, js, time.Minute, -1)
-	h := handlersWith(t, appDB(t), ledger.Options{}, nil)
-	w, err := ledger.NewWorker(cons, h, ledger.WorkerOptions{SubjectPrefix: "events"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(context.Background()) }()
-	if err := js.DeleteConsumer(context.Background(), "EVENTS", "workers"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("Run returned nil after its consumer was deleted")
-		}
-		t.Logf("Run: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run went on after its consumer was deleted")
+	for _, c := range []struct {
+		name         string
+		afterPulling bool
+	}{{"under a waiting pull", true}, {"before the first pull", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, js := stream(t)
+			cons := durable(t, js, time.Minute, -1)
+			h := handlersWith(t, appDB(t), ledger.Options{}, nil)
+			w, err := ledger.NewWorker(cons, h, ledger.WorkerOptions{SubjectPrefix: "events"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			deleteConsumer := func() {
+				if err := js.DeleteConsumer(context.Background(), "EVENTS", "workers"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !c.afterPulling {
+				deleteConsumer()
+			}
+			done := make(chan error, 1)
+			go func() { done <- w.Run(context.Background()) }()
+			if c.afterPulling {
+				testenv.Eventually(t, 20*time.Second, "the worker's pull waiting at the server", func() bool {
+					info, err := cons.Info(context.Background())
+					return err == nil && info.NumWaiting > 0
+				})
+				deleteConsumer()
+			}
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatal("Run returned nil after its consumer was deleted")
+				}
+				t.Logf("Run: %v", err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run went on after its consumer was deleted")
+			}
+		})
 	}
 }
 
