@@ -4,17 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
-
-var streamNameRe = regexp.MustCompile(`^[^\s.*>/\\]+$`)
 
 // problems collects what Validate finds, each as "key: what is wrong".
 type problems []error
@@ -88,7 +85,7 @@ func validateNATS(p *problems, n NATS) {
 	if n.URL == "" {
 		p.add("nats.url", "must not be empty")
 	} else if n.URL != EmbeddedURL {
-		for _, err := range validateServerURLs(n.URL) {
+		for _, err := range natsname.ValidateServerURLs(n.URL) {
 			p.add(key("nats.url"), "%v", err)
 		}
 	}
@@ -117,20 +114,20 @@ func validateNATS(p *problems, n NATS) {
 }
 
 func validateStream(p *problems, s Stream) {
-	if !streamNameRe.MatchString(s.Name) {
+	if !natsname.ValidName(s.Name) {
 		p.add("stream.name", "%q is not a valid stream name (no spaces, '.', '*', '>', '/')", s.Name)
 	}
 	if len(s.Subjects) == 0 {
 		p.add("stream.subjects", "must list at least one subject")
 	}
 	for _, f := range s.Subjects {
-		if err := validateFilter(f); err != nil {
+		if err := natsname.ValidateFilter(f); err != nil {
 			p.add("stream.subjects", "%q: %v", f, err)
 		}
 	}
-	if err := event.ValidateSubjectPart(s.SubjectPrefix); err != nil {
+	if err := natsname.ValidateSubjectPart(s.SubjectPrefix); err != nil {
 		p.add("stream.subject_prefix", "%q: %v", s.SubjectPrefix, err)
-	} else if s.Create && len(s.Subjects) > 0 && !event.Covers(s.Subjects, s.SubjectPrefix) {
+	} else if s.Create && len(s.Subjects) > 0 && !natsname.Covers(s.Subjects, s.SubjectPrefix) {
 		p.add("stream.subjects", "%q do not capture %s.> (stream.subject_prefix): a stream created with them could not take the relay's messages", s.Subjects, s.SubjectPrefix)
 	}
 	if s.DuplicateWindow < 100*time.Millisecond {
@@ -142,7 +139,7 @@ func validateStream(p *problems, s Stream) {
 }
 
 func validateConsumer(p *problems, c Consumer) {
-	if c.Durable != "" && !streamNameRe.MatchString(c.Durable) {
+	if c.Durable != "" && !natsname.ValidName(c.Durable) {
 		p.add("consumer.durable", "%q is not a valid consumer name", c.Durable)
 	}
 	if c.AckWait <= 0 {
@@ -189,23 +186,4 @@ func validateMetrics(p *problems, m Metrics) {
 			p.add("metrics.listen", "%q is not host:port: %v", m.Listen, err)
 		}
 	}
-}
-
-// validateFilter checks a stream subject, where wildcards are allowed.
-func validateFilter(s string) error {
-	if s == "" {
-		return fmt.Errorf("empty subject")
-	}
-	toks := strings.Split(s, ".")
-	for i, t := range toks {
-		switch {
-		case t == "":
-			return fmt.Errorf("empty token")
-		case t == ">" && i != len(toks)-1:
-			return fmt.Errorf("'>' must be the last token")
-		case t != "*" && t != ">" && strings.ContainsAny(t, "*> \t\r\n"):
-			return fmt.Errorf("invalid token %q", t)
-		}
-	}
-	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 )
 
 // Conn is the relay's NATS connection. It reconnects forever, fails publishes
@@ -69,17 +70,17 @@ func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log
 		return nil, err // bad options or credentials: waiting will not help
 	}
 	log.Warn("nats unavailable at startup; starting paused and reconnecting in the background",
-		zap.String("url", config.RedactURLs(urls)), zap.Error(err))
+		zap.String("url", natsname.RedactURLs(urls)), zap.Error(err))
 	// Only a connection made in the background needs the callback; a
 	// connection made here is logged here (callbacks run after Connect
 	// returns, when a short-lived command may be gone).
 	nc, err := nats.Connect(urls, append(opts, nats.RetryOnFailedConnect(true), nats.ConnectHandler(func(nc *nats.Conn) {
 		if !c.closing.Load() {
-			c.log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
+			c.log.Info("nats connected", zap.String("server", natsname.RedactURLs(nc.ConnectedUrl())))
 		}
 	}))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
+		return nil, fmt.Errorf("connect to nats %s: %w", natsname.RedactURLs(urls), err)
 	}
 	c.NC = nc
 	return c, nil
@@ -106,13 +107,13 @@ func connectOnce(urls string, cfg config.NATS, name string, log *zap.Logger) (*C
 	nc, err := nats.Connect(urls, opts...)
 	if err == nil {
 		c.NC = nc
-		log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
+		log.Info("nats connected", zap.String("server", natsname.RedactURLs(nc.ConnectedUrl())))
 		return c, opts, nil
 	}
 	if r := refusal(err, urls, cfg); r != nil {
-		return nil, opts, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), r)
+		return nil, opts, fmt.Errorf("connect to nats %s: %w", natsname.RedactURLs(urls), r)
 	}
-	return c, opts, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
+	return c, opts, fmt.Errorf("connect to nats %s: %w", natsname.RedactURLs(urls), err)
 }
 
 func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
@@ -133,7 +134,7 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			c.log.Info("nats reconnected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
+			c.log.Info("nats reconnected", zap.String("server", natsname.RedactURLs(nc.ConnectedUrl())))
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			if !c.closing.Load() {

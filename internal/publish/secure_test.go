@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -254,7 +255,7 @@ func TestAuthErrorNamesWhatWasSent(t *testing.T) {
 	} {
 		err := connectErr(t, tc.url, tc.cfg)
 		if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "authorization violation: ") || !strings.Contains(err.Error(), tc.says) {
-			t.Errorf("%s: error %q does not say %q", config.RedactURLs(tc.url), err, tc.says)
+			t.Errorf("%s: error %q does not say %q", natsname.RedactURLs(tc.url), err, tc.says)
 		}
 		if strings.Contains(err.Error(), "wrong-") {
 			t.Errorf("error %q shows the secret", err)
