@@ -147,7 +147,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		// A busy key may fill half the pipeline; the other keys share the rest.
 		KeyDepth: max(1, cfg.Relay.MaxInFlight/2),
 	})
-	if a.conn, err = publish.Connect(ctx, a.natsURL, cfg.NATS, "outbox-relay", log.Named("nats")); err != nil {
+	natsOpts := ConnectOptions(cfg.NATS, "outbox-relay")
+	natsOpts.URLs = a.natsURL // the embedded server's, when nats.url is embedded
+	if a.conn, err = publish.Connect(ctx, natsOpts, log.Named("nats")); err != nil {
 		return nil, err
 	}
 	if cfg.NATS.Mode == config.ModeCore {
