@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/bench"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 )
 
@@ -52,7 +53,7 @@ same file (credentials, TLS, and the children's relay settings).`,
 			if err != nil {
 				return err
 			}
-			o.NATS, o.ConfigFile = cfg.NATS, c.configFile
+			o.NATS, o.ConfigFile = daemon.ConnectOptions(cfg.NATS, "outbox-relay-bench"), c.configFile
 			if !asJSON {
 				o.Progress = c.stderr
 			}
@@ -99,7 +100,9 @@ func (c *cli) benchClientCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			conn, err := publish.ConnectOnce(context.Background(), url, cfg.NATS, "outbox-relay-bench-client", zap.NewNop())
+			natsOpts := daemon.ConnectOptions(cfg.NATS, "outbox-relay-bench-client")
+			natsOpts.URLs = url
+			conn, err := publish.ConnectOnce(context.Background(), natsOpts, zap.NewNop())
 			if err != nil {
 				return err
 			}

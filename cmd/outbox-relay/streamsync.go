@@ -38,7 +38,7 @@ func (c *cli) streamClient(ctx context.Context, cmd, does string) (config.Config
 	if err != nil {
 		return cfg, nil, nil, nil, err
 	}
-	conn, err := publish.ConnectOnce(ctx, cfg.NATS.URL, cfg.NATS, "outbox-relay-"+cmd, log.Named("nats"))
+	conn, err := publish.ConnectOnce(ctx, daemon.ConnectOptions(cfg.NATS, "outbox-relay-"+cmd), log.Named("nats"))
 	if err != nil {
 		return cfg, nil, nil, nil, err
 	}

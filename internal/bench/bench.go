@@ -45,10 +45,11 @@ type Options struct {
 	Duration, Idle   time.Duration
 	NATSURL, Dir     string
 	CeilingBatches   []int
-	// NATS holds the credentials and TLS settings of the bench's own
-	// connection; ConfigFile (when set) is passed to every child process,
-	// which reads the same settings from it.
-	NATS       config.NATS
+	// NATS holds the name, credentials and TLS settings of the bench's own
+	// connection (its URLs are the bench's server); ConfigFile (when set)
+	// is passed to every child process, which reads the same settings from
+	// it.
+	NATS       publish.ConnectOptions
 	ConfigFile string
 	// Progress receives a line per measurement as it completes.
 	Progress io.Writer
@@ -152,7 +153,9 @@ func Run(o Options) (*Report, error) {
 	}
 	// Credentials and TLS come from the configuration (file, environment,
 	// flags), as the relay children get them.
-	conn, err := publish.ConnectOnce(ctx, url, o.NATS, "outbox-relay-bench", log)
+	natsOpts := o.NATS
+	natsOpts.URLs = url
+	conn, err := publish.ConnectOnce(ctx, natsOpts, log)
 	if err != nil {
 		return nil, err
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/lead"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
@@ -146,7 +147,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		// A busy key may fill half the pipeline; the other keys share the rest.
 		KeyDepth: max(1, cfg.Relay.MaxInFlight/2),
 	})
-	if a.conn, err = publish.Connect(ctx, a.natsURL, cfg.NATS, "outbox-relay", log.Named("nats")); err != nil {
+	natsOpts := ConnectOptions(cfg.NATS, "outbox-relay")
+	natsOpts.URLs = a.natsURL // the embedded server's, when nats.url is embedded
+	if a.conn, err = publish.Connect(ctx, natsOpts, log.Named("nats")); err != nil {
 		return nil, err
 	}
 	if cfg.NATS.Mode == config.ModeCore {
@@ -326,7 +329,7 @@ func (a *App) Run(ctx context.Context) error {
 		defer func() { stopStream(); <-streamDone }()
 	}
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
-		zap.String("nats", config.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
+		zap.String("nats", natsname.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
 		zap.String("instance", a.lease.Instance()), zap.String("version", a.version))
 	// Housekeeping runs as long as the relay does.
 	keepCtx, stopKeeping := context.WithCancel(ctx)

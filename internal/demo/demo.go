@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
@@ -119,7 +120,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 
 // banner prints where the demo's parts are and how to look at them.
 func banner(out io.Writer, cfg config.Config, ln net.Listener, rate int) {
-	shownURL := config.RedactURLs(cfg.NATS.URL) // credentials are never printed
+	shownURL := natsname.RedactURLs(cfg.NATS.URL) // credentials are never printed
 	fmt.Fprintf(out, "outbox-relay demo\n")
 	fmt.Fprintf(out, "  database  %s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
 	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.<event_type>)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix)

@@ -1,7 +1,9 @@
 // Package publish is everything NATS on the relay's publish path: the
 // connection, the embedded server, the JetStream and core publishers, and
 // the classification of every publish outcome as stored, transport failure
-// or rejection.
+// or rejection. It takes its settings as options of its own
+// (ConnectOptions), which the composition root fills from the
+// configuration.
 package publish
 
 import (
@@ -20,7 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 )
 
 // Conn is the relay's NATS connection. It reconnects forever, fails publishes
@@ -54,14 +56,14 @@ var ErrAuth = errors.New("nats refused the connection")
 // wants or refuses). Such an error matches ErrAuth too.
 var ErrTLS = errors.New("nats TLS handshake failed")
 
-// Connect connects to the comma-separated servers in urls with the
-// credentials and TLS settings of cfg. When no server answers it returns a
+// Connect connects to the comma-separated servers of o.URLs with the
+// credentials and TLS settings of o. When no server answers it returns a
 // connection that keeps trying in the background, so the relay can start
 // paused; a credential or certificate problem is returned as an error
 // wrapping ErrAuth (and ErrTLS for a TLS one) whose text names what was
 // sent and what to check.
-func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, error) {
-	c, opts, err := connectOnce(urls, cfg, name, log)
+func Connect(ctx context.Context, o ConnectOptions, log *zap.Logger) (*Conn, error) {
+	c, opts, err := connectOnce(o, log)
 	if err == nil {
 		return c, nil
 	}
@@ -69,17 +71,17 @@ func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log
 		return nil, err // bad options or credentials: waiting will not help
 	}
 	log.Warn("nats unavailable at startup; starting paused and reconnecting in the background",
-		zap.String("url", config.RedactURLs(urls)), zap.Error(err))
+		zap.String("url", natsname.RedactURLs(o.URLs)), zap.Error(err))
 	// Only a connection made in the background needs the callback; a
 	// connection made here is logged here (callbacks run after Connect
 	// returns, when a short-lived command may be gone).
-	nc, err := nats.Connect(urls, append(opts, nats.RetryOnFailedConnect(true), nats.ConnectHandler(func(nc *nats.Conn) {
+	nc, err := nats.Connect(o.URLs, append(opts, nats.RetryOnFailedConnect(true), nats.ConnectHandler(func(nc *nats.Conn) {
 		if !c.closing.Load() {
-			c.log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
+			c.log.Info("nats connected", zap.String("server", natsname.RedactURLs(nc.ConnectedUrl())))
 		}
 	}))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
+		return nil, fmt.Errorf("connect to nats %s: %w", natsname.RedactURLs(o.URLs), err)
 	}
 	c.NC = nc
 	return c, nil
@@ -87,8 +89,8 @@ func Connect(ctx context.Context, urls string, cfg config.NATS, name string, log
 
 // ConnectOnce connects like Connect but fails when no server answers now:
 // for commands that do one thing and exit.
-func ConnectOnce(ctx context.Context, urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, error) {
-	c, _, err := connectOnce(urls, cfg, name, log)
+func ConnectOnce(ctx context.Context, o ConnectOptions, log *zap.Logger) (*Conn, error) {
+	c, _, err := connectOnce(o, log)
 	if err != nil {
 		return nil, err
 	}
@@ -97,27 +99,27 @@ func ConnectOnce(ctx context.Context, urls string, cfg config.NATS, name string,
 
 // connectOnce tries the servers once. On failure it returns the Conn and
 // options for a retrying attempt (nil when the options themselves are wrong).
-func connectOnce(urls string, cfg config.NATS, name string, log *zap.Logger) (*Conn, []nats.Option, error) {
+func connectOnce(o ConnectOptions, log *zap.Logger) (*Conn, []nats.Option, error) {
 	c := &Conn{log: log, denied: map[string]time.Time{}, refusal: map[string]chan struct{}{}, lastStored: map[string]time.Time{}}
-	opts, err := c.options(cfg, name)
+	opts, err := c.options(o)
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, err := nats.Connect(urls, opts...)
+	nc, err := nats.Connect(o.URLs, opts...)
 	if err == nil {
 		c.NC = nc
-		log.Info("nats connected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
+		log.Info("nats connected", zap.String("server", natsname.RedactURLs(nc.ConnectedUrl())))
 		return c, opts, nil
 	}
-	if r := refusal(err, urls, cfg); r != nil {
-		return nil, opts, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), r)
+	if r := refusal(err, o); r != nil {
+		return nil, opts, fmt.Errorf("connect to nats %s: %w", natsname.RedactURLs(o.URLs), r)
 	}
-	return c, opts, fmt.Errorf("connect to nats %s: %w", config.RedactURLs(urls), err)
+	return c, opts, fmt.Errorf("connect to nats %s: %w", natsname.RedactURLs(o.URLs), err)
 }
 
-func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
+func (c *Conn) options(cfg ConnectOptions) ([]nats.Option, error) {
 	opts := []nats.Option{
-		nats.Name(name),
+		nats.Name(cfg.Name),
 		nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
@@ -133,7 +135,7 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			c.log.Info("nats reconnected", zap.String("server", config.RedactURLs(nc.ConnectedUrl())))
+			c.log.Info("nats reconnected", zap.String("server", natsname.RedactURLs(nc.ConnectedUrl())))
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			if !c.closing.Load() {
@@ -145,13 +147,27 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 	if err := checkFiles(cfg); err != nil {
 		return nil, err
 	}
-	if cfg.TLS.CA != "" {
-		opts = append(opts, nats.RootCAs(cfg.TLS.CA))
+	opts = append(opts, c.tlsOptions(cfg.TLS)...)
+	auth, err := authOption(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.TLS.Cert != "" {
-		opts = append(opts, nats.ClientCert(cfg.TLS.Cert, cfg.TLS.Key))
+	if auth != nil {
+		opts = append(opts, auth)
 	}
-	if cfg.TLS.InsecureSkipVerify {
+	return opts, nil
+}
+
+// tlsOptions are the options of the client side of TLS.
+func (c *Conn) tlsOptions(cfg TLSOptions) []nats.Option {
+	var opts []nats.Option
+	if cfg.CA != "" {
+		opts = append(opts, nats.RootCAs(cfg.CA))
+	}
+	if cfg.Cert != "" {
+		opts = append(opts, nats.ClientCert(cfg.Cert, cfg.Key))
+	}
+	if cfg.InsecureSkipVerify {
 		c.log.Warn("nats.tls.insecure_skip_verify is set: the server's certificate is not verified")
 		opts = append(opts, func(o *nats.Options) error {
 			o.Secure = true
@@ -162,24 +178,30 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 			return nil
 		})
 	}
-	if cfg.TLS.HandshakeFirst {
+	if cfg.HandshakeFirst {
 		opts = append(opts, nats.TLSHandshakeFirst())
 	}
+	return opts
+}
+
+// authOption is the option that sends the one credential cfg sets, or nil
+// for none.
+func authOption(cfg ConnectOptions) (nats.Option, error) {
 	switch {
 	case cfg.Creds != "":
-		opts = append(opts, nats.UserCredentials(cfg.Creds))
+		return nats.UserCredentials(cfg.Creds), nil
 	case cfg.NKey != "":
 		o, err := nats.NkeyOptionFromSeed(cfg.NKey)
 		if err != nil {
 			return nil, fmt.Errorf("%s: read seed file %s: %w", label(cfg, "nats.nkey"), cfg.NKey, err)
 		}
-		opts = append(opts, o)
+		return o, nil
 	case cfg.Token != "":
-		opts = append(opts, nats.Token(cfg.Token))
+		return nats.Token(cfg.Token), nil
 	case cfg.User != "":
-		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+		return nats.UserInfo(cfg.User, cfg.Password), nil
 	}
-	return opts, nil
+	return nil, nil
 }
 
 // checkFiles reads the credential and TLS files once before connecting,
@@ -187,7 +209,7 @@ func (c *Conn) options(cfg config.NATS, name string) ([]nats.Option, error) {
 // library reads them on every connection attempt, and reports a missing
 // .creds file as if the server were down. They are read again at each
 // connection, so that renewed certificates and credentials take effect.
-func checkFiles(cfg config.NATS) error {
+func checkFiles(cfg ConnectOptions) error {
 	if cfg.Creds != "" {
 		data, err := os.ReadFile(cfg.Creds)
 		if err == nil {
@@ -217,8 +239,8 @@ func checkFiles(cfg config.NATS) error {
 
 // label names a key with where its value came from, when that is not the
 // key itself: "nats.creds (from NATS_CREDS)".
-func label(cfg config.NATS, key string) string {
-	switch from := cfg.From(key); {
+func label(cfg ConnectOptions, key string) string {
+	switch from := cfg.from(key); {
 	case from == key:
 		return key
 	case strings.HasPrefix(from, key+" "): // "nats.creds in /etc/x.yaml"

@@ -16,14 +16,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
-func connect(t *testing.T, url string, cfg config.NATS) *Conn {
+func connect(t *testing.T, url string, cfg ConnectOptions) *Conn {
 	t.Helper()
-	c, err := Connect(context.Background(), url, cfg, "publish-test", zap.NewNop())
+	cfg.URLs, cfg.Name = url, "publish-test"
+	c, err := Connect(context.Background(), cfg, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func createStreams(t *testing.T, js jetstream.JetStream) {
 func TestClassifyRealOutcomes(t *testing.T) {
 	n := testenv.StartNATS(t)
 	createStreams(t, n.JetStream(t))
-	c := connect(t, n.URL(), config.NATS{})
+	c := connect(t, n.URL(), ConnectOptions{})
 	p := newJS(t, c, 2*time.Second)
 
 	// A subscriber that never answers: the publish is neither stored nor refused.
@@ -135,7 +135,7 @@ func TestDeletedStreamIsAnOutage(t *testing.T) {
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	createStreams(t, js)
-	p := newJS(t, connect(t, n.URL(), config.NATS{}), 2*time.Second)
+	p := newJS(t, connect(t, n.URL(), ConnectOptions{}), 2*time.Second)
 	if r := publishOne(p, "events.A", row("A", nil)); r.Kind != Stored {
 		t.Fatalf("before: %v %v", r.Kind, r.Err)
 	}
@@ -156,7 +156,7 @@ func TestClassifyConnectionLoss(t *testing.T) {
 	if _, err := n.Conn(t).Subscribe("hang.>", func(*nats.Msg) {}); err != nil {
 		t.Fatal(err)
 	}
-	c := connect(t, n.URL(), config.NATS{})
+	c := connect(t, n.URL(), ConnectOptions{})
 	p := newJS(t, c, time.Minute)
 	pending := p.Publish(context.Background(), []Message{{Row: row("X", nil), Subject: "hang.x"}})[0]
 	n.Stop()
@@ -214,7 +214,7 @@ func TestPermissionDeniedIsARejection(t *testing.T) {
 	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	c := connect(t, n.URL(), config.NATS{User: "relay", Password: "s3cret"})
+	c := connect(t, n.URL(), ConnectOptions{User: "relay", Password: "s3cret"})
 	// An ack timeout far longer than the wait below: the refusal is known
 	// from the server's answer, not from a timeout.
 	p := newJS(t, c, time.Hour)
@@ -251,7 +251,7 @@ func TestPermissionDeniedIsARejection(t *testing.T) {
 
 func TestReadyOnClosedConnection(t *testing.T) {
 	n := testenv.StartNATS(t)
-	c := connect(t, n.URL(), config.NATS{})
+	c := connect(t, n.URL(), ConnectOptions{})
 	p := newJS(t, c, time.Second)
 	c.Close()
 	if err := p.Ready(context.Background()); !errors.Is(err, ErrClosed) {
@@ -262,7 +262,7 @@ func TestReadyOnClosedConnection(t *testing.T) {
 func TestConnectWrongPasswordFailsFast(t *testing.T) {
 	n := testenv.StartNATS(t, func(o *server.Options) { o.Username, o.Password = "relay", "right" })
 	start := time.Now()
-	_, err := Connect(context.Background(), n.URL(), config.NATS{User: "relay", Password: "wrong"}, "test", zap.NewNop())
+	_, err := Connect(context.Background(), ConnectOptions{URLs: n.URL(), Name: "test", User: "relay", Password: "wrong"}, zap.NewNop())
 	if !errors.Is(err, ErrAuth) || time.Since(start) > 5*time.Second {
 		t.Fatalf("Connect with a wrong password = %v after %v", err, time.Since(start))
 	}
@@ -275,7 +275,7 @@ func TestConnectWhileBrokerDownStartsPaused(t *testing.T) {
 	n := testenv.StartNATS(t)
 	url := n.URL()
 	n.Stop()
-	c, err := Connect(context.Background(), url, config.NATS{}, "test", zap.NewNop())
+	c, err := Connect(context.Background(), ConnectOptions{URLs: url, Name: "test"}, zap.NewNop())
 	if err != nil {
 		t.Fatalf("Connect with the broker down = %v; want a connection that keeps trying", err)
 	}
@@ -328,7 +328,7 @@ func TestSizeGuard(t *testing.T) {
 	if err := raw.PublishMsg(NewMsg(sized(t, maxPayload+1))); !errors.Is(err, nats.ErrMaxPayload) {
 		t.Fatalf("a message one byte over max_payload by Size: %v, want nats.ErrMaxPayload", err)
 	}
-	p := newJS(t, connect(t, n.URL(), config.NATS{}), 5*time.Second)
+	p := newJS(t, connect(t, n.URL(), ConnectOptions{}), 5*time.Second)
 	wait := func(m Message) Result {
 		return p.Publish(context.Background(), []Message{m})[0].Wait(context.Background())
 	}
@@ -448,7 +448,7 @@ func TestHeaderLimit(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.ErrorCode != headersTooLarge {
 		t.Fatalf("the server took headers one byte over the limit: %v", err)
 	}
-	p := newJS(t, connect(t, n.URL(), config.NATS{}), 5*time.Second)
+	p := newJS(t, connect(t, n.URL(), ConnectOptions{}), 5*time.Second)
 	wait := func(m Message) Result {
 		return p.Publish(context.Background(), []Message{m})[0].Wait(context.Background())
 	}
@@ -477,7 +477,7 @@ func TestSealedStreamIsAnOutage(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	p := newJS(t, connect(t, n.URL(), config.NATS{}), 5*time.Second)
+	p := newJS(t, connect(t, n.URL(), ConnectOptions{}), 5*time.Second)
 	r := publishOne(p, "events.X", row("X", []byte("x")))
 	if r.Kind != Transport || !errors.Is(r.Err, ErrStreamRefusesAll) || !strings.Contains(r.Err.Error(), "sealed") {
 		t.Fatalf("publish to a sealed stream: %v %v; want Transport saying the stream is sealed", r.Kind, r.Err)

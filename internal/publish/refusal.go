@@ -12,8 +12,6 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
-
-	"github.com/outbox-relay/outbox-relay/internal/config"
 )
 
 // refusedError is a connection the server (or the TLS handshake) refused
@@ -32,9 +30,9 @@ func (e *refusedError) Unwrap() []error { return append(append([]error{}, e.kind
 
 // refusal explains a connect error that waiting will not cure, or returns
 // nil for one that it may (the server is down, say).
-func refusal(err error, urls string, cfg config.NATS) error {
+func refusal(err error, cfg ConnectOptions) error {
 	if reason := authReason(err); reason != "" {
-		return &refusedError{msg: reason + ": " + credentialsRefused(urls, cfg), kinds: []error{ErrAuth}, cause: err}
+		return &refusedError{msg: reason + ": " + credentialsRefused(cfg), kinds: []error{ErrAuth}, cause: err}
 	}
 	if advice, ok := tlsAdvice(err, cfg); ok {
 		return &refusedError{msg: "TLS handshake failed: " + advice, kinds: []error{ErrTLS, ErrAuth}, cause: err}
@@ -63,27 +61,27 @@ func authReason(err error) string {
 // credentialsRefused says which credential the connection sent, where it
 // was set, and what to check. nats.go sends the user or token of a server
 // URL in place of nats.user, nats.token and nats.nkey.
-func credentialsRefused(urls string, cfg config.NATS) string {
-	if u := urlUser(urls); u != nil {
+func credentialsRefused(cfg ConnectOptions) string {
+	if u := urlUser(cfg.URLs); u != nil {
 		what := "the token in nats.url"
 		if _, ok := u.Password(); ok {
 			what = fmt.Sprintf("user %q and the password in nats.url", u.Username())
 		}
-		return fmt.Sprintf("the server refused %s (from %s); check them, and percent-encode any '/', '#', '?' or ',' in them", what, cfg.From("nats.url"))
+		return fmt.Sprintf("the server refused %s (from %s); check them, and percent-encode any '/', '#', '?' or ',' in them", what, cfg.from("nats.url"))
 	}
 	switch {
 	case cfg.Creds != "":
-		return fmt.Sprintf("the server refused %s (from %s); check that the server trusts its account and operator, and that it has not expired or been revoked", credsUser(cfg.Creds), cfg.From("nats.creds"))
+		return fmt.Sprintf("the server refused %s (from %s); check that the server trusts its account and operator, and that it has not expired or been revoked", credsUser(cfg.Creds), cfg.from("nats.creds"))
 	case cfg.NKey != "":
-		return fmt.Sprintf("the server refused %s (from %s); check that the server's authorization lists that public key", nkeyUser(cfg.NKey), cfg.From("nats.nkey"))
+		return fmt.Sprintf("the server refused %s (from %s); check that the server's authorization lists that public key", nkeyUser(cfg.NKey), cfg.from("nats.nkey"))
 	case cfg.Token != "":
-		return fmt.Sprintf("the server refused the token (from %s); check it against the server's authorization token", cfg.From("nats.token"))
+		return fmt.Sprintf("the server refused the token (from %s); check it against the server's authorization token", cfg.from("nats.token"))
 	case cfg.User != "" && cfg.Password == "":
-		return fmt.Sprintf("the server refused user %q (from %s) with no password; set nats.password", cfg.User, cfg.From("nats.user"))
+		return fmt.Sprintf("the server refused user %q (from %s) with no password; set nats.password", cfg.User, cfg.from("nats.user"))
 	case cfg.User != "":
-		return fmt.Sprintf("the server refused user %q (from %s) with its password (from %s); check both against the server's authorization", cfg.User, cfg.From("nats.user"), cfg.From("nats.password"))
+		return fmt.Sprintf("the server refused user %q (from %s) with its password (from %s); check both against the server's authorization", cfg.User, cfg.from("nats.user"), cfg.from("nats.password"))
 	case cfg.TLS.Cert != "":
-		return fmt.Sprintf("no credentials were sent besides the client certificate %s (from %s), and the server maps no user to it; set nats.creds, nats.nkey, nats.token or nats.user and nats.password, or nats.context for a natscli context", cfg.TLS.Cert, cfg.From("nats.tls.cert"))
+		return fmt.Sprintf("no credentials were sent besides the client certificate %s (from %s), and the server maps no user to it; set nats.creds, nats.nkey, nats.token or nats.user and nats.password, or nats.context for a natscli context", cfg.TLS.Cert, cfg.from("nats.tls.cert"))
 	}
 	return "no credentials were sent; set nats.creds, nats.nkey, nats.token or nats.user and nats.password, or nats.context for a natscli context"
 }
@@ -151,7 +149,7 @@ func nkeyUser(path string) string {
 
 // tlsAdvice says what a TLS failure means and what to check, and whether
 // err is one.
-func tlsAdvice(err error, cfg config.NATS) (string, bool) {
+func tlsAdvice(err error, cfg ConnectOptions) (string, bool) {
 	var unknown x509.UnknownAuthorityError
 	var host x509.HostnameError
 	var invalid x509.CertificateInvalidError
@@ -159,7 +157,7 @@ func tlsAdvice(err error, cfg config.NATS) (string, bool) {
 	ca := "the system's CAs"
 	if cfg.TLS.CA != "" {
 		ca = cfg.TLS.CA
-		if from := cfg.From("nats.tls.ca"); from != "nats.tls.ca" {
+		if from := cfg.from("nats.tls.ca"); from != "nats.tls.ca" {
 			ca += " from " + from
 		}
 	}
@@ -179,13 +177,13 @@ func tlsAdvice(err error, cfg config.NATS) (string, bool) {
 	case strings.Contains(msg, "certificate required"):
 		return "the server requires a client certificate; set nats.tls.cert and nats.tls.key", true
 	case strings.Contains(msg, "remote error: tls:") && cfg.TLS.Cert != "":
-		return fmt.Sprintf("the server refused the client certificate %s (from %s); it must be signed by a CA the server trusts for clients", cfg.TLS.Cert, cfg.From("nats.tls.cert")), true
+		return fmt.Sprintf("the server refused the client certificate %s (from %s); it must be signed by a CA the server trusts for clients", cfg.TLS.Cert, cfg.from("nats.tls.cert")), true
 	case strings.Contains(msg, "closed by remote after tls handshake") && cfg.TLS.Cert == "":
 		// The server's alert saying why is lost when the client writes
 		// first: the usual reason is a client certificate it requires.
 		return "the server closed the connection after the TLS handshake, as it does when it requires a client certificate; set nats.tls.cert and nats.tls.key", true
 	case strings.Contains(msg, "closed by remote after tls handshake"):
-		return fmt.Sprintf("the server closed the connection after the TLS handshake, as it does when it refuses the client certificate %s (from %s); it must be signed by a CA the server trusts for clients", cfg.TLS.Cert, cfg.From("nats.tls.cert")), true
+		return fmt.Sprintf("the server closed the connection after the TLS handshake, as it does when it refuses the client certificate %s (from %s); it must be signed by a CA the server trusts for clients", cfg.TLS.Cert, cfg.from("nats.tls.cert")), true
 	case strings.Contains(msg, "first record does not look like a tls handshake") && cfg.TLS.HandshakeFirst:
 		return "the server does not expect TLS before the NATS handshake; unset nats.tls.handshake_first (or set handshake_first on the server)", true
 	case strings.Contains(msg, "x509") || strings.Contains(msg, "tls:") || strings.Contains(msg, "tls error") || strings.Contains(msg, "remote error"):

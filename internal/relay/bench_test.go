@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
-	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -75,7 +74,7 @@ func envInt(name string, def int) int {
 // relay's configuration describes; the connection closes with b.
 func benchJetStream(b *testing.B) (*publish.Conn, *publish.JetStream) {
 	n := testenv.StartNATS(b)
-	conn, err := publish.Connect(context.Background(), n.URL(), config.Default().NATS, "bench", zap.NewNop())
+	conn, err := publish.Connect(context.Background(), publish.ConnectOptions{URLs: n.URL(), Name: "bench"}, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 )
 
@@ -189,7 +190,7 @@ func (r *Relay) message(row event.Row) (publish.Message, error) {
 	if row.Problem != "" {
 		return m, errors.New(row.Problem)
 	}
-	subject, err := event.Subject(r.o.SubjectPrefix, row.EventType)
+	subject, err := natsname.Subject(r.o.SubjectPrefix, row.EventType)
 	if err != nil {
 		return m, err
 	}

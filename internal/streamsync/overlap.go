@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 )
 
 // ErrSubjectOverlap: the stream cannot be created because another stream
@@ -86,7 +86,7 @@ func overlapError(want Want, found []overlap, listErr, cause error) error {
 	}
 	fixes := []string{"give the relay subjects no other stream takes (stream.subject_prefix and stream.subjects)"}
 	for _, o := range found {
-		if event.Covers(o.subjects, want.SubjectPrefix) {
+		if natsname.Covers(o.subjects, want.SubjectPrefix) {
 			fixes = append(fixes, fmt.Sprintf("publish to %s, which captures %s.>: set stream.name: %s", o.stream, want.SubjectPrefix, o.stream))
 		}
 		if rest := without(o.subjects, o.taken); len(rest) > 0 {

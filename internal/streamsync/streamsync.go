@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 )
 
 // Want is what the relay needs of the stream and consumer.
@@ -135,7 +135,7 @@ func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Re
 	if live.Stream != nil {
 		subjects = live.Stream.Subjects
 	}
-	if !event.Covers(subjects, want.SubjectPrefix) {
+	if !natsname.Covers(subjects, want.SubjectPrefix) {
 		res.NotCaptured = notCaptured(want.Stream, subjects, want.SubjectPrefix).Error()
 		log.Error("stream does not capture the relay's subjects; the relay stays not ready until it does",
 			zap.Strings("subjects", subjects), zap.String("needs", want.SubjectPrefix+".>"), zap.String("fix", captureCommand(want.Stream, subjects, want.SubjectPrefix)))
@@ -291,7 +291,7 @@ func Examine(ctx context.Context, js jetstream.JetStream, want Want) (Window, er
 	}
 	cfg := s.CachedInfo().Config
 	w := NewWindow(cfg, want.DuplicateWindow)
-	if !event.Covers(cfg.Subjects, want.SubjectPrefix) {
+	if !natsname.Covers(cfg.Subjects, want.SubjectPrefix) {
 		return w, notCaptured(want.Stream, cfg.Subjects, want.SubjectPrefix)
 	}
 	return w, nil

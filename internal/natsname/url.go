@@ -1,4 +1,4 @@
-package config
+package natsname
 
 import (
 	"fmt"
@@ -7,12 +7,14 @@ import (
 	"strings"
 )
 
-// validateServerURLs checks the comma-separated servers of nats.url. A URL
-// whose user information holds a character that ends it (a raw '/', '#',
-// '?', ',', ' ' or '%') gets an error that names the character and its
-// percent-encoding, since "is not a server URL" says nothing of the
-// password that broke it.
-func validateServerURLs(urls string) []error {
+// ValidateServerURLs checks comma-separated server URLs (nats.url) and
+// returns one error per server that is not a nats, tls, ws or wss URL with
+// a host. A URL whose user information holds a character that ends it (a
+// raw '/', '#', '?', ',', ' ' or '%') gets an error that names the
+// character and its percent-encoding, since "is not a server URL" says
+// nothing of the password that broke it. No error shows a credential (see
+// RedactURLs).
+func ValidateServerURLs(urls string) []error {
 	parts := strings.Split(urls, ",")
 	var errs []error
 	for i, p := range parts {
