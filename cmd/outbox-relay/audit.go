@@ -3,19 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/audit"
-	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
-
-// mismatchesShown is how many mismatches audit prints; --json has all.
-const mismatchesShown = 20
 
 func (c *cli) auditCommand() *cobra.Command {
 	var asJSON bool
@@ -33,51 +27,11 @@ an earlier stream of the name (done before the stream was created: it was
 deleted and created again), and every mismatch: a sequence that holds another
 event. Exit code 1 when there is a mismatch.
 Read-only on the database and safe while the relay runs.`,
+		Example: `  outbox-relay audit --database-path app.db --nats-url nats://nats:4222
+  outbox-relay audit --config /etc/outbox-relay.yaml --since 24h
+  outbox-relay audit --config /etc/outbox-relay.yaml --limit 10000 --json`,
 		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			if limit < 0 || since < 0 {
-				return usagef("audit: --since and --limit must not be negative")
-			}
-			ctx := context.Background()
-			db, _, err := c.openDB(ctx, true) // first: a missing table needs no server to report
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			cfg, _, js, closeJS, err := c.streamClient(ctx, "audit", "audit")
-			if err != nil {
-				return err
-			}
-			defer closeJS()
-			read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
-				return streamsync.ReadStored(ctx, js.API(), cfg.Stream.Name, seqs, 32)
-			}
-			o := audit.Options{Since: since, Limit: limit}
-			if tty := terminal(c.stderr); tty && !asJSON {
-				o.Progress = func(n int) { fmt.Fprintf(c.stderr, "\raudited %d done rows", n) }
-				defer fmt.Fprint(c.stderr, "\r\033[K")
-			}
-			r, err := audit.Run(ctx, db, read, o)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				if err := printJSON(c.stdout, struct {
-					Database string  `json:"database"`
-					Stream   string  `json:"stream"`
-					Since    float64 `json:"since_seconds,omitempty"`
-					audit.Report
-				}{cfg.Database.Path, cfg.Stream.Name, since.Seconds(), r}); err != nil {
-					return err
-				}
-			} else {
-				printAudit(c.stdout, cfg, since, r)
-			}
-			if len(r.Mismatches) > 0 {
-				return errNeedsAttention
-			}
-			return nil
-		},
+		RunE: func(*cobra.Command, []string) error { return c.audit(since, limit, asJSON) },
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
 	cmd.Flags().DurationVar(&since, "since", 0, "only rows done within this long (default: all)")
@@ -85,35 +39,38 @@ Read-only on the database and safe while the relay runs.`,
 	return cmd
 }
 
-func printAudit(w io.Writer, cfg config.Config, since time.Duration, r audit.Report) {
-	which := "all done rows"
-	if since > 0 {
-		which = fmt.Sprintf("done rows of the last %s", since)
+// audit is the audit command: it audits the done rows (since, limit) and
+// prints the summary (asJSON: as JSON); errNeedsAttention on a mismatch.
+func (c *cli) audit(since time.Duration, limit int, asJSON bool) error {
+	if limit < 0 || since < 0 {
+		return usagef("audit: --since and --limit must not be negative")
 	}
-	fmt.Fprintf(w, "audit of %s (table %s) against stream %s: %s, %d audited\n", cfg.Database.Path, cfg.Database.Table, cfg.Stream.Name, which, r.Audited)
-	fmt.Fprintf(w, "  matched     %d (the message at the row's stream sequence carries its event id)\n", r.Matched)
-	fmt.Fprintf(w, "  removed     %d (no longer in the stream: its limits, a purge or a delete; first sequence now %d)\n", r.Removed, r.FirstSeq)
-	fmt.Fprintf(w, "  unrecorded  %d (no stream sequence on the row: done before it was recorded, or core NATS)\n", r.Unrecorded)
-	if r.EarlierStream > 0 {
-		fmt.Fprintf(w, "  earlier     %d (published to an earlier stream %s, since deleted: done before this one was created at %s)\n",
-			r.EarlierStream, cfg.Stream.Name, r.Created.UTC().Format(time.RFC3339))
+	ctx := context.Background()
+	db, _, err := c.openDB(ctx, true) // first: a missing table needs no server to report
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(w, "  mismatched  %d\n", len(r.Mismatches))
-	for i, m := range r.Mismatches {
-		if i == mismatchesShown {
-			fmt.Fprintf(w, "  and %d more (--json lists them all)\n", len(r.Mismatches)-mismatchesShown)
-			break
-		}
-		fmt.Fprintf(w, "  row %d (event_id %s): stream sequence %d holds event %q (row %q)\n", m.RowID, shown(m.EventID), m.StreamSeq, m.MsgID, m.MsgRowID)
+	defer db.Close()
+	cfg, _, js, closeJS, err := c.streamClient(ctx, "audit", "audit")
+	if err != nil {
+		return err
 	}
-}
-
-// terminal reports whether w is a terminal (for progress lines).
-func terminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
+	defer closeJS()
+	read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
+		return streamsync.ReadStored(ctx, js.API(), cfg.Stream.Name, seqs, 32)
 	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	o := audit.Options{Since: since, Limit: limit}
+	if tty := terminal(c.stderr); tty && !asJSON {
+		o.Progress = func(n int) { fmt.Fprintf(c.stderr, "\raudited %d done rows", n) }
+		defer fmt.Fprint(c.stderr, "\r\033[K")
+	}
+	r, err := audit.Run(ctx, db, read, o)
+	if err != nil {
+		return err
+	}
+	sum := audit.Summary{Database: cfg.Database.Path, Table: cfg.Database.Table, Stream: cfg.Stream.Name, Since: since, SinceSeconds: since.Seconds(), Report: r}
+	if err := c.output(asJSON, sum, sum.Print); err != nil || len(r.Mismatches) == 0 {
+		return err
+	}
+	return errNeedsAttention
 }

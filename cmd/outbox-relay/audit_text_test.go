@@ -1,25 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/audit"
-	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
-
-// TestAuditReportEscapesEventIDs: a mismatch's event id, written by the
-// application, reaches the terminal with its control characters escaped.
-func TestAuditReportEscapesEventIDs(t *testing.T) {
-	var w bytes.Buffer
-	printAudit(&w, config.Default(), 0, audit.Report{Audited: 1, Mismatches: []audit.Mismatch{{RowID: 1, EventID: hostileID, StreamSeq: 3, MsgID: hostileID}}})
-	if i := rawControls(w.String()); i >= 0 || !strings.Contains(w.String(), "event_id "+escapedID) {
-		t.Errorf("audit's report does not escape the event id:\n%q", w.String())
-	}
-}
 
 // TestAuditNamesAMissingTable: audit on a file without the outbox table
 // names the table and the file and says what to do, before it connects to

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/bench"
@@ -61,14 +63,16 @@ same file (credentials, TLS, and the children's relay settings).`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(c.stdout, rep)
-			}
-			bench.Print(c.stdout, rep)
-			return nil
+			return c.output(asJSON, rep, func(w io.Writer) { bench.Print(w, rep) })
 		},
 	}
-	f := cmd.Flags()
+	benchFlags(cmd.Flags(), &o)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	return cmd
+}
+
+// benchFlags binds bench's flags to o.
+func benchFlags(f *pflag.FlagSet, o *bench.Options) {
 	f.IntVar(&o.Rows, "rows", 200_000, "rows (and ceiling messages) per measurement")
 	f.IntVar(&o.Size, "size", 256, "payload bytes")
 	f.IntVar(&o.DoneRows, "done-rows", 0, "also drain with this many done rows in the table, and compare")
@@ -80,8 +84,6 @@ same file (credentials, TLS, and the children's relay settings).`,
 	f.StringVar(&o.NATSURL, "nats-url", "", "use this server instead of an embedded one")
 	f.StringVar(&o.Dir, "dir", "", "work directory (default: a new temporary directory, removed after)")
 	f.IntSliceVar(&o.CeilingBatches, "ceiling-in-flight", []int{500, 1000, 2000, 4000}, "in-flight limits the ceiling is measured with")
-	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
-	return cmd
 }
 
 // benchClientCommand is the hidden child of bench that measures the

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"os"
-	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,6 +25,9 @@ func (c *cli) demoCommand() *cobra.Command {
 a demo SQLite database, a writer that inserts events the way an application
 does (its data and the outbox row in one transaction), and the relay, with a
 live progress line until Ctrl-C.`,
+		Example: `  outbox-relay demo
+  outbox-relay demo --rate 1000 --duration 30s
+  outbox-relay demo --dir /tmp/outbox-relay-demo --nats-embedded-listen 127.0.0.1:4222 --consumer-durable worker --consumer-create`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rate < 1 {
@@ -34,7 +37,25 @@ live progress line until Ctrl-C.`,
 			if err != nil {
 				return err
 			}
-			return c.demo(cmd, cfg, dir, rate, duration)
+			// A key's flag is its name with dashes (log.level: --log-level).
+			userSet := func(key string) bool {
+				return cmd.Flags().Changed(strings.ReplaceAll(key, ".", "-")) || os.Getenv(config.EnvName(key)) != ""
+			}
+			cfg, dir, err := demo.Prepare(cfg, dir, userSet)
+			if err != nil {
+				return err
+			}
+			log, ctx, stop, err := c.start(cfg)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			if duration > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, duration)
+				defer cancel()
+			}
+			return demo.Run(ctx, cfg, demo.Options{Rate: rate, Dir: dir, Out: c.stdout, Live: terminal(c.stdout), Log: log, Version: version, Commit: buildCommit()})
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", "", "directory for the demo database and JetStream data (default: a new temporary directory)")
@@ -43,42 +64,36 @@ live progress line until Ctrl-C.`,
 	return cmd
 }
 
-func (c *cli) demo(cmd *cobra.Command, cfg config.Config, dir string, rate int, duration time.Duration) error {
-	if dir == "" {
-		d, err := os.MkdirTemp("", "outbox-relay-demo-")
-		if err != nil {
-			return err
-		}
-		dir = d
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+// demoAppCommand is the example application of the compose file: it
+// creates the outbox schema (as the application's own migrations would)
+// and writes a row of its own plus an event in one transaction, rate times
+// a second, until stopped.
+func (c *cli) demoAppCommand() *cobra.Command {
+	var rate int
+	cmd := &cobra.Command{
+		Use:     "demo-app [--rate N]",
+		Short:   "An example application writing events into database.path (the compose demo's app)",
+		Example: `  outbox-relay demo-app --database-path app.db --rate 50`,
+		Args:    cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if rate < 1 {
+				return usagef("--rate must be at least 1")
+			}
+			cfg, err := c.loadConfig()
+			if err != nil {
+				return err
+			}
+			log, ctx, stop, err := c.start(cfg)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			if _, err := migrate(ctx, cfg); err != nil {
+				return err
+			}
+			return demo.App(ctx, cfg.Database.Path, cfg.Database.Table, rate, log)
+		},
 	}
-	def := config.Default()
-	cfg.Database.Path = filepath.Join(dir, "app.db")
-	if cfg.NATS.URL == def.NATS.URL {
-		cfg.NATS.URL = config.EmbeddedURL
-	}
-	if cfg.NATS.Embedded.StoreDir == "" {
-		cfg.NATS.Embedded.StoreDir = filepath.Join(dir, "nats")
-	}
-	if cfg.Metrics.Listen == def.Metrics.Listen {
-		cfg.Metrics.Listen = "127.0.0.1:0"
-	}
-	if !cmd.Flags().Changed("log-level") && os.Getenv(config.EnvName("log.level")) == "" {
-		cfg.Log.Level = "warn" // keep the progress line readable
-	}
-	if !cmd.Flags().Changed("log-format") && os.Getenv(config.EnvName("log.format")) == "" {
-		cfg.Log.Format = "console"
-	}
-	log, ctx, stop, err := c.start(cfg)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	if duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, duration)
-		defer cancel()
-	}
-	return demo.Run(ctx, cfg, demo.Options{Rate: rate, Dir: dir, Out: c.stdout, Live: terminal(c.stdout), Log: log, Version: version, Commit: buildCommit()})
+	cmd.Flags().IntVar(&rate, "rate", 20, "events per second")
+	return cmd
 }

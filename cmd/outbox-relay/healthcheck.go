@@ -10,9 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
-
-	"github.com/outbox-relay/outbox-relay/internal/demo"
 )
 
 // healthcheckCommand probes a running relay's /healthz, for container
@@ -86,43 +83,4 @@ func (c *cli) probeURL(base, path string, pathSet bool) (string, error) {
 		u.Path, u.RawPath = path, ""
 	}
 	return u.String(), nil
-}
-
-// demoAppCommand is the example application of the compose file: it
-// creates the outbox schema (as the application's own migrations would)
-// and writes a row of its own plus an event in one transaction, rate times
-// a second, until stopped.
-func (c *cli) demoAppCommand() *cobra.Command {
-	var rate int
-	cmd := &cobra.Command{
-		Use:     "demo-app [--rate N]",
-		Short:   "An example application writing events into database.path (the compose demo's app)",
-		Example: `  outbox-relay demo-app --database-path app.db --rate 50`,
-		Args:    cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			if rate < 1 {
-				return usagef("--rate must be at least 1")
-			}
-			cfg, err := c.loadConfig()
-			if err != nil {
-				return err
-			}
-			log, ctx, stop, err := c.start(cfg)
-			if err != nil {
-				return err
-			}
-			defer stop()
-			if _, err := migrate(ctx, cfg); err != nil {
-				return err
-			}
-			log.Info("demo application writing events", zap.String("database", cfg.Database.Path), zap.Int("rate", rate))
-			n, err := demo.WriteEvents(ctx, cfg.Database.Path, cfg.Database.Table, rate, func(err error) {
-				log.Warn("demo application write failed", zap.Error(err))
-			})
-			log.Info("demo application stopped", zap.Int64("written", n))
-			return err
-		},
-	}
-	cmd.Flags().IntVar(&rate, "rate", 20, "events per second")
-	return cmd
 }

@@ -128,31 +128,17 @@ Keys, defaults and precedence: docs/configuration.md.`,
 // the keys it reads (withConfig); version reads none.
 func (c *cli) commands() []*cobra.Command {
 	return []*cobra.Command{
-		c.withConfig(&cobra.Command{
-			Use:   "run",
-			Short: "Run the relay daemon (the default)",
-			Example: `  outbox-relay run --config /etc/outbox-relay.yaml
-  outbox-relay run --database-path /var/lib/app/app.db --nats-url nats://nats:4222
-  NATS_URL=embedded outbox-relay run --database-path app.db   # an in-process JetStream server`,
-			Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error { return c.runDaemon(cmd) },
-		}, allKeys),
+		c.withConfig(c.runCommand(), allKeys),
 		c.withConfig(c.migrateCommand(), databaseKeys),
-		c.withConfig(example(c.streamsyncCommand(), `  outbox-relay streamsync --nats-url nats://nats:4222 --dry-run
-  outbox-relay streamsync --config /etc/outbox-relay.yaml
-  NATS_URL=nats://nats:4222 outbox-relay streamsync --consumer-durable worker --json`), streamKeys),
+		c.withConfig(c.streamsyncCommand(), streamKeys),
 		c.withConfig(c.statusCommand(), statusKeys),
-		c.withConfig(example(c.auditCommand(), `  outbox-relay audit --database-path app.db --nats-url nats://nats:4222
-  outbox-relay audit --config /etc/outbox-relay.yaml --since 24h
-  outbox-relay audit --config /etc/outbox-relay.yaml --limit 10000 --json`), auditKeys),
+		c.withConfig(c.auditCommand(), auditKeys),
 		c.deadLettersCommand(), // its subcommands: databaseKeys
 		c.withConfig(c.healthcheckCommand(), keysOf([]string{"metrics"})),
 		c.withConfig(c.demoAppCommand(), keysOf([]string{"database", "log"})),
 		c.withConfig(c.benchCommand(), connectionKeys),
 		c.withConfig(c.benchClientCommand(), connectionKeys),
-		c.withConfig(example(c.demoCommand(), `  outbox-relay demo
-  outbox-relay demo --rate 1000 --duration 30s
-  outbox-relay demo --dir /tmp/outbox-relay-demo --nats-embedded-listen 127.0.0.1:4222 --consumer-durable worker --consumer-create`), allKeys),
+		c.withConfig(c.demoCommand(), allKeys),
 		{
 			Use:     "version",
 			Short:   "Print version, commit and Go version",
@@ -164,13 +150,6 @@ func (c *cli) commands() []*cobra.Command {
 			},
 		},
 	}
-}
-
-// example sets the examples of a command built in a file that is about
-// what it does rather than how it is called.
-func example(cmd *cobra.Command, examples string) *cobra.Command {
-	cmd.Example = examples
-	return cmd
 }
 
 // usageErrors makes the flag and argument errors of every command under

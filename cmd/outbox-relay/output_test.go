@@ -71,28 +71,6 @@ func TestHumanOutputEscapesDatabaseValues(t *testing.T) {
 
 }
 
-// TestShownEscapesWhatATerminalObeys: control characters, format
-// characters and bytes that are not UTF-8 are escaped; printable text in
-// any script, and spaces, are left alone.
-func TestShownEscapesWhatATerminalObeys(t *testing.T) {
-	for in, want := range map[string]string{
-		"6f1c8f0e-5d7a":      "6f1c8f0e-5d7a",
-		`event_type "a b"`:   `event_type "a b"`,
-		"Straße 東京 ✓":        "Straße 東京 ✓",
-		hostileID:            escapedID,
-		"a\rb\nc\td":         `a\rb\nc\td`,
-		"\u202egnp.exe":      `\u202egnp.exe`,
-		"x\xffy":             `x\xffy`,
-		"zero\u200bwidth":    `zero\u200bwidth`,
-		"\x9b[2J (C1 CSI)":   `\x9b[2J (C1 CSI)`,
-		"\u009b[2J (C1 CSI)": `\u009b[2J (C1 CSI)`,
-	} {
-		if got := shown(in); got != want {
-			t.Errorf("shown(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // TestStatusPresumesSilentRelaysDead: a heartbeat row older than the
 // relays' staleness window (a relay killed without cleaning up) is not
 // shown leading but presumed dead, with who takes over, in the text and

@@ -2,7 +2,11 @@
 // glance, dead letters listed and requeued, and the messages JetStream
 // consumers gave up on (recorded from the server's advisories). They are
 // short reads, or short writes of their own, safe while relays and the
-// application run.
+// application run. It also owns how the status and dead-letters commands
+// print them for people (StatusReport, PrintDeadLetters, ShownRow, ...),
+// which dead letters a filter and ids select (ParseWhen, Select), and the
+// escaping of the values the application wrote, so that a terminal shows
+// them rather than obeys them (Shown).
 package admin
 
 import (

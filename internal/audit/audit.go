@@ -5,6 +5,7 @@
 // A row done before the stream was created was published to an earlier
 // stream of that name (deleted, then created again, counting its
 // sequences from 1 again): it is told apart, not taken for a mismatch.
+// The audit command prints the report as a Summary.
 package audit
 
 import (

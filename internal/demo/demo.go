@@ -1,7 +1,8 @@
 // Package demo is the quickstart: an application that writes its own data
 // and an event in one transaction at a steady rate, beside a running
-// relay, with a live progress line. It is also the compose file's example
-// application (WriteEvents).
+// relay, with a live progress line, on a configuration made the demo's
+// (Prepare). It is also the compose file's example application (App,
+// WriteEvents).
 package demo
 
 import (

@@ -5,6 +5,7 @@
 // update is reported with the natscli command that would make it, and the
 // relay keeps starting. A duplicate window shorter than the relay needs
 // (the stream's max_age caps it) is reported with the choice it leaves.
+// The streamsync command prints a sync's result as a Summary.
 package streamsync
 
 import (

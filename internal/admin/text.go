@@ -1,4 +1,4 @@
-package main
+package admin
 
 import (
 	"fmt"
@@ -7,8 +7,8 @@ import (
 	"unicode/utf8"
 )
 
-// shown is a value read from the database as output for people may print
-// it. The application writes those values (an event_id, the text in a
+// Shown returns s, a value read from the database, as output for people
+// may print it. The application writes those values (an event_id, the text in a
 // last_error, a header), so they may hold escape sequences a terminal
 // would obey (a changed window title, a cleared screen), a carriage return
 // that hides what came before it, or a right-to-left override that
@@ -17,7 +17,7 @@ import (
 // printable text, spaces included, is left as it is. Values printed quoted
 // (%q) need no more: the quoting escapes the same characters. JSON output
 // needs none either: its encoder escapes control characters.
-func shown(s string) string {
+func Shown(s string) string {
 	if plain(s) {
 		return s
 	}
@@ -38,7 +38,7 @@ func shown(s string) string {
 	return b.String()
 }
 
-// plain reports whether s is printable text that shown leaves alone.
+// plain reports whether s is printable text that Shown leaves alone.
 func plain(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < ' ' || c > '~' {
@@ -49,10 +49,10 @@ func plain(s string) bool {
 }
 
 // oneLine is a long value (a last_error) for a table's last column: its
-// runs of white space made one space, escaped as shown does, and cut to
+// runs of white space made one space, escaped as Shown does, and cut to
 // about 160 bytes between characters.
 func oneLine(s string) string {
-	s = shown(strings.Join(strings.Fields(s), " "))
+	s = Shown(strings.Join(strings.Fields(s), " "))
 	if len(s) > 160 {
 		cut := 157
 		for cut > 0 && !utf8.RuneStart(s[cut]) {

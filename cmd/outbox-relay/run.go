@@ -5,54 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"runtime/debug"
-	"syscall"
 
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
-
-// signalContext is cancelled by the first SIGTERM, SIGINT or SIGHUP (the
-// relay has no configuration reload: a hang-up stops it cleanly, and its
-// supervisor starts it again with the new file); a second one exits at once
-// (claims are then recovered by the next relay).
-func signalContext(log *zap.Logger) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	go func() {
-		sig, ok := <-ch
-		if !ok {
-			return
-		}
-		log.Info("shutting down; a second signal exits at once", zap.String("signal", sig.String()))
-		cancel()
-		if sig, ok = <-ch; ok {
-			log.Warn("second signal; exiting now", zap.String("signal", sig.String()))
-			log.Sync()
-			os.Exit(exitRuntime)
-		}
-	}()
-	return ctx, func() { signal.Stop(ch); close(ch); cancel() }
-}
-
-// start builds the logger and the signal context of a long-running command;
-// stop flushes and releases both. With JSON logs, the error the command
-// ends on is logged too (reportError).
-func (c *cli) start(cfg config.Config) (log *zap.Logger, ctx context.Context, stop func(), err error) {
-	if log, err = newLogger(cfg.Log, c.stderr); err != nil {
-		return nil, nil, nil, err
-	}
-	if cfg.Log.Format != "console" {
-		c.jsonLog = log
-	}
-	ctx, stopSignals := signalContext(log)
-	return log, ctx, func() { stopSignals(); log.Sync() }, nil
-}
 
 // tuneGC trades a little memory for much less GC work. The relay's live
 // heap is small (the rows in flight) but churns through every row, so at
@@ -65,6 +26,19 @@ func tuneGC() {
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(24 << 20)
+	}
+}
+
+// runCommand is run, which the root command runs too.
+func (c *cli) runCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "run",
+		Short: "Run the relay daemon (the default)",
+		Example: `  outbox-relay run --config /etc/outbox-relay.yaml
+  outbox-relay run --database-path /var/lib/app/app.db --nats-url nats://nats:4222
+  NATS_URL=embedded outbox-relay run --database-path app.db   # an in-process JetStream server`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return c.runDaemon(cmd) },
 	}
 }
 
@@ -117,4 +91,15 @@ func (c *cli) migrateCommand() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// migrate opens database.path, creating the file if it is missing, and
+// applies the relay's migrations; it returns the versions it applied.
+func migrate(ctx context.Context, cfg config.Config) ([]int, error) {
+	s, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: true})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	return schema.Migrate(ctx, s)
 }
