@@ -17,7 +17,10 @@ import (
 // Error is a configuration error; the command line turns it into exit code 2.
 type Error struct{ Err error }
 
+// Error returns the message of the error it wraps.
 func (e *Error) Error() string { return e.Err.Error() }
+
+// Unwrap returns the error it wraps.
 func (e *Error) Unwrap() error { return e.Err }
 
 func configErr(format string, args ...any) error {
