@@ -89,26 +89,28 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 		Version: "test",
 		Commit:  "test",
 		Metrics: h.metrics,
-		Relay:   func(r *relay.Relay) { h.relay = r },
-		Clock:   ho.clock,
-		Tune: func(o *relay.Options, k *housekeeping.Options) {
-			// Seconds in production; tests of failover and recovery
-			// would wait that long.
-			o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
-			k.StatsInterval, k.CheckpointInterval = 50*time.Millisecond, 200*time.Millisecond
-			if ho.noWatch {
-				o.WatchInterval = 0
-			}
-			if ho.mutateOpt != nil {
-				ho.mutateOpt(o)
-			}
-			if ho.mutateKeeper != nil {
-				ho.mutateKeeper(k)
-			}
+		Test: &daemon.TestHooks{
+			Relay: func(r *relay.Relay) { h.relay = r },
+			Clock: ho.clock,
+			Tune: func(o *relay.Options, k *housekeeping.Options) {
+				// Seconds in production; tests of failover and recovery
+				// would wait that long.
+				o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
+				k.StatsInterval, k.CheckpointInterval = 50*time.Millisecond, 200*time.Millisecond
+				if ho.noWatch {
+					o.WatchInterval = 0
+				}
+				if ho.mutateOpt != nil {
+					ho.mutateOpt(o)
+				}
+				if ho.mutateKeeper != nil {
+					ho.mutateKeeper(k)
+				}
+			},
+			WrapStore:     ho.wrapStore,
+			WrapLead:      ho.wrapLead,
+			WrapPublisher: ho.wrapPublisher,
 		},
-		WrapStore:     ho.wrapStore,
-		WrapLead:      ho.wrapLead,
-		WrapPublisher: ho.wrapPublisher,
 	})
 	if err != nil {
 		t.Fatal(err)
