@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +40,10 @@ type harness struct {
 	logs    *observer.ObservedLogs
 	cancel  context.CancelFunc
 	done    chan error
+	// claimer is the channel the relay gives its commit watch for other
+	// connections' commits: a signal on it makes the claimer look for due
+	// rows now (see wake).
+	claimer atomic.Pointer[chan<- struct{}]
 }
 
 type harnessOptions struct {
@@ -100,6 +105,12 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 				if ho.noWatch {
 					o.WatchInterval = 0
 				}
+				if watch := o.Watch; watch != nil {
+					o.Watch = func(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
+						h.claimer.Store(&foreign)
+						return watch(ctx, interval, foreign, any...)
+					}
+				}
 				if ho.mutateOpt != nil {
 					ho.mutateOpt(o)
 				}
@@ -137,6 +148,17 @@ func (h *harness) stop() error {
 	case <-time.After(30 * time.Second):
 		h.t.Fatal("relay did not stop")
 		return nil
+	}
+}
+
+// wake makes the claimer look for due rows now, as a commit of the
+// application would, for tests that change rows under the relay's feet.
+func (h *harness) wake() {
+	h.t.Helper()
+	testenv.Eventually(h.t, 10*time.Second, "the commit watch to start", func() bool { return h.claimer.Load() != nil })
+	select {
+	case *h.claimer.Load() <- struct{}{}:
+	default: // a wake-up is already due
 	}
 }
 

@@ -253,7 +253,7 @@ func TestOversizedRowDeadLetteredAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.MustExec(t, app, `UPDATE event_queue SET status = 'pending', attempts = 0, available_at = 0, processed_at = NULL WHERE event_id = ?`, *big.EventID)
-	h.relay.Wake()
+	h.wake()
 	waitAllSettled(t, app, 11, 10*time.Second)
 	if c := testenv.Counts(t, app); c["done"] != 11 {
 		t.Fatalf("after raising the limit and retrying: %v", c)
@@ -498,7 +498,7 @@ func TestApplicationHoldingTheLock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h.relay.Wake()
+	h.wake()
 	time.Sleep(2 * time.Second)
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)

@@ -80,7 +80,7 @@ func TestMetricsTellTheStory(t *testing.T) {
 	if _, err := app.Exec(`UPDATE event_queue SET status = 'pending', processed_at = NULL WHERE id <= 50`); err != nil {
 		t.Fatal(err)
 	}
-	h.relay.Wake()
+	h.wake()
 	waitAllSettled(t, app, 200, 20*time.Second)
 
 	// One outage: the broker goes away, 30 rows arrive in one transaction,
