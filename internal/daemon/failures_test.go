@@ -1,4 +1,4 @@
-package relay_test
+package daemon_test
 
 import (
 	"context"
@@ -20,27 +20,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
-
-func logCount(h *harness, msg string) int {
-	return h.logs.FilterMessage(msg).Len()
-}
-
-// assertOncePerEvent checks the stream holds exactly one message per row.
-func assertOncePerEvent(t *testing.T, n *testenv.NATS, db *sql.DB, rows int) {
-	t.Helper()
-	msgs := testenv.StreamMessages(t, n.JetStream(t), "EVENTS")
-	seen := map[string]int{}
-	for _, m := range msgs {
-		seen[m.Header.Get(publish.HeaderMsgID)]++
-	}
-	var ids int
-	if err := db.QueryRow(`SELECT count(DISTINCT event_id) FROM event_queue WHERE status = 'done'`).Scan(&ids); err != nil {
-		t.Fatal(err)
-	}
-	if len(msgs) != rows || len(seen) != rows || ids != rows {
-		t.Fatalf("stream holds %d messages with %d ids; %d done rows; want %d each", len(msgs), len(seen), ids, rows)
-	}
-}
 
 // TestOutageSpendsNoAttempts stops the broker mid-run: unsettled rows go
 // back to pending without spending attempts, the relay pauses and resumes

@@ -1,8 +1,7 @@
-package relay_test
+package daemon_test
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -10,177 +9,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/outbox-relay/outbox-relay/internal/config"
-	"github.com/outbox-relay/outbox-relay/internal/daemon"
-	"github.com/outbox-relay/outbox-relay/internal/event"
-	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
-	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
-	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
-
-// harness is a relay wired by the daemon, as outbox-relay run wires it,
-// on real parts.
-type harness struct {
-	t       testing.TB
-	app     *daemon.App
-	relay   *relay.Relay
-	metrics *metrics.Metrics
-	logs    *observer.ObservedLogs
-	cancel  context.CancelFunc
-	done    chan error
-	// claimer is the channel the relay gives its commit watch for other
-	// connections' commits: a signal on it makes the claimer look for due
-	// rows now (see wake).
-	claimer atomic.Pointer[chan<- struct{}]
-}
-
-type harnessOptions struct {
-	mode          string
-	batch         int
-	inFlight      int
-	lease         time.Duration
-	shutdown      time.Duration
-	maxTries      int
-	noWatch       bool
-	busyTimeout   time.Duration
-	natsCfg       config.NATS   // credentials and TLS
-	ackTimeout    time.Duration // default 5 s
-	replicas      int           // of the stream the relay creates
-	wrapPublisher func(relay.Publisher) relay.Publisher
-	wrapStore     func(relay.Store) relay.Store
-	wrapLead      func(relay.Lead) relay.Lead
-	mutateOpt     func(*relay.Options)
-	mutateKeeper  func(*housekeeping.Options)
-	clock         *event.Clock // shared by the store and the loop, as the daemon does
-}
-
-var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
-
-// harnessConfig is the configuration the harness gives the daemon.
-func harnessConfig(dbPath, natsURL string, ho harnessOptions) config.Config {
-	cfg := config.Default()
-	cfg.Database.Path, cfg.Database.BusyTimeout = dbPath, cmp.Or(ho.busyTimeout, 5*time.Second)
-	cfg.Schema.Mode = config.SchemaOff // the tests make the schema they want
-	cfg.NATS = ho.natsCfg
-	cfg.NATS.URL, cfg.NATS.Mode = natsURL, cmp.Or(ho.mode, config.ModeJetStream)
-	cfg.Stream.Name, cfg.Stream.Subjects, cfg.Stream.SubjectPrefix = want.Stream, want.Subjects, want.SubjectPrefix
-	cfg.Stream.DuplicateWindow, cfg.Stream.Replicas, cfg.Stream.Create = want.DuplicateWindow, cmp.Or(ho.replicas, 1), true
-	cfg.Consumer.Durable = ""
-	cfg.Relay.BatchSize, cfg.Relay.MaxInFlight = cmp.Or(ho.batch, 100), cmp.Or(ho.inFlight, 400)
-	cfg.Relay.Lease, cfg.Relay.ShutdownTimeout = cmp.Or(ho.lease, time.Minute), cmp.Or(ho.shutdown, 5*time.Second)
-	cfg.Relay.MaxAttempts, cfg.Relay.AckTimeout = cmp.Or(ho.maxTries, 10), cmp.Or(ho.ackTimeout, 5*time.Second)
-	cfg.Relay.PollInterval = 200 * time.Millisecond
-	cfg.Metrics.Listen = ""
-	return cfg
-}
-
-func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harness {
-	t.Helper()
-	core, logs := observer.New(zapcore.DebugLevel)
-	h := &harness{t: t, metrics: metrics.New("test", "test"), logs: logs, done: make(chan error, 1)}
-	app, err := daemon.Open(context.Background(), harnessConfig(dbPath, natsURL, ho), zap.New(core), daemon.Options{
-		Version: "test",
-		Commit:  "test",
-		Metrics: h.metrics,
-		Test: &daemon.TestHooks{
-			Relay: func(r *relay.Relay) { h.relay = r },
-			Clock: ho.clock,
-			Tune: func(o *relay.Options, k *housekeeping.Options) {
-				// Seconds in production; tests of failover and recovery
-				// would wait that long.
-				o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
-				k.StatsInterval, k.CheckpointInterval = 50*time.Millisecond, 200*time.Millisecond
-				if ho.noWatch {
-					o.WatchInterval = 0
-				}
-				if watch := o.Watch; watch != nil {
-					o.Watch = func(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
-						h.claimer.Store(&foreign)
-						return watch(ctx, interval, foreign, any...)
-					}
-				}
-				if ho.mutateOpt != nil {
-					ho.mutateOpt(o)
-				}
-				if ho.mutateKeeper != nil {
-					ho.mutateKeeper(k)
-				}
-			},
-			WrapStore:     ho.wrapStore,
-			WrapLead:      ho.wrapLead,
-			WrapPublisher: ho.wrapPublisher,
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(app.Close)
-	h.app = app
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
-	go func() { h.done <- app.Run(ctx) }()
-	t.Cleanup(func() { h.stop() })
-	return h
-}
-
-// stop shuts the relay down gracefully and returns Run's error.
-func (h *harness) stop() error {
-	if h.cancel == nil {
-		return nil
-	}
-	h.cancel()
-	h.cancel = nil
-	select {
-	case err := <-h.done:
-		return err
-	case <-time.After(30 * time.Second):
-		h.t.Fatal("relay did not stop")
-		return nil
-	}
-}
-
-// wake makes the claimer look for due rows now, as a commit of the
-// application would, for tests that change rows under the relay's feet.
-func (h *harness) wake() {
-	h.t.Helper()
-	testenv.Eventually(h.t, 10*time.Second, "the commit watch to start", func() bool { return h.claimer.Load() != nil })
-	select {
-	case *h.claimer.Load() <- struct{}{}:
-	default: // a wake-up is already due
-	}
-}
-
-func (h *harness) noLockErrors() {
-	h.t.Helper()
-	for _, e := range h.logs.All() {
-		text := e.Message + fmt.Sprint(e.ContextMap())
-		if strings.Contains(text, "database is locked") || strings.Contains(strings.ToLower(text), "busy") {
-			h.t.Errorf("log line mentions a lock error: %s %v", e.Message, e.ContextMap())
-		}
-	}
-}
-
-func waitAllSettled(t *testing.T, db *sql.DB, total int, timeout time.Duration) map[string]int {
-	t.Helper()
-	var counts map[string]int
-	testenv.Eventually(t, timeout, fmt.Sprintf("all %d rows settled", total), func() bool {
-		counts = testenv.Counts(t, db)
-		return counts["done"]+counts["dead_lettered"] == total
-	})
-	return counts
-}
 
 var eventTypes = []string{"ReviewLogged", "ReviewDeleted", "MovieDeleted", "watchlist.item.added", "WrapUpCompleted"}
 
