@@ -25,6 +25,7 @@ var eventTypes = []string{"ReviewLogged", "ReviewDeleted", "MovieDeleted", "watc
 // while the relay runs; every row is published once, byte for byte, with
 // its headers, and marked done.
 func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -139,6 +140,7 @@ func TestEndToEnd(t *testing.T) {
 // TestRedeliveryIsHarmless: rows whose ack was lost (reset to pending) are
 // published again; JetStream answers duplicate and stores nothing new.
 func TestRedeliveryIsHarmless(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -179,6 +181,7 @@ func TestRedeliveryIsHarmless(t *testing.T) {
 // TestLegacyTableUpgradedAndPublished: a pre-0101 table with rows gets
 // event ids, and the relay then publishes every row under its id.
 func TestLegacyTableUpgradedAndPublished(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
 	path := dir + "/legacy.db"
@@ -231,6 +234,7 @@ func TestLegacyTableUpgradedAndPublished(t *testing.T) {
 
 // TestCoreMode publishes to a plain subscriber and settles the rows.
 func TestCoreMode(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -269,6 +273,7 @@ func TestCoreMode(t *testing.T) {
 // TestInvalidEventTypesDeadLettered: rows whose type cannot form a subject
 // are dead-lettered at once with the reason; the rows around them flow.
 func TestInvalidEventTypesDeadLettered(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)

@@ -98,6 +98,7 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 // TestStartsPausedWithoutStream: a missing stream that may not be created is
 // an outage (nothing claimed, nothing dead-lettered) until it appears.
 func TestStartsPausedWithoutStream(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -131,6 +132,7 @@ func TestStartsPausedWithoutStream(t *testing.T) {
 // reads the limit again and dead-letters the row at once, at the last
 // attempt here.
 func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	ctx := context.Background()
@@ -193,6 +195,7 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 // reason that gives its size and the limits, while the rows around it
 // flow; once the limit is raised, dead-letters retry publishes it.
 func TestOversizedRowDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	ctx := context.Background()
@@ -279,6 +282,7 @@ func newStalledRelay(t *testing.T, path, url string, ho harnessOptions, gate cha
 // shutdown_timeout for acknowledgements, then puts the rest back to pending
 // without spending attempts.
 func TestShutdownReleasesUnackedRows(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -311,6 +315,7 @@ func TestShutdownReleasesUnackedRows(t *testing.T) {
 // TestShutdownWaitsForAcks: acknowledgements that arrive within
 // shutdown_timeout still settle rows as done.
 func TestShutdownWaitsForAcks(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)

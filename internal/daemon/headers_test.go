@@ -17,6 +17,7 @@ import (
 // object of strings, is dead-lettered at once with the reason, and the
 // rows around it flow.
 func TestRowHeadersReachTheConsumer(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -60,6 +61,7 @@ func TestRowHeadersReachTheConsumer(t *testing.T) {
 // an ordered consumer on nats.go gets every other row, in order, and does
 // not stall.
 func TestRowHeadersNATSClientsWouldMisreadAreDeadLettered(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)

@@ -48,6 +48,7 @@ func spentAttempts(t *testing.T, db *sql.DB) (attempted, dead int) {
 // attempt spent, nothing dead-lettered, /readyz not ready, and the rows go
 // out once the stream is fixed.
 func TestStreamThatStopsCapturingPauses(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -92,6 +93,7 @@ func TestStreamThatStopsCapturingPauses(t *testing.T) {
 // connection again and again during a drain (as it does to a slow
 // consumer); every row still ends done without spending an attempt.
 func TestDroppedConnectionsSpendNoAttempts(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -134,6 +136,7 @@ func TestDroppedConnectionsSpendNoAttempts(t *testing.T) {
 // TestWallClockSteppingBack: an NTP step back of an hour neither stops
 // claiming nor hides rows, and shutdown still ends promptly.
 func TestWallClockSteppingBack(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -204,6 +207,7 @@ func (a *budgetAck) Wait(ctx context.Context) publish.Result {
 // byte budget, from the first claim on (not only once the relay has seen
 // how large rows are).
 func TestPayloadBudgetBoundsEveryClaim(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -230,6 +234,7 @@ func TestPayloadBudgetBoundsEveryClaim(t *testing.T) {
 // stays not ready, and it says "recovered" once, when the stream takes
 // messages again.
 func TestFullStreamStaysPaused(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	ctx := context.Background()
@@ -293,6 +298,7 @@ func (l *countedBeats) Heartbeat(ctx context.Context, version string, inFlight i
 // logged once, although heartbeats succeed in between, and the relay says
 // what fails.
 func TestDatabaseTroubleLoggedOncePerEpisode(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	fs, cb := &failingClaims{}, &countedBeats{}
@@ -336,6 +342,7 @@ func TestOutageWithNothingToTryEnds(t *testing.T) {
 // and dead-letters nothing however often it tries again, and the rows go
 // out once the operator gives it a stream that takes them.
 func TestSealedStreamPausesAndSpendsNothing(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)

@@ -38,6 +38,7 @@ func rowByEventID(t *testing.T, db *sql.DB, id string) rowState {
 // surrounding whitespace, so "sp1 " would be deduplicated against "sp1" and
 // one event lost. The relay refuses such an id instead.
 func TestWhitespaceEventIDIsRefusedNotMerged(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -67,6 +68,7 @@ func TestWhitespaceEventIDIsRefusedNotMerged(t *testing.T) {
 // at warn level with the event id. A row published again (after a crash)
 // is a harmless duplicate and is not reported.
 func TestDuplicateOfAnotherRowIsLogged(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -97,6 +99,7 @@ func TestDuplicateOfAnotherRowIsLogged(t *testing.T) {
 // why. A pending row with a NULL available_at or payload is published (an
 // empty body), not ignored.
 func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
 	path := dir + "/legacy.db"
@@ -147,6 +150,7 @@ func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
 // second key to the claim while its messages say the first. Both rows are
 // dead-lettered at once with the reason; the TEXT rows flow in order.
 func TestNonTextIdentitiesAreRefused(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -187,6 +191,7 @@ func TestNonTextIdentitiesAreRefused(t *testing.T) {
 // in microseconds, say) is dead-lettered with the reason, not published
 // with a header no consumer can parse.
 func TestCreatedAtOutsideRFC3339IsRefused(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)

@@ -12,6 +12,7 @@ import (
 // TestRetentionLoop: housekeeping prunes done rows past retention.done and
 // counts them; younger rows and unfinished ones stay.
 func TestRetentionLoop(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -40,6 +41,7 @@ func TestRetentionLoop(t *testing.T) {
 // TestRetentionKeepsWhatZeroKeeps: retention.done 0 keeps done rows
 // forever while the ledger is pruned past its retention and counted.
 func TestRetentionKeepsWhatZeroKeeps(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
