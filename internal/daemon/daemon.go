@@ -81,16 +81,24 @@ type Options struct {
 	// Listener, when set, serves /metrics, /healthz and /readyz instead of
 	// metrics.listen (the caller chose the address); Run closes it.
 	Listener net.Listener
+	// Test reaches into the wiring; nil in production.
+	Test *TestHooks
+}
 
-	// For tests of the whole wiring: Tune adjusts the options Open derived
-	// from the configuration (shorter heartbeats, say); the wrappers stand
-	// between the relay and its store, lead or publisher (injected faults); Clock
-	// replaces the clock the database and the relay share.
-	Tune          func(*relay.Options, *housekeeping.Options)
+// TestHooks are for tests of the whole wiring, as outbox-relay run wires
+// it: they shorten its timings, inject faults and follow the relay's
+// state. Production leaves Options.Test nil; each nil hook changes nothing.
+type TestHooks struct {
+	// Tune adjusts the options Open derived from the configuration
+	// (shorter heartbeats, say).
+	Tune func(*relay.Options, *housekeeping.Options)
+	// The wrappers stand between the relay and its store, lead or
+	// publisher (injected faults).
 	WrapStore     func(relay.Store) relay.Store
 	WrapLead      func(relay.Lead) relay.Lead
 	WrapPublisher func(relay.Publisher) relay.Publisher
-	Clock         *event.Clock
+	// Clock replaces the clock the database and the relay share.
+	Clock *event.Clock
 	// Relay is given the relay Open built, whose state tests follow.
 	Relay func(*relay.Relay)
 }
@@ -121,8 +129,12 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		a.natsURL = a.embedded.URL()
 		log.Info("started embedded jetstream server", zap.String("url", a.natsURL), zap.String("store_dir", dir))
 	}
+	hooks := oo.Test
+	if hooks == nil {
+		hooks = &TestHooks{}
+	}
 	// The store and the loop share one clock that never steps back.
-	clock := oo.Clock
+	clock := hooks.Clock
 	if clock == nil {
 		clock = event.NewClock(nil)
 	}
@@ -193,23 +205,23 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		Metrics:               a.metrics,
 		Log:                   log.Named("relay"),
 	}
-	if oo.Tune != nil {
-		oo.Tune(&ro, &ko)
+	if hooks.Tune != nil {
+		hooks.Tune(&ro, &ko)
 	}
 	var store relay.Store = a.claims
-	if oo.WrapStore != nil {
-		store = oo.WrapStore(store)
+	if hooks.WrapStore != nil {
+		store = hooks.WrapStore(store)
 	}
-	if oo.WrapLead != nil {
-		ro.Lead = oo.WrapLead(ro.Lead)
+	if hooks.WrapLead != nil {
+		ro.Lead = hooks.WrapLead(ro.Lead)
 	}
 	pub := a.pub
-	if oo.WrapPublisher != nil {
-		pub = oo.WrapPublisher(pub)
+	if hooks.WrapPublisher != nil {
+		pub = hooks.WrapPublisher(pub)
 	}
 	a.relay = relay.New(store, pub, ro)
-	if oo.Relay != nil {
-		oo.Relay(a.relay)
+	if hooks.Relay != nil {
+		hooks.Relay(a.relay)
 	}
 	ko.Commits, ko.Watching = a.relay.Commits(), a.relay.Watching
 	a.keeper = housekeeping.New(housekeeping.OnFile(a.db, cfg.Ordering.Parks()), ko)

@@ -1,4 +1,4 @@
-package relay_test
+package daemon_test
 
 import (
 	"context"
@@ -20,27 +20,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
-
-func logCount(h *harness, msg string) int {
-	return h.logs.FilterMessage(msg).Len()
-}
-
-// assertOncePerEvent checks the stream holds exactly one message per row.
-func assertOncePerEvent(t *testing.T, n *testenv.NATS, db *sql.DB, rows int) {
-	t.Helper()
-	msgs := testenv.StreamMessages(t, n.JetStream(t), "EVENTS")
-	seen := map[string]int{}
-	for _, m := range msgs {
-		seen[m.Header.Get(publish.HeaderMsgID)]++
-	}
-	var ids int
-	if err := db.QueryRow(`SELECT count(DISTINCT event_id) FROM event_queue WHERE status = 'done'`).Scan(&ids); err != nil {
-		t.Fatal(err)
-	}
-	if len(msgs) != rows || len(seen) != rows || ids != rows {
-		t.Fatalf("stream holds %d messages with %d ids; %d done rows; want %d each", len(msgs), len(seen), ids, rows)
-	}
-}
 
 // TestOutageSpendsNoAttempts stops the broker mid-run: unsettled rows go
 // back to pending without spending attempts, the relay pauses and resumes
@@ -119,6 +98,7 @@ func TestOutageSpendsNoAttempts(t *testing.T) {
 // TestStartsPausedWithoutStream: a missing stream that may not be created is
 // an outage (nothing claimed, nothing dead-lettered) until it appears.
 func TestStartsPausedWithoutStream(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -152,6 +132,7 @@ func TestStartsPausedWithoutStream(t *testing.T) {
 // reads the limit again and dead-letters the row at once, at the last
 // attempt here.
 func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	ctx := context.Background()
@@ -214,6 +195,7 @@ func TestRejectionsSpendAttemptsThenDeadLetter(t *testing.T) {
 // reason that gives its size and the limits, while the rows around it
 // flow; once the limit is raised, dead-letters retry publishes it.
 func TestOversizedRowDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	ctx := context.Background()
@@ -253,7 +235,7 @@ func TestOversizedRowDeadLetteredAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.MustExec(t, app, `UPDATE event_queue SET status = 'pending', attempts = 0, available_at = 0, processed_at = NULL WHERE event_id = ?`, *big.EventID)
-	h.relay.Wake()
+	h.wake()
 	waitAllSettled(t, app, 11, 10*time.Second)
 	if c := testenv.Counts(t, app); c["done"] != 11 {
 		t.Fatalf("after raising the limit and retrying: %v", c)
@@ -300,6 +282,7 @@ func newStalledRelay(t *testing.T, path, url string, ho harnessOptions, gate cha
 // shutdown_timeout for acknowledgements, then puts the rest back to pending
 // without spending attempts.
 func TestShutdownReleasesUnackedRows(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -332,6 +315,7 @@ func TestShutdownReleasesUnackedRows(t *testing.T) {
 // TestShutdownWaitsForAcks: acknowledgements that arrive within
 // shutdown_timeout still settle rows as done.
 func TestShutdownWaitsForAcks(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -498,7 +482,7 @@ func TestApplicationHoldingTheLock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h.relay.Wake()
+	h.wake()
 	time.Sleep(2 * time.Second)
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)

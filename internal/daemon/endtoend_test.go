@@ -1,8 +1,7 @@
-package relay_test
+package daemon_test
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -13,150 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/outbox-relay/outbox-relay/internal/config"
-	"github.com/outbox-relay/outbox-relay/internal/daemon"
-	"github.com/outbox-relay/outbox-relay/internal/event"
-	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
-	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
-	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
-
-// harness is a relay wired by the daemon, as outbox-relay run wires it,
-// on real parts.
-type harness struct {
-	t       testing.TB
-	app     *daemon.App
-	relay   *relay.Relay
-	metrics *metrics.Metrics
-	logs    *observer.ObservedLogs
-	cancel  context.CancelFunc
-	done    chan error
-}
-
-type harnessOptions struct {
-	mode          string
-	batch         int
-	inFlight      int
-	lease         time.Duration
-	shutdown      time.Duration
-	maxTries      int
-	noWatch       bool
-	busyTimeout   time.Duration
-	natsCfg       config.NATS   // credentials and TLS
-	ackTimeout    time.Duration // default 5 s
-	replicas      int           // of the stream the relay creates
-	wrapPublisher func(relay.Publisher) relay.Publisher
-	wrapStore     func(relay.Store) relay.Store
-	wrapLead      func(relay.Lead) relay.Lead
-	mutateOpt     func(*relay.Options)
-	mutateKeeper  func(*housekeeping.Options)
-	clock         *event.Clock // shared by the store and the loop, as the daemon does
-}
-
-var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
-
-// harnessConfig is the configuration the harness gives the daemon.
-func harnessConfig(dbPath, natsURL string, ho harnessOptions) config.Config {
-	cfg := config.Default()
-	cfg.Database.Path, cfg.Database.BusyTimeout = dbPath, cmp.Or(ho.busyTimeout, 5*time.Second)
-	cfg.Schema.Mode = config.SchemaOff // the tests make the schema they want
-	cfg.NATS = ho.natsCfg
-	cfg.NATS.URL, cfg.NATS.Mode = natsURL, cmp.Or(ho.mode, config.ModeJetStream)
-	cfg.Stream.Name, cfg.Stream.Subjects, cfg.Stream.SubjectPrefix = want.Stream, want.Subjects, want.SubjectPrefix
-	cfg.Stream.DuplicateWindow, cfg.Stream.Replicas, cfg.Stream.Create = want.DuplicateWindow, cmp.Or(ho.replicas, 1), true
-	cfg.Consumer.Durable = ""
-	cfg.Relay.BatchSize, cfg.Relay.MaxInFlight = cmp.Or(ho.batch, 100), cmp.Or(ho.inFlight, 400)
-	cfg.Relay.Lease, cfg.Relay.ShutdownTimeout = cmp.Or(ho.lease, time.Minute), cmp.Or(ho.shutdown, 5*time.Second)
-	cfg.Relay.MaxAttempts, cfg.Relay.AckTimeout = cmp.Or(ho.maxTries, 10), cmp.Or(ho.ackTimeout, 5*time.Second)
-	cfg.Relay.PollInterval = 200 * time.Millisecond
-	cfg.Metrics.Listen = ""
-	return cfg
-}
-
-func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harness {
-	t.Helper()
-	core, logs := observer.New(zapcore.DebugLevel)
-	h := &harness{t: t, metrics: metrics.New("test", "test"), logs: logs, done: make(chan error, 1)}
-	app, err := daemon.Open(context.Background(), harnessConfig(dbPath, natsURL, ho), zap.New(core), daemon.Options{
-		Version: "test",
-		Commit:  "test",
-		Metrics: h.metrics,
-		Relay:   func(r *relay.Relay) { h.relay = r },
-		Clock:   ho.clock,
-		Tune: func(o *relay.Options, k *housekeeping.Options) {
-			// Seconds in production; tests of failover and recovery
-			// would wait that long.
-			o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
-			k.StatsInterval, k.CheckpointInterval = 50*time.Millisecond, 200*time.Millisecond
-			if ho.noWatch {
-				o.WatchInterval = 0
-			}
-			if ho.mutateOpt != nil {
-				ho.mutateOpt(o)
-			}
-			if ho.mutateKeeper != nil {
-				ho.mutateKeeper(k)
-			}
-		},
-		WrapStore:     ho.wrapStore,
-		WrapLead:      ho.wrapLead,
-		WrapPublisher: ho.wrapPublisher,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(app.Close)
-	h.app = app
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
-	go func() { h.done <- app.Run(ctx) }()
-	t.Cleanup(func() { h.stop() })
-	return h
-}
-
-// stop shuts the relay down gracefully and returns Run's error.
-func (h *harness) stop() error {
-	if h.cancel == nil {
-		return nil
-	}
-	h.cancel()
-	h.cancel = nil
-	select {
-	case err := <-h.done:
-		return err
-	case <-time.After(30 * time.Second):
-		h.t.Fatal("relay did not stop")
-		return nil
-	}
-}
-
-func (h *harness) noLockErrors() {
-	h.t.Helper()
-	for _, e := range h.logs.All() {
-		text := e.Message + fmt.Sprint(e.ContextMap())
-		if strings.Contains(text, "database is locked") || strings.Contains(strings.ToLower(text), "busy") {
-			h.t.Errorf("log line mentions a lock error: %s %v", e.Message, e.ContextMap())
-		}
-	}
-}
-
-func waitAllSettled(t *testing.T, db *sql.DB, total int, timeout time.Duration) map[string]int {
-	t.Helper()
-	var counts map[string]int
-	testenv.Eventually(t, timeout, fmt.Sprintf("all %d rows settled", total), func() bool {
-		counts = testenv.Counts(t, db)
-		return counts["done"]+counts["dead_lettered"] == total
-	})
-	return counts
-}
 
 var eventTypes = []string{"ReviewLogged", "ReviewDeleted", "MovieDeleted", "watchlist.item.added", "WrapUpCompleted"}
 
@@ -164,6 +25,7 @@ var eventTypes = []string{"ReviewLogged", "ReviewDeleted", "MovieDeleted", "watc
 // while the relay runs; every row is published once, byte for byte, with
 // its headers, and marked done.
 func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -278,6 +140,7 @@ func TestEndToEnd(t *testing.T) {
 // TestRedeliveryIsHarmless: rows whose ack was lost (reset to pending) are
 // published again; JetStream answers duplicate and stores nothing new.
 func TestRedeliveryIsHarmless(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -318,6 +181,7 @@ func TestRedeliveryIsHarmless(t *testing.T) {
 // TestLegacyTableUpgradedAndPublished: a pre-0101 table with rows gets
 // event ids, and the relay then publishes every row under its id.
 func TestLegacyTableUpgradedAndPublished(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
 	path := dir + "/legacy.db"
@@ -370,6 +234,7 @@ func TestLegacyTableUpgradedAndPublished(t *testing.T) {
 
 // TestCoreMode publishes to a plain subscriber and settles the rows.
 func TestCoreMode(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
@@ -408,6 +273,7 @@ func TestCoreMode(t *testing.T) {
 // TestInvalidEventTypesDeadLettered: rows whose type cannot form a subject
 // are dead-lettered at once with the reason; the rows around them flow.
 func TestInvalidEventTypesDeadLettered(t *testing.T) {
+	t.Parallel()
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
