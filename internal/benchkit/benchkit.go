@@ -12,6 +12,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -206,4 +207,21 @@ func ReplaceStream(ctx context.Context, js jetstream.JetStream, old, name string
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// EnvInt reads a benchmark's tuning knob from the environment variable
+// name (BENCH_BATCH, say): def when it is unset or not an integer.
+func EnvInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+// EnvDuration reads a benchmark's duration knob from the environment
+// variable name (BENCH_SETTLE_WINDOW, say): 0 when it is unset or not a
+// duration.
+func EnvDuration(name string) time.Duration {
+	d, _ := time.ParseDuration(os.Getenv(name))
+	return d
 }

@@ -2,8 +2,6 @@ package daemon_test
 
 import (
 	"context"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -24,12 +22,12 @@ func BenchmarkDrain(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
-	batch, inFlight := envInt("BENCH_BATCH", 1000), envInt("BENCH_IN_FLIGHT", 4000)
+	batch, inFlight := benchkit.EnvInt("BENCH_BATCH", 1000), benchkit.EnvInt("BENCH_IN_FLIGHT", 4000)
 	h := startRelay(b, path, n.URL(), harnessOptions{batch: batch, inFlight: inFlight,
-		mutateOpt: func(o *relay.Options) { o.SettleWindow = envDuration("BENCH_SETTLE_WINDOW") },
+		mutateOpt: func(o *relay.Options) { o.SettleWindow = benchkit.EnvDuration("BENCH_SETTLE_WINDOW") },
 		mutateKeeper: func(o *housekeeping.Options) {
 			o.StatsInterval = 5 * time.Second
-			if d := envDuration("BENCH_CHECKPOINT"); d > 0 {
+			if d := benchkit.EnvDuration("BENCH_CHECKPOINT"); d > 0 {
 				o.CheckpointInterval = d
 			}
 		}})
@@ -49,19 +47,4 @@ func BenchmarkDrain(b *testing.B) {
 	}
 	b.StopTimer()
 	h.stop()
-}
-
-// envDuration reads a duration knob for benchmark runs
-// (BENCH_SETTLE_WINDOW, BENCH_CHECKPOINT; unset: 0).
-func envDuration(name string) time.Duration {
-	d, _ := time.ParseDuration(os.Getenv(name))
-	return d
-}
-
-// envInt reads a tuning knob for benchmark runs (BENCH_BATCH, BENCH_IN_FLIGHT).
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return v
-	}
-	return def
 }

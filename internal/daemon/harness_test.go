@@ -53,7 +53,6 @@ type harnessOptions struct {
 	lease         time.Duration
 	shutdown      time.Duration
 	maxTries      int
-	noWatch       bool
 	busyTimeout   time.Duration
 	natsCfg       config.NATS   // credentials and TLS
 	ackTimeout    time.Duration // default 5 s
@@ -102,9 +101,6 @@ func startRelay(t testing.TB, dbPath, natsURL string, ho harnessOptions) *harnes
 				// would wait that long.
 				o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
 				k.StatsInterval, k.CheckpointInterval = 50*time.Millisecond, 200*time.Millisecond
-				if ho.noWatch {
-					o.WatchInterval = 0
-				}
 				if watch := o.Watch; watch != nil {
 					o.Watch = func(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
 						h.claimer.Store(&foreign)
@@ -251,13 +247,5 @@ func metricsReach(t *testing.T, h *harness, want map[string]float64) {
 			t.Fatalf("after 10 s:\n%s", strings.Join(wrong, "\n"))
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// exec runs q on db and fails the test if it fails.
-func exec(t *testing.T, db *sql.DB, q string, args ...any) {
-	t.Helper()
-	if _, err := db.Exec(q, args...); err != nil {
-		t.Fatalf("%s: %v", q, err)
 	}
 }

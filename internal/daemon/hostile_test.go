@@ -213,7 +213,7 @@ func TestPayloadBudgetBoundsEveryClaim(t *testing.T) {
 	app := testenv.AppDB(t, path)
 	const rows, size, budget = 40, 256 << 10, 1 << 20
 	for i := 0; i < rows; i++ {
-		exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Big', zeroblob(?))`, event.NewID(), size)
+		testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Big', zeroblob(?))`, event.NewID(), size)
 	}
 	bp := &budgetPublisher{}
 	startRelay(t, path, n.URL(), harnessOptions{
@@ -361,7 +361,7 @@ func TestSealedStreamPausesAndSpendsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 30; i++ {
-		exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, 'During', 'x', ?)`, fmt.Sprint("during-", i), fmt.Sprint("k", i%10))
+		testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, 'During', 'x', ?)`, fmt.Sprint("during-", i), fmt.Sprint("k", i%10))
 	}
 	testenv.Eventually(t, 20*time.Second, "the relay to pause saying the stream is sealed", func() bool {
 		err := h.relay.Paused()

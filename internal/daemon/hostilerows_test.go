@@ -43,7 +43,7 @@ func TestWhitespaceEventIDIsRefusedNotMerged(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	for _, id := range []string{"sp1", "sp1 ", " sp1", "sp1\t"} {
-		exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Spaced', 'x')`, id)
+		testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Spaced', 'x')`, id)
 	}
 	startRelay(t, path, n.URL(), harnessOptions{})
 	waitAllSettled(t, app, 4, 20*time.Second)
@@ -73,17 +73,17 @@ func TestDuplicateOfAnotherRowIsLogged(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	h := startRelay(t, path, n.URL(), harnessOptions{})
-	exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('reused-id', 'First', 'one')`)
+	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('reused-id', 'First', 'one')`)
 	waitAllSettled(t, app, 1, 20*time.Second)
 	// The same row published again (a relay that crashed after the PubAck).
-	exec(t, app, `UPDATE event_queue SET status = 'pending', processed_at = NULL`)
+	testenv.MustExec(t, app, `UPDATE event_queue SET status = 'pending', processed_at = NULL`)
 	waitAllSettled(t, app, 1, 20*time.Second)
 	const warning = "broker dropped an event as a duplicate of another row's event with the same id"
 	if c := logCount(h, warning); c != 0 {
 		t.Fatalf("a row published again was reported %d times as another row's duplicate", c)
 	}
-	exec(t, app, `DELETE FROM event_queue`)
-	exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('reused-id', 'Second', 'two')`)
+	testenv.MustExec(t, app, `DELETE FROM event_queue`)
+	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('reused-id', 'Second', 'two')`)
 	waitAllSettled(t, app, 1, 20*time.Second)
 	testenv.Eventually(t, 5*time.Second, "the warning", func() bool { return logCount(h, warning) == 1 })
 	for _, e := range h.logs.FilterMessage(warning).All() {
@@ -109,7 +109,7 @@ func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
 	}
 	defer legacy.Close()
 	// A legacy table whose available_at and payload may be NULL.
-	exec(t, legacy, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB,
+	testenv.MustExec(t, legacy, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY, event_type TEXT NOT NULL, payload BLOB,
 		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
 		available_at INTEGER, created_at INTEGER NOT NULL DEFAULT 0,
 		processed_at INTEGER, last_error TEXT)`)
@@ -118,12 +118,12 @@ func TestUnreadableRowIsDealtWithAlone(t *testing.T) {
 	}
 	ins := `INSERT INTO event_queue (event_id, event_type, payload, created_at, available_at) VALUES (?, 'Thing', 'x', ?, ?)`
 	now := time.Now().UnixMilli()
-	exec(t, legacy, ins, "before", now, now)
-	exec(t, legacy, ins, "sqlite-text", "2024-05-01 10:00:00", now)
-	exec(t, legacy, ins, "garbage", "last tuesday", now)
-	exec(t, legacy, ins, "no-available-at", now, nil)
-	exec(t, legacy, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('no-payload', 'Thing', NULL)`)
-	exec(t, legacy, ins, "after", now, now)
+	testenv.MustExec(t, legacy, ins, "before", now, now)
+	testenv.MustExec(t, legacy, ins, "sqlite-text", "2024-05-01 10:00:00", now)
+	testenv.MustExec(t, legacy, ins, "garbage", "last tuesday", now)
+	testenv.MustExec(t, legacy, ins, "no-available-at", now, nil)
+	testenv.MustExec(t, legacy, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('no-payload', 'Thing', NULL)`)
+	testenv.MustExec(t, legacy, ins, "after", now, now)
 	startRelay(t, path, n.URL(), harnessOptions{})
 	waitAllSettled(t, legacy, 6, 20*time.Second)
 	for _, id := range []string{"before", "sqlite-text", "no-available-at", "no-payload", "after"} {
@@ -154,10 +154,10 @@ func TestNonTextIdentitiesAreRefused(t *testing.T) {
 	n := testenv.StartNATS(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('abc', 'Thing', 'text id')`)
-	exec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (X'616263', 'Thing', 'blob id')`)
+	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('abc', 'Thing', 'text id')`)
+	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (X'616263', 'Thing', 'blob id')`)
 	for i, key := range []string{"'k1'", "X'6b31'", "'k1'", "'k1'"} {
-		exec(t, app, fmt.Sprintf(`INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES ('key-%d', 'Thing', 'x', %s)`, i, key))
+		testenv.MustExec(t, app, fmt.Sprintf(`INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES ('key-%d', 'Thing', 'x', %s)`, i, key))
 	}
 	startRelay(t, path, n.URL(), harnessOptions{})
 	waitAllSettled(t, app, 6, 20*time.Second)
@@ -196,9 +196,9 @@ func TestCreatedAtOutsideRFC3339IsRefused(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	ins := `INSERT INTO event_queue (event_id, event_type, payload, created_at, available_at) VALUES (?, 'Thing', 'x', ?, 0)`
-	exec(t, app, ins, "now", time.Now().UnixMilli())
-	exec(t, app, ins, "year-10000", time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).UnixMilli()+2000)
-	exec(t, app, ins, "microseconds", time.Now().UnixMicro())
+	testenv.MustExec(t, app, ins, "now", time.Now().UnixMilli())
+	testenv.MustExec(t, app, ins, "year-10000", time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC).UnixMilli()+2000)
+	testenv.MustExec(t, app, ins, "microseconds", time.Now().UnixMicro())
 	startRelay(t, path, n.URL(), harnessOptions{})
 	waitAllSettled(t, app, 3, 20*time.Second)
 	if r := rowByEventID(t, app, "now"); r.status != "done" {

@@ -87,7 +87,7 @@ func TestPermissionGrantedTakesEffectAtOnce(t *testing.T) {
 	})
 	testenv.InsertN(t, app, 5, "denied.thing")
 	// The refused rows put back for now, as dead-letters retry does.
-	exec(t, app, `UPDATE event_queue SET available_at = 0 WHERE attempts = 1`)
+	testenv.MustExec(t, app, `UPDATE event_queue SET available_at = 0 WHERE attempts = 1`)
 	waitAllSettled(t, app, 8, 20*time.Second)
 	var attempts []string
 	for _, s := range testenv.Strings(t, app, `SELECT status || ':' || attempts FROM event_queue ORDER BY id`) {

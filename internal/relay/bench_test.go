@@ -2,8 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
@@ -15,21 +13,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
-
-// envDuration reads a duration knob for benchmark runs
-// (BENCH_SETTLE_WINDOW; unset: 0).
-func envDuration(name string) time.Duration {
-	d, _ := time.ParseDuration(os.Getenv(name))
-	return d
-}
-
-// envInt reads a tuning knob for benchmark runs (BENCH_BATCH, BENCH_IN_FLIGHT).
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return v
-	}
-	return def
-}
 
 // benchJetStream connects to a fresh in-process server whose stream the
 // relay's configuration describes; the connection closes with b.
@@ -58,8 +41,8 @@ func BenchmarkPublishPipeline(b *testing.B) {
 	_, js := benchJetStream(b)
 	store := &testenv.MemStore{}
 	store.AddN(b.N, "Bench", make([]byte, 256))
-	r := relay.New(store, js, relay.Options{SubjectPrefix: "events", BatchSize: envInt("BENCH_BATCH", 1000), MaxInFlight: envInt("BENCH_IN_FLIGHT", 4000),
-		PollInterval: time.Millisecond, MaxAttempts: 10, ShutdownTimeout: time.Second, SettleWindow: envDuration("BENCH_SETTLE_WINDOW")})
+	r := relay.New(store, js, relay.Options{SubjectPrefix: "events", BatchSize: benchkit.EnvInt("BENCH_BATCH", 1000), MaxInFlight: benchkit.EnvInt("BENCH_IN_FLIGHT", 4000),
+		PollInterval: time.Millisecond, MaxAttempts: 10, ShutdownTimeout: time.Second, SettleWindow: benchkit.EnvDuration("BENCH_SETTLE_WINDOW")})
 	ctx, cancel := context.WithCancel(context.Background())
 	b.ResetTimer()
 	done := make(chan error, 1)
@@ -77,7 +60,7 @@ func BenchmarkPublishPipeline(b *testing.B) {
 func BenchmarkCeiling(b *testing.B) {
 	conn, _ := benchJetStream(b)
 	b.ResetTimer()
-	if _, err := benchkit.Ceiling(context.Background(), conn.NC, "events.BenchEvent", b.N, 256, envInt("BENCH_IN_FLIGHT", 4000)); err != nil {
+	if _, err := benchkit.Ceiling(context.Background(), conn.NC, "events.BenchEvent", b.N, 256, benchkit.EnvInt("BENCH_IN_FLIGHT", 4000)); err != nil {
 		b.Fatal(err)
 	}
 }
