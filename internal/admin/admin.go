@@ -285,7 +285,7 @@ func instances(ctx context.Context, q sqlitedb.Querier, table string, now time.T
 		ofTable, args = ` WHERE lower(coalesce(outbox_table, ?1)) = lower(?1)`, []any{table}
 	}
 	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at, `+inFlight+`
-FROM `+schema.InstancesTable+ofTable+` ORDER BY started_at, instance_id`, args...)
+FROM `+schema.InstancesTable+ofTable+` ORDER BY started_at, rowid`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list relays: %w", err)
 	}

@@ -134,14 +134,15 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in
 }
 
 // leaderSQL names the relay that leads on the outbox table ?1: the
-// longest-running one among the heartbeat rows of relays of that table
+// longest-running one among the heartbeat rows of relays of that table,
+// the first registered of those started in the same millisecond
 // (each outbox table in a file has its own leader; a row from a relay that
 // predates outbox_table counts for every table). A relay that stops
 // heartbeating loses its row (and the lead) once another has judged it
 // dead (see Heartbeat), so a standby takes over in about the time crash
 // recovery takes.
 const leaderSQL = `SELECT instance_id FROM ` + schema.InstancesTable + `
-WHERE lower(coalesce(outbox_table, ?1)) = lower(?1) ORDER BY started_at, instance_id LIMIT 1`
+WHERE lower(coalesce(outbox_table, ?1)) = lower(?1) ORDER BY started_at, rowid LIMIT 1`
 
 // Leads reports whether this relay led at its latest heartbeat. Only the
 // leader claims rows; the others stand by.
