@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,9 +36,8 @@ live progress line until Ctrl-C.`,
 			if err != nil {
 				return err
 			}
-			// A key's flag is its name with dashes (log.level: --log-level).
 			userSet := func(key string) bool {
-				return cmd.Flags().Changed(strings.ReplaceAll(key, ".", "-")) || os.Getenv(config.EnvName(key)) != ""
+				return cmd.Flags().Changed(config.FlagName(key)) || os.Getenv(config.EnvName(key)) != ""
 			}
 			cfg, dir, err := demo.Prepare(cfg, dir, userSet)
 			if err != nil {

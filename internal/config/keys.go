@@ -66,7 +66,7 @@ func Keys() []Key {
 				Name:    name,
 				Env:     EnvName(name),
 				Alias:   aliases[name],
-				Flag:    flagName(name),
+				Flag:    FlagName(name),
 				Type:    f.Type,
 				Default: v.Field(i).Interface(),
 			})
@@ -94,9 +94,9 @@ func sections() map[string]bool {
 	return out
 }
 
-// flagName returns the flag of a dotted key: relay-batch-size for
+// FlagName returns the flag of a dotted key: relay-batch-size for
 // relay.batch_size.
-func flagName(key string) string { return strings.NewReplacer(".", "-", "_", "-").Replace(key) }
+func FlagName(key string) string { return strings.NewReplacer(".", "-", "_", "-").Replace(key) }
 
 // EnvName returns the environment variable of a dotted key.
 func EnvName(key string) string {

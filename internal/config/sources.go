@@ -30,7 +30,7 @@ func (s sourcer) of(key string) string {
 	env, alias := EnvName(key), aliases[key]
 	switch {
 	case s.changed[key]:
-		return "--" + flagName(key)
+		return "--" + FlagName(key)
 	case os.Getenv(env) != "":
 		return env
 	case key == "nats.user" && s.userIsToken:

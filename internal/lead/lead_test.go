@@ -239,3 +239,25 @@ func TestDeadPredecessorOnTheSameHostIsBuried(t *testing.T) {
 		t.Fatalf("after a dead predecessor: leads %v (%v), want the lead at once", next.Leads(), err)
 	}
 }
+
+// TestNewcomerInTheLeadersMillisecondStandsBy: a relay whose row has the
+// leader's started_at, registered after it, stands by, whatever its
+// instance id: the lead does not move to a relay that has just started.
+func TestNewcomerInTheLeadersMillisecondStandsBy(t *testing.T) {
+	ctx := context.Background()
+	leader := newLease(t)
+	if _, err := leader.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	db := testenv.AppDB(t, leader.db.Path())
+	started := testenv.Strings(t, db, `SELECT started_at FROM `+schema.InstancesTable+` WHERE instance_id = ?`, leader.Instance())
+	// "!" sorts before any instance id the relay makes.
+	testenv.MustExec(t, db, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, outbox_table, process_scope)
+		VALUES ('!newcomer', ?1, ?1, 'elsewhere', 1, 'test', 'event_queue', 'another-boot/pid:[1]')`, started[0])
+	if _, err := leader.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !leader.Leads() {
+		t.Fatal("the leader lost the lead to a relay registered after it in the same millisecond")
+	}
+}
