@@ -56,19 +56,10 @@ func TestStreamThatStopsCapturingPauses(t *testing.T) {
 	testenv.InsertN(t, app, 20, "Before")
 	waitAllSettled(t, app, 20, 20*time.Second)
 	js := n.JetStream(t)
-	ctx := context.Background()
 	// An operator edits the stream's subjects. (Deleting the stream and
 	// creating it again at once sometimes fails on the server itself:
 	// "error creating store for stream".)
-	stream, err := js.Stream(ctx, "EVENTS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := stream.CachedInfo().Config
-	cfg.Subjects = []string{"other.>"}
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	testenv.EditStream(t, js, "EVENTS", func(c *jetstream.StreamConfig) { c.Subjects = []string{"other.>"} })
 	testenv.InsertN(t, app, 50, "During")
 	testenv.Eventually(t, 20*time.Second, "the relay to pause", func() bool { return h.relay.Paused() != nil })
 	// Long enough for several probes and, before, for rejections to run
@@ -81,10 +72,7 @@ func TestStreamThatStopsCapturingPauses(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	nothingSpent(t, app, "while the stream did not capture the subjects")
-	cfg.Subjects = []string{"events.>"}
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	testenv.EditStream(t, js, "EVENTS", func(c *jetstream.StreamConfig) { c.Subjects = []string{"events.>"} })
 	waitAllSettled(t, app, 70, 30*time.Second)
 	nothingSpent(t, app, "")
 }
@@ -364,15 +352,7 @@ func TestSealedStreamPausesAndSpendsNothing(t *testing.T) {
 	waitAllSettled(t, app, 5, 20*time.Second)
 	js := n.JetStream(t)
 	ctx := context.Background()
-	stream, err := js.Stream(ctx, "EVENTS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := stream.CachedInfo().Config
-	cfg.Sealed = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	testenv.EditStream(t, js, "EVENTS", func(c *jetstream.StreamConfig) { c.Sealed = true })
 	for i := 0; i < 30; i++ {
 		testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, 'During', 'x', ?)`, fmt.Sprint("during-", i), fmt.Sprint("k", i%10))
 	}

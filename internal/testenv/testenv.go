@@ -125,6 +125,23 @@ func EventsStream(t testing.TB, js jetstream.JetStream, maxMsgSize int32) {
 	}
 }
 
+// EditStream changes the stream's configuration as an operator does: it
+// reads the configuration the server holds, applies edit to it and
+// updates the stream, failing the test if the server refuses.
+func EditStream(t testing.TB, js jetstream.JetStream, name string, edit func(*jetstream.StreamConfig)) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	edit(&cfg)
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("update stream %s: %v", name, err)
+	}
+}
+
 // ConsumeOne takes the first message on subject filter (empty: any) of
 // the stream from a new durable pull consumer, as an application's
 // consumer would, acknowledges it and returns it; it fails the test unless

@@ -66,13 +66,7 @@ func TestPermissionGrant(t *testing.T) {
 	if len(refused) == 0 {
 		t.Fatal("no restricted row spent an attempt before the grant: nothing was tested")
 	}
-	for !allDone(t, db, refused) {
-		if time.Since(granted) > 90*time.Second {
-			t.Fatalf("%d rows refused before the grant not published within 90 s of it", len(refused))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	recovery := time.Since(granted)
+	recovery := waitRowsSettled(t, db, refused, granted, 90*time.Second, "rows refused before the grant")
 	s := e.waitWriter(w)
 	e.waitSettled(db, 120*time.Second)
 	e.waitReadyz("relay", 200, "")

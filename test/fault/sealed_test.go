@@ -37,15 +37,7 @@ func TestSealedStream(t *testing.T) {
 	testenv.Eventually(t, 60*time.Second, "1,000 rows published", func() bool { return testenv.Counts(t, db)["done"] >= 1000 })
 	js := e.jetStream()
 	ctx := context.Background()
-	s, err := js.Stream(ctx, "EVENTS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Sealed = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatalf("seal the stream: %v", err)
-	}
+	testenv.EditStream(t, js, "EVENTS", func(c *jetstream.StreamConfig) { c.Sealed = true })
 	sealed := time.Now()
 	ready := e.watchSealed(db, sealed.Add(sealedFor))
 	deferred := e.metric("relay", `outbox_relay_deferred_total{reason="outage"}`)
@@ -63,13 +55,7 @@ func TestSealedStream(t *testing.T) {
 		t.Fatalf("delete the sealed stream: %v", err)
 	}
 	deleted := time.Now()
-	for !allDone(t, db, held) {
-		if time.Since(deleted) > 90*time.Second {
-			t.Fatalf("%d rows pending at the delete not published within 90 s of it", len(held))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	recovery := time.Since(deleted)
+	recovery := waitRowsSettled(t, db, held, deleted, 90*time.Second, "rows pending at the delete")
 	sum := e.waitWriter(w)
 	e.waitSettled(db, 120*time.Second)
 	e.waitReadyz("relay", 200, "")
