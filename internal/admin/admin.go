@@ -14,6 +14,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -172,16 +173,29 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 	if st.Relays, err = instances(ctx, tx, s.Table(), time.UnixMilli(now), o.StaleAfter); err != nil {
 		return st, err
 	}
-	if cols, err := sqlitedb.Columns(ctx, tx, s.Table()); err != nil {
+	done, records, err := doneSource(ctx, tx, s.Table())
+	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
-	} else if cols["stream_seq"] {
-		// The latest done row is near the end of the table: walked from it.
-		var seq sql.NullInt64
-		err := tx.QueryRowContext(ctx, `SELECT CAST(stream_seq AS INTEGER) FROM `+s.Table()+` WHERE status = 'done' ORDER BY id DESC LIMIT 1`).Scan(&seq)
+	}
+	if records {
+		var n int64
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+schema.DoneTable(s.Table())).Scan(&n); err != nil {
+			return st, fmt.Errorf("read status: %w", err)
+		}
+		st.Rows[event.StatusDone] += n
+	}
+	// The latest done row is near the end of each table: walked from it,
+	// in each table alone (SQLite sorts the whole union otherwise).
+	var latest int64
+	for _, src := range done {
+		var id, seq sql.NullInt64
+		err = tx.QueryRowContext(ctx, `SELECT id, stream_seq FROM (`+src+`) ORDER BY id DESC LIMIT 1`).Scan(&id, &seq)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return st, fmt.Errorf("read status: %w", err)
 		}
-		st.LastStreamSeq = uint64(max(seq.Int64, 0))
+		if id.Valid && id.Int64 >= latest {
+			latest, st.LastStreamSeq = id.Int64, uint64(max(seq.Int64, 0))
+		}
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+schema.ExhaustedTable).Scan(&st.ConsumerExhausted); err != nil {
 		return st, fmt.Errorf("read status: %w", err)
@@ -353,16 +367,12 @@ type DoneRow struct {
 // relays and the application write. A file from before the stream_seq
 // column has none recorded.
 func DoneRows(ctx context.Context, s *sqlitedb.DB, since, before int64, limit int) ([]DoneRow, error) {
-	cols, err := sqlitedb.Columns(ctx, s.Reader(), s.Table())
+	done, _, err := doneSource(ctx, s.Reader(), s.Table())
 	if err != nil {
 		return nil, fmt.Errorf("read done rows: %w", err)
 	}
-	seq := "0"
-	if cols["stream_seq"] {
-		seq = "coalesce(CAST(stream_seq AS INTEGER), 0)"
-	}
-	rows, err := s.Reader().QueryContext(ctx, `SELECT id, coalesce(CAST(event_id AS TEXT), ''), `+seq+` FROM `+s.Table()+`
-WHERE status = 'done' AND id < ?2 AND `+schema.MsSQL("processed_at")+` >= ?1 ORDER BY id DESC LIMIT ?3`, since, before, limit)
+	rows, err := s.Reader().QueryContext(ctx, `SELECT id, coalesce(CAST(event_id AS TEXT), ''), coalesce(stream_seq, 0) FROM (`+strings.Join(done, " UNION ALL ")+`)
+WHERE id < ?2 AND `+schema.MsSQL("processed_at")+` >= ?1 ORDER BY id DESC LIMIT ?3`, since, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read done rows: %w", err)
 	}
@@ -378,4 +388,29 @@ WHERE status = 'done' AND id < ?2 AND `+schema.MsSQL("processed_at")+` >= ?1 ORD
 		out = append(out, d)
 	}
 	return out, rows.Err()
+}
+
+// doneSource returns the done rows of outbox table t as subqueries of
+// (id, event_id, stream_seq, processed_at), stream_seq an integer or
+// NULL: the rows marked done in t, and, where t's _done table exists
+// (records), the records of the rows deleted when settled
+// (retention.done_rows: delete). A file from before the stream_seq column
+// has none recorded.
+func doneSource(ctx context.Context, q sqlitedb.Querier, t string) (srcs []string, records bool, err error) {
+	cols, err := sqlitedb.Columns(ctx, q, t)
+	if err != nil {
+		return nil, false, err
+	}
+	seq := "NULL"
+	if cols["stream_seq"] {
+		seq = "CAST(stream_seq AS INTEGER)"
+	}
+	srcs = []string{fmt.Sprintf(`SELECT id, event_id, %s AS stream_seq, processed_at FROM %s WHERE status = 'done'`, seq, t)}
+	if records, err = sqlitedb.ObjectExists(ctx, q, "table", schema.DoneTable(t)); err != nil {
+		return nil, false, err
+	}
+	if records {
+		srcs = append(srcs, `SELECT id, event_id, stream_seq, processed_at FROM `+schema.DoneTable(t))
+	}
+	return srcs, records, nil
 }

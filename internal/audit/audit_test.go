@@ -80,3 +80,30 @@ func TestRowsOfADeletedStream(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordsOfDeletedRows: the records of rows deleted when settled
+// (retention.done_rows: delete) are audited with the done rows still in
+// the table, in one id order: a forged record is a mismatch.
+func TestRecordsOfDeletedRows(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	publishDone(t, js, app, []string{"kept-1", "gone-2", "kept-3", "gone-4", "gone-5"}, map[string]uint64{"gone-5": 1})
+	testenv.MustExec(t, app, `INSERT INTO event_queue_done (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
+		SELECT id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq FROM event_queue WHERE event_id LIKE 'gone-%'`)
+	testenv.MustExec(t, app, `DELETE FROM event_queue WHERE event_id LIKE 'gone-%'`)
+	read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
+		return streamsync.ReadStored(ctx, js, "EVENTS", seqs, 4)
+	}
+	for _, batch := range []int{500, 2} {
+		r, err := audit.Run(ctx, testenv.OpenDB(t, path), read, audit.Options{Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Audited != 5 || r.Matched != 4 || len(r.Mismatches) != 1 || r.Mismatches[0].EventID != "gone-5" || r.Mismatches[0].MsgID != "kept-1" {
+			t.Fatalf("batch %d: audit of rows and records: %+v", batch, r)
+		}
+	}
+}

@@ -39,6 +39,14 @@ type Options struct {
 	// most (0: no limit), so that a busy key cannot fill the pipeline that
 	// the other keys share.
 	KeyDepth int
+	// DeleteDone deletes a row settled as done from the outbox table and
+	// records it in the table's _done table (schema.DoneTable), in the
+	// same transaction (retention.done_rows: delete): a row of any size
+	// then costs the settle a few hundred bytes of writes, where marking
+	// it done rewrites its whole record. The table's ids must never be
+	// reused (schema.IDsNeverReused): a claim reads past the highest row
+	// in flight.
+	DeleteDone bool
 	// Fence, when set, is asked inside every settle transaction whether
 	// this relay may write (*lead.Lease): one that lost the lead writes
 	// nothing. Without it the store writes whenever asked.
@@ -83,7 +91,7 @@ type Store struct {
 // New returns a Store on db. It does not touch the schema; closing db is
 // the caller's.
 func New(db *sqlitedb.DB, opts Options) *Store {
-	s := &Store{db: db, q: newQueries(db.Table()), fence: opts.Fence, rescan: opts.Rescan, keyDepth: opts.KeyDepth, skipDeadLetters: opts.SkipDeadLetters}
+	s := &Store{db: db, q: newQueries(db.Table(), opts.DeleteDone), fence: opts.Fence, rescan: opts.Rescan, keyDepth: opts.KeyDepth, skipDeadLetters: opts.SkipDeadLetters}
 	s.held = newHeld()
 	if s.rescan <= 0 {
 		s.rescan = DefaultRescan
@@ -93,7 +101,10 @@ func New(db *sqlitedb.DB, opts Options) *Store {
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, takeAfter, takeRescan, assignID, settledAt, done, retry, deadLetter, release, deadLetters, nextDue string
+	due, takeAfter, takeRescan, assignID, settledAt, retry, deadLetter, release, deadLetters, nextDue string
+	// done are the statements that settle rows as done, in order; the
+	// last one's count of rows changed is the count settled.
+	done []string
 }
 
 // pendingRow is the condition of every settle write: the row is still
@@ -124,8 +135,8 @@ WHERE r.id IN (SELECT id FROM (
 ORDER BY r.id`, t, schema.DueSQL("?2"), schema.MsSQL("r.created_at"), schema.MsSQL("r.available_at"), cond)
 }
 
-func newQueries(t string) queries {
-	return queries{
+func newQueries(t string, deleteDone bool) queries {
+	q := queries{
 		due: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE status = 'pending' AND %s)`, t, schema.DueSQL("?1")),
 		// Past the highest row in flight (the pending index's range).
 		takeAfter: takeSQL(t, `id > ?1`),
@@ -134,8 +145,8 @@ func newQueries(t string) queries {
 		assignID:   fmt.Sprintf(`UPDATE %s SET event_id = coalesce(event_id, ?) WHERE id = ? RETURNING event_id`, t),
 		settledAt:  fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
 		// ?1: [[id, stream_seq], ...]; a stream_seq of 0 is none.
-		done: fmt.Sprintf(`UPDATE %[1]s SET status = 'done', processed_at = ?2, stream_seq = nullif(j.seq, 0)
-FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHERE %[1]s.id = j.id AND status = 'pending'`, t),
+		done: []string{fmt.Sprintf(`UPDATE %[1]s SET status = 'done', processed_at = ?2, stream_seq = nullif(j.seq, 0)
+FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHERE %[1]s.id = j.id AND status = 'pending'`, t)},
 		retry:      fmt.Sprintf(`UPDATE %s SET attempts = ?, available_at = ?, last_error = ? WHERE `+pendingRow, t),
 		deadLetter: fmt.Sprintf(`UPDATE %s SET status = 'dead_lettered', attempts = ?, last_error = ?, processed_at = ? WHERE `+pendingRow, t),
 		release:    fmt.Sprintf(`UPDATE %s SET available_at = ? WHERE `+pendingRow, t),
@@ -145,6 +156,17 @@ FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHER
 		// The dead letters' index (schema's _dead_lettered) covers id.
 		deadLetters: fmt.Sprintf(`SELECT count(*), coalesce(max(id), 0), coalesce(sum((id %% 2147483647) * 48271 %% 2147483647), 0) FROM %s WHERE status = 'dead_lettered'`, t),
 	}
+	if deleteDone {
+		d := schema.DoneTable(t)
+		q.settledAt = fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND processed_at = ?2`, d)
+		// The record first, read from the row it replaces. A record of
+		// the same id (one the application gave again) is replaced.
+		q.done = []string{fmt.Sprintf(`INSERT OR REPLACE INTO %[2]s (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
+SELECT %[1]s.id, event_id, event_type, ordering_key, created_at, ?2, nullif(j.seq, 0)
+FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j JOIN %[1]s ON %[1]s.id = j.id WHERE status = 'pending'`, t, d),
+			fmt.Sprintf(`DELETE FROM %s WHERE id IN (SELECT value ->> 0 FROM json_each(?1)) AND status = 'pending'`, t)}
+	}
+	return q
 }
 
 // held is what the store has taken and not yet settled: the rows in flight,
@@ -776,9 +798,12 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) 
 				}
 			}
 		})
-		res, err := tx.ExecContext(ctx, s.q.done, doneJSON(outs, done), now)
-		if err != nil {
-			return nil, fmt.Errorf("settle rows: %w", err)
+		var res sql.Result
+		arg := doneJSON(outs, done)
+		for _, q := range s.q.done {
+			if res, err = tx.ExecContext(ctx, q, arg, now); err != nil {
+				return nil, fmt.Errorf("settle rows: %w", err)
+			}
 		}
 		if n, _ := res.RowsAffected(); int(n) < len(done) {
 			lost, err := s.notSettled(ctx, tx, outs, done, ids, now)

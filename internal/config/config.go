@@ -160,9 +160,19 @@ const (
 
 // Retention says how long finished rows are kept.
 type Retention struct {
-	Done            time.Duration `mapstructure:"done"`
+	Done time.Duration `mapstructure:"done"`
+	// DoneRows says what settling a row as done does to it: keep it in the
+	// outbox table, marked done (DoneRowsKeep), or delete it and keep a
+	// compact record of it in the table's _done table (DoneRowsDelete).
+	DoneRows        string        `mapstructure:"done_rows"`
 	ProcessedEvents time.Duration `mapstructure:"processed_events"`
 }
+
+// What settling a row as done does to it (retention.done_rows).
+const (
+	DoneRowsKeep   = "keep"   // marked done in the outbox table
+	DoneRowsDelete = "delete" // deleted; its record goes to the _done table
+)
 
 // Metrics is the HTTP listener for /metrics, /healthz and /readyz.
 type Metrics struct {
@@ -205,7 +215,7 @@ func Default() Config {
 		},
 		Ordering:  Ordering{OnDeadLetter: OnDeadLetterHold},
 		Message:   Message{Format: FormatRaw, ContentType: "application/json"},
-		Retention: Retention{Done: 7 * 24 * time.Hour, ProcessedEvents: 30 * 24 * time.Hour},
+		Retention: Retention{Done: 7 * 24 * time.Hour, DoneRows: DoneRowsKeep, ProcessedEvents: 30 * 24 * time.Hour},
 		Metrics:   Metrics{Listen: ":9108"},
 		Log:       Log{Level: "info", Format: "json"},
 	}

@@ -175,6 +175,7 @@ func validateRetention(p *problems, r Retention) {
 	if r.Done < 0 {
 		p.add("retention.done", "must not be negative (0 keeps rows forever)")
 	}
+	p.oneOf("retention.done_rows", r.DoneRows, DoneRowsKeep, DoneRowsDelete)
 	if r.ProcessedEvents < 0 {
 		p.add("retention.processed_events", "must not be negative (0 keeps rows forever)")
 	}

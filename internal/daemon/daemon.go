@@ -151,8 +151,18 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if err = applySchema(ctx, a.db, cfg.Schema.Mode, log); err != nil {
 		return nil, sqlitedb.NotWritable(a.db.Path(), err)
 	}
+	deleteDone := cfg.Retention.DoneRows == config.DoneRowsDelete
+	if deleteDone {
+		switch problem, err := schema.DeleteDoneProblem(ctx, a.db); {
+		case err != nil:
+			return nil, err
+		case problem != "":
+			return nil, &config.Error{Err: fmt.Errorf("retention.done_rows: delete: %s", problem)}
+		}
+	}
 	a.lease = lead.New(a.db)
 	a.claims = claim.New(a.db, claim.Options{
+		DeleteDone:      deleteDone,
 		Fence:           a.lease,
 		Rescan:          cfg.Relay.PollInterval,
 		SkipDeadLetters: !cfg.Ordering.Parks(),

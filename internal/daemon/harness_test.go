@@ -63,6 +63,7 @@ type harnessOptions struct {
 	mutateOpt     func(*relay.Options)
 	mutateKeeper  func(*housekeeping.Options)
 	clock         *event.Clock // shared by the store and the loop, as the daemon does
+	doneRows      string       // retention.done_rows; default keep
 }
 
 var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
@@ -81,6 +82,7 @@ func harnessConfig(dbPath, natsURL string, ho harnessOptions) config.Config {
 	cfg.Relay.Lease, cfg.Relay.ShutdownTimeout = cmp.Or(ho.lease, time.Minute), cmp.Or(ho.shutdown, 5*time.Second)
 	cfg.Relay.MaxAttempts, cfg.Relay.AckTimeout = cmp.Or(ho.maxTries, 10), cmp.Or(ho.ackTimeout, 5*time.Second)
 	cfg.Relay.PollInterval = 200 * time.Millisecond
+	cfg.Retention.DoneRows = cmp.Or(ho.doneRows, config.DoneRowsKeep)
 	cfg.Metrics.Listen = ""
 	return cfg
 }

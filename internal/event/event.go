@@ -75,6 +75,7 @@ type Backlog struct {
 const (
 	PruneOutbox          = "outbox"           // done rows of the outbox table
 	PruneProcessedEvents = "processed_events" // the consumers' dedup ledger
+	PruneDoneRecords     = "done_records"     // records of done rows deleted when settled (retention.done_rows: delete)
 )
 
 // PayloadBytes sums the payloads of rows.

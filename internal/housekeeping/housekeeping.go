@@ -140,13 +140,13 @@ func (k *Keeper) retentionLoop(ctx context.Context) {
 	every(ctx, k.o.RetentionInterval, func() { k.Retain(ctx) })
 }
 
-// Retain deletes done rows and ledger rows past their retention, logging
+// Retain deletes done rows, their records and ledger rows past their retention, logging
 // and counting what it deleted.
 func (k *Keeper) Retain(ctx context.Context) {
 	for _, p := range []struct {
 		table string
 		keep  time.Duration
-	}{{event.PruneOutbox, k.o.RetainDone}, {event.PruneProcessedEvents, k.o.RetainProcessedEvents}} {
+	}{{event.PruneOutbox, k.o.RetainDone}, {event.PruneDoneRecords, k.o.RetainDone}, {event.PruneProcessedEvents, k.o.RetainProcessedEvents}} {
 		if p.keep <= 0 {
 			continue // 0 keeps rows forever
 		}

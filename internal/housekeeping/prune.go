@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
@@ -32,7 +33,8 @@ func NewPruner(db *sqlitedb.DB) *Pruner {
 
 // Prune deletes finished rows older than before from table
 // (event.PruneOutbox: done rows by processed_at, or created_at where a
-// legacy row has none; event.PruneProcessedEvents: ledger rows by
+// legacy row has none; event.PruneDoneRecords: the records of done rows
+// deleted when settled, by processed_at; event.PruneProcessedEvents: ledger rows by
 // processed_at, or started_at for abandoned claims). It sweeps the table in
 // rowid order from where the previous call stopped, wrapping at the end,
 // reading a few hundred rows at a time without a lock and deleting the old
@@ -46,6 +48,12 @@ func (p *Pruner) Prune(ctx context.Context, table string, before time.Time, paus
 	switch table {
 	case event.PruneOutbox:
 		name, finished, when = p.db.Table(), `status = 'done'`, `coalesce(processed_at, created_at)`
+	case event.PruneDoneRecords:
+		name, finished, when = schema.DoneTable(p.db.Table()), `1`, `processed_at`
+		// A file that never had a relay delete its done rows may lack it.
+		if ok, err := sqlitedb.ObjectExists(ctx, p.db.Reader(), "table", name); err != nil || !ok {
+			return 0, err
+		}
 	case event.PruneProcessedEvents:
 		name, finished, when = "processed_events", `1`, `coalesce(processed_at, started_at)`
 	default:

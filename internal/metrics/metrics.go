@@ -114,7 +114,7 @@ func New(version, commit string) *Metrics {
 	for _, reason := range []string{event.DeadLetterMaxAttempts, event.DeadLetterInvalid, event.DeadLetterTooLarge} {
 		m.DeadLettered.WithLabelValues(reason)
 	}
-	for _, table := range []string{event.PruneOutbox, event.PruneProcessedEvents} {
+	for _, table := range []string{event.PruneOutbox, event.PruneDoneRecords, event.PruneProcessedEvents} {
 		m.PrunedRows.WithLabelValues(table)
 	}
 	for _, status := range []event.Status{event.StatusPending, event.StatusProcessing, event.StatusDeadLettered} {

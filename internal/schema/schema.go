@@ -50,7 +50,52 @@ var migrations = []migration{
 	{105, "ordering_key", migrateOrderingKey},
 	{106, "message_metadata", migrateMetadata},
 	{107, "instances_per_table", migrateInstancesPerTable},
+	{108, "done_records", migrateDoneRecords},
 }
+
+// DoneTable is the name of the table that keeps a compact record of each
+// row of outbox table t that the relay deleted when it settled it
+// (retention.done_rows: delete).
+func DoneTable(t string) string { return t + "_done" }
+
+// migrateDoneRecords creates the outbox table's _done table: one row per
+// settled row the relay deleted, with what status, audit, retention and
+// a consumer need of it (no payload, no headers). Its id is the outbox
+// row's, so records are appended in id order. It is created whatever
+// retention.done_rows says, so that switching the setting needs no
+// migration.
+func migrateDoneRecords(ctx context.Context, s *sqlitedb.DB) error {
+	t := DoneTable(s.Table())
+	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
+	id           INTEGER PRIMARY KEY,
+	event_id     TEXT,
+	event_type   TEXT,
+	ordering_key TEXT,
+	created_at   INTEGER,
+	processed_at INTEGER NOT NULL,
+	stream_seq   INTEGER
+)`); err != nil {
+			return fmt.Errorf("create table %s: %w", t, err)
+		}
+		return nil
+	})
+}
+
+// IDsNeverReused reports whether the outbox table's ids are never given
+// again once their rows are deleted: its id is INTEGER PRIMARY KEY
+// AUTOINCREMENT. Without it SQLite gives a new row the highest id plus
+// one, the id of a deleted row when the highest rows were deleted.
+func IDsNeverReused(ctx context.Context, q sqlitedb.Querier, t string) (bool, error) {
+	var ddl string
+	err := q.QueryRowContext(ctx, `SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?`, t).Scan(&ddl)
+	if err != nil {
+		return false, fmt.Errorf("read the definition of %s: %w", t, err)
+	}
+	return autoincrementRe.MatchString(ddl), nil
+}
+
+var autoincrementRe = regexp.MustCompile(`(?i)\bAUTOINCREMENT\b`)
 
 // migrateMetadata adds two optional columns: headers (NULL: none), a JSON
 // object whose entries become the message's headers, and stream_seq, the

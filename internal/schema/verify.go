@@ -32,6 +32,13 @@ func Verify(ctx context.Context, s *sqlitedb.DB) error {
 	case problem != "":
 		wrong = append(wrong, problem)
 	}
+	// Only retention.done_rows: delete writes the _done table (see
+	// DeleteDoneProblem); a file without it serves the default.
+	if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "table", DoneTable(t)); err != nil {
+		return err
+	} else if !ok {
+		missing = append(missing, "table "+DoneTable(t))
+	}
 	for _, suffix := range requiredIndexes {
 		if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "index", t+suffix); err != nil {
 			return err
@@ -110,4 +117,24 @@ func schemaError(s *sqlitedb.DB, missing, wrong []string) error {
 		return fmt.Errorf("%w in %s: %s", ErrSchema, s.Path(), strings.Join(parts, "; "))
 	}
 	return nil
+}
+
+// DeleteDoneProblem says what keeps the relay from deleting the outbox
+// table's rows once done (retention.done_rows: delete), or "": the _done
+// table that keeps their records is missing, or the table's ids may be
+// given again (no AUTOINCREMENT), which would make a claim miss new rows
+// and records replace each other.
+func DeleteDoneProblem(ctx context.Context, s *sqlitedb.DB) (string, error) {
+	t := s.Table()
+	if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "table", DoneTable(t)); err != nil {
+		return "", err
+	} else if !ok {
+		return fmt.Sprintf("table %s, which keeps the records of deleted rows, is missing (run `outbox-relay migrate` or use schema.mode auto)", DoneTable(t)), nil
+	}
+	if ok, err := IDsNeverReused(ctx, s.Reader(), t); err != nil {
+		return "", err
+	} else if !ok {
+		return fmt.Sprintf("%s gives the ids of deleted rows again: deleting done rows needs `id INTEGER PRIMARY KEY AUTOINCREMENT` (SQLite cannot add it to an existing table: copy the table into one created with it, or keep retention.done_rows: keep)", t), nil
+	}
+	return "", nil
 }
