@@ -32,6 +32,10 @@ func (c *cli) benchCommand() *cobra.Command {
     ordering keys round robin (row i gets key i mod K): rows/s and the
     ratio to the unordered drain; the stream is read back, and the bench
     fails unless each key's messages are in row id order;
+  settle writes: the same drain of min(--rows, 2000) rows, on a fresh table
+    and stream, while the bench holds a read transaction open on the file
+    (so that no checkpoint can copy or restart the WAL): the bytes the WAL
+    grew by per row settled;
   with --done-rows N: the same drain with N done rows in the table too;
   with --rate R: a writer inserting R rows/s for --duration while the relay
     runs: commit-to-PubAck and commit-to-done lag percentiles (the writer
@@ -42,10 +46,13 @@ func (c *cli) benchCommand() *cobra.Command {
     own: its CPU is the floor of any relay's at that rate;
   with --idle D: the relay's CPU over D on an empty table, connected.
 With --config, the bench's connection and every process it starts read the
-same file (credentials, TLS, and the children's relay settings).`,
+same file (credentials, TLS, and the children's relay settings). With
+--delete-done, every relay child runs with retention.done_rows: delete, and
+the --done-rows are seeded as records in the table's _done table.`,
 		Example: `  outbox-relay bench --rows 50000 --ceiling-in-flight 1000
   outbox-relay bench --done-rows 1000000 --rate 1000 --duration 30s --idle 60s
-  outbox-relay bench --keys 1000 --nats-url nats://nats:4222 --config /etc/outbox-relay.yaml --json`,
+  outbox-relay bench --keys 1000 --nats-url nats://nats:4222 --config /etc/outbox-relay.yaml --json
+  outbox-relay bench --rows 3000 --size 65536 --delete-done`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if o.Rows < 1 || o.Size < 0 || o.Rate < 0 || o.DoneRows < 0 || o.Keys < 0 || o.WriterCheckpoint < 0 {
@@ -76,6 +83,7 @@ func benchFlags(f *pflag.FlagSet, o *bench.Options) {
 	f.IntVar(&o.Rows, "rows", 200_000, "rows (and ceiling messages) per measurement")
 	f.IntVar(&o.Size, "size", 256, "payload bytes")
 	f.IntVar(&o.DoneRows, "done-rows", 0, "also drain with this many done rows in the table, and compare")
+	f.BoolVar(&o.DeleteDone, "delete-done", false, "run the relay children with retention.done_rows: delete (settled rows deleted, recorded in the table's _done table)")
 	f.IntVar(&o.Keys, "keys", 0, "also drain with this many ordering keys round robin, check each key's order, and compare (0: not)")
 	f.IntVar(&o.Rate, "rate", 0, "also measure lag with a writer inserting this many rows/s")
 	f.DurationVar(&o.Duration, "duration", 30*time.Second, "how long the --rate writer writes")

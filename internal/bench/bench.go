@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +52,10 @@ type Options struct {
 	// it.
 	NATS       publish.ConnectOptions
 	ConfigFile string
+	// DeleteDone runs every relay child with retention.done_rows: delete
+	// (settling a row deletes it and records it in the outbox table's
+	// _done table), and seeds the --done-rows as such records.
+	DeleteDone bool
 	// Progress receives a line per measurement as it completes.
 	Progress io.Writer
 }
@@ -89,6 +94,10 @@ type RelayRun struct {
 	// stream held, of how many keys, each key's in row id order.
 	OrderCheckedMessages int `json:"order_checked_messages,omitempty"`
 	OrderCheckedKeys     int `json:"order_checked_keys,omitempty"`
+	// The drain with the WAL pinned (see drain.pinWAL): how many bytes
+	// the WAL grew by, in frames of the page size + 24 bytes.
+	WALBytes    int64 `json:"wal_bytes,omitempty"`
+	WALPageSize int   `json:"wal_page_size,omitempty"`
 }
 
 // WriterRun is the --rate writer alone, with no relay running: the
@@ -102,22 +111,31 @@ type WriterRun struct {
 
 // Report is the bench command's result.
 type Report struct {
-	Machine        string             `json:"machine"`
-	Rows           int                `json:"rows"`
-	PayloadBytes   int                `json:"payload_bytes"`
+	Machine      string `json:"machine"`
+	Rows         int    `json:"rows"`
+	PayloadBytes int    `json:"payload_bytes"`
+	// DoneRowsMode is the relay children's retention.done_rows when
+	// --delete-done set it ("delete"); empty for the default.
+	DoneRowsMode   string             `json:"retention_done_rows,omitempty"`
 	CeilingByBatch map[string]float64 `json:"ceiling_by_batch,omitempty"`
 	Ceiling        float64            `json:"ceiling_rows_per_second,omitempty"`
 	Drain          *RelayRun          `json:"drain,omitempty"`
 	DrainRatio     float64            `json:"drain_to_ceiling,omitempty"`
 	// With --keys: the same drain with that many ordering keys, and its
 	// rate over the unordered drain's.
-	Keys          int        `json:"keys,omitempty"`
-	KeyedDrain    *RelayRun  `json:"keyed_drain,omitempty"`
-	KeyedRatio    float64    `json:"keyed_to_unordered,omitempty"`
-	DrainWithDone *RelayRun  `json:"drain_with_done,omitempty"`
-	DoneRatio     float64    `json:"with_done_to_empty,omitempty"`
-	Rate          *RelayRun  `json:"rate,omitempty"`
-	WriterAlone   *WriterRun `json:"writer_alone,omitempty"`
+	Keys       int       `json:"keys,omitempty"`
+	KeyedDrain *RelayRun `json:"keyed_drain,omitempty"`
+	KeyedRatio float64   `json:"keyed_to_unordered,omitempty"`
+	// What the relay's writes add to the WAL per settled row, measured
+	// on a drain of min(--rows, walRows) rows with a reader pinning the
+	// WAL (SettleWAL, whose rate and lag are not comparable to the
+	// drain's).
+	WALBytesPerRow float64    `json:"wal_bytes_per_row,omitempty"`
+	SettleWAL      *RelayRun  `json:"settle_wal,omitempty"`
+	DrainWithDone  *RelayRun  `json:"drain_with_done,omitempty"`
+	DoneRatio      float64    `json:"with_done_to_empty,omitempty"`
+	Rate           *RelayRun  `json:"rate,omitempty"`
+	WriterAlone    *WriterRun `json:"writer_alone,omitempty"`
 	// The writer's lateness p99 with the relay over the same without it.
 	WriterP99Ratio float64 `json:"writer_p99_with_relay_to_alone,omitempty"`
 	// The standard client publishing --rate messages/s alone, awaiting
@@ -185,6 +203,9 @@ func Run(o Options) (*Report, error) {
 		}
 	}()
 	rep := &Report{Machine: machine(), Rows: o.Rows, PayloadBytes: o.Size, CeilingByBatch: map[string]float64{}}
+	if o.DeleteDone {
+		rep.DoneRowsMode = config.DoneRowsDelete
+	}
 	progress := func(format string, args ...any) {
 		if o.Progress != nil {
 			fmt.Fprintf(o.Progress, format+"\n", args...)
@@ -205,14 +226,14 @@ func Run(o Options) (*Report, error) {
 		progress("ceiling, %d in flight: %.0f msgs/s", b, r)
 	}
 
-	run := func(name string, done, rate, keys int) (*RelayRun, error) {
+	run := func(name string, d drain) (*RelayRun, error) {
 		names, err := stream(name, prefix+".>")
 		if err != nil {
 			return nil, err
 		}
 		path := filepath.Join(dir, name+".db")
-		r, err := b.benchRelay(ctx, path, url, names, o, done, rate, keys)
-		if err == nil && rate > 0 {
+		r, err := b.benchRelay(ctx, path, url, names, d)
+		if err == nil && d.rate > 0 {
 			var lags []int64
 			if lags, err = storedLags(ctx, js.API(), names.stream); err == nil {
 				r.AckLagRows = len(lags)
@@ -220,7 +241,7 @@ func Run(o Options) (*Report, error) {
 				progress("%s: commit to PubAck p50 %.1f ms p99 %.1f ms max %.1f ms", name, r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs)
 			}
 		}
-		if err == nil && keys > 0 {
+		if err == nil && d.keys > 0 {
 			if r.OrderCheckedMessages, r.OrderCheckedKeys, err = checkKeyOrder(ctx, js.API(), names.stream, path); err != nil {
 				err = fmt.Errorf("%s: %w", name, err)
 			} else {
@@ -232,20 +253,25 @@ func Run(o Options) (*Report, error) {
 		}
 		return r, err
 	}
-	if rep.Drain, err = run("drain", 0, 0, 0); err != nil {
+	if rep.Drain, err = run("drain", drain{rows: o.Rows}); err != nil {
 		return nil, err
 	}
 	rep.DrainRatio = rep.Drain.RowsPerSec / rep.Ceiling
 	if o.Keys > 0 {
 		// Right after the unordered drain, for a ratio within one run.
 		rep.Keys = o.Keys
-		if rep.KeyedDrain, err = run("drain-keyed", 0, 0, o.Keys); err != nil {
+		if rep.KeyedDrain, err = run("drain-keyed", drain{rows: o.Rows, keys: o.Keys}); err != nil {
 			return nil, err
 		}
 		rep.KeyedRatio = rep.KeyedDrain.RowsPerSec / rep.Drain.RowsPerSec
 	}
+	if rep.SettleWAL, err = run("settle-wal", drain{rows: min(o.Rows, walRows), pinWAL: true}); err != nil {
+		return nil, err
+	}
+	rep.WALBytesPerRow = float64(rep.SettleWAL.WALBytes) / float64(rep.SettleWAL.Rows)
+	progress("settle-wal: %s B of WAL per row (%d rows, pages of %d B)", thousands(rep.WALBytesPerRow), rep.SettleWAL.Rows, rep.SettleWAL.WALPageSize)
 	if o.DoneRows > 0 {
-		if rep.DrainWithDone, err = run("drain-with-done", o.DoneRows, 0, 0); err != nil {
+		if rep.DrainWithDone, err = run("drain-with-done", drain{rows: o.Rows, done: o.DoneRows}); err != nil {
 			return nil, err
 		}
 		rep.DoneRatio = rep.DrainWithDone.RowsPerSec / rep.Drain.RowsPerSec
@@ -259,7 +285,7 @@ func Run(o Options) (*Report, error) {
 		}
 		rep.WriterAlone = alone
 		progress("writer alone: %d rows, lateness p50 %.2f ms p99 %.2f ms", alone.Rows, alone.WriterP50Us/1000, alone.WriterP99Us/1000)
-		if rep.Rate, err = run("rate", 0, o.Rate, 0); err != nil {
+		if rep.Rate, err = run("rate", drain{rate: o.Rate}); err != nil {
 			return nil, err
 		}
 		rep.WriterP99Ratio = rep.Rate.WriterP99Us / max(1, alone.WriterP99Us)
@@ -306,7 +332,7 @@ const relayStopTimeout = time.Minute
 // relay settings in it), metrics off, info level (which logs "relay
 // starting"), and returns once it has started (startRelay).
 func (b *bench) startChild(path, url string, names benchNames) (*child.Process, time.Time, error) {
-	self, err := os.Executable()
+	self, err := b.executable()
 	if err != nil {
 		return nil, time.Time{}, err
 	}
@@ -321,6 +347,9 @@ func (b *bench) startChild(path, url string, names benchNames) (*child.Process, 
 		config.EnvName("stream.subject_prefix")+"="+names.prefix,
 		config.EnvName("log.level")+"=info",
 	)
+	if b.o.DeleteDone {
+		cmd.Env = append(cmd.Env, config.EnvName("retention.done_rows")+"="+config.DoneRowsDelete)
+	}
 	return startRelay(cmd)
 }
 
@@ -380,11 +409,26 @@ func procHWM(pid int) (float64, error) {
 	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
 }
 
-// benchRelay prepares a database, runs the relay on it until every row is
-// done, and measures. With rate > 0 a writer inserts rows at that rate for
-// o.Duration while the relay runs, instead of a prepared backlog; with
-// keys > 0 the backlog's rows have that many ordering keys, round robin.
-func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNames, o Options, doneRows, rate, keys int) (*RelayRun, error) {
+// drain is what one relay run prepares: rows pending (with rate > 0, a
+// writer inserting rate rows/s for --duration instead), after done rows
+// that are done already, with keys ordering keys round robin (0: none).
+// With pinWAL a reader holds the WAL (benchkit.PinWAL) from before the
+// relay starts until it has stopped, and the run measures how much the WAL
+// grew by until the rows were settled.
+type drain struct {
+	rows, done, rate, keys int
+	pinWAL                 bool
+}
+
+// walRows is the most rows the drain with the WAL pinned settles: enough
+// for a steady figure, few enough that the WAL it cannot checkpoint stays
+// small (about 135 MB for rows of 64 KiB).
+const walRows = 2000
+
+// benchRelay prepares a database as d says, runs the relay on it until
+// every row is done, and measures.
+func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNames, d drain) (*RelayRun, error) {
+	o := b.o
 	if err := migrateBenchDB(ctx, path); err != nil {
 		return nil, err
 	}
@@ -393,22 +437,27 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 		return nil, err
 	}
 	defer db.Close()
-	if doneRows > 0 {
-		if err := benchkit.Seed(ctx, db, "event_queue", doneRows, o.Size, "done"); err != nil {
-			return nil, err
-		}
+	if err := b.seed(ctx, db, d); err != nil {
+		return nil, err
 	}
-	pending := o.Rows
+	pending, rate := d.rows, d.rate
 	if rate > 0 {
 		pending = 0
-	} else if err := benchkit.Seed(ctx, db, "event_queue", pending, o.Size, "pending", benchkit.Keys(keys)); err != nil {
-		return nil, err
+	}
+	var pin *benchkit.WALPin
+	if d.pinWAL {
+		// Closed after the relay has stopped (deferred calls run last
+		// first), so that no checkpoint copies the WAL meanwhile.
+		if pin, err = benchkit.PinWAL(ctx, path, "event_queue"); err != nil {
+			return nil, err
+		}
+		defer pin.Close()
 	}
 	ch, start, err := b.startChild(path, url, names)
 	if err != nil {
 		return nil, err
 	}
-	res := &RelayRun{Rows: pending, DoneRows: doneRows, OfferedRate: rate}
+	res := &RelayRun{Rows: pending, DoneRows: d.done, OfferedRate: rate}
 	if rate > 0 {
 		res.WriterAutocheckpoint = &o.WriterCheckpoint
 		cpuBefore, err := procCPU(ch.Pid())
@@ -446,6 +495,13 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	if pin != nil {
+		if res.WALBytes, err = pin.Grown(); err != nil {
+			stopRelay(ch)
+			return nil, err
+		}
+		res.WALPageSize = pin.PageSize()
+	}
 	last, err := benchkit.LastProcessed(ctx, db, "event_queue")
 	if err != nil {
 		stopRelay(ch)
@@ -456,12 +512,37 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 	if res.CPUSeconds, res.PeakRSSMiB, err = stopRelay(ch); err != nil {
 		return nil, err
 	}
-	lags, err := benchkit.Lags(ctx, db, "event_queue", int64(doneRows)) // the seeded done rows come first
+	lags, err := benchkit.Lags(ctx, db, "event_queue", int64(d.done)) // the seeded done rows come first
 	if err != nil {
 		return nil, err
 	}
 	res.LagP50Ms, res.LagP99Ms, res.LagMaxMs = spread(lags)
 	return res, nil
+}
+
+// seed writes d's done rows, then (unless d has a writer) its pending
+// rows. With --delete-done the done rows become records in the _done
+// table, as the relay in that mode leaves them, and get no payload (their
+// records keep none); their ids still come before the pending rows'.
+func (b *bench) seed(ctx context.Context, db *sql.DB, d drain) error {
+	if d.done > 0 {
+		size := b.o.Size
+		if b.o.DeleteDone {
+			size = 0
+		}
+		if err := benchkit.Seed(ctx, db, "event_queue", d.done, size, "done"); err != nil {
+			return err
+		}
+		if b.o.DeleteDone {
+			if err := benchkit.MoveDone(ctx, db, "event_queue"); err != nil {
+				return err
+			}
+		}
+	}
+	if d.rate > 0 {
+		return nil
+	}
+	return benchkit.Seed(ctx, db, "event_queue", d.rows, b.o.Size, "pending", benchkit.Keys(d.keys))
 }
 
 // storedLags reads every message of stream and returns the milliseconds
@@ -707,6 +788,9 @@ func machine() string {
 // Print writes the report for people.
 func Print(w io.Writer, r *Report) {
 	fmt.Fprintf(w, "outbox-relay bench: %d rows of %d bytes (%s)\n", r.Rows, r.PayloadBytes, r.Machine)
+	if r.DoneRowsMode != "" {
+		fmt.Fprintf(w, "  %-27s retention.done_rows: %s (settled rows deleted, recorded in %s)\n", "relay children", r.DoneRowsMode, schema.DoneTable("event_queue"))
+	}
 	keys := make([]int, 0, len(r.CeilingByBatch))
 	for k := range r.CeilingByBatch {
 		n, _ := strconv.Atoi(k)
@@ -727,6 +811,9 @@ func Print(w io.Writer, r *Report) {
 		line(fmt.Sprintf("relay drain, %d keys", r.Keys), k)
 		fmt.Fprintf(w, "  keyed / unordered           %9.2f\n", r.KeyedRatio)
 		fmt.Fprintf(w, "  %-27s %9d messages of %d keys, each key's in row id order\n", "  order checked", k.OrderCheckedMessages, k.OrderCheckedKeys)
+	}
+	if x := r.SettleWAL; x != nil {
+		fmt.Fprintf(w, "  %-27s %9s B of WAL per row (%d rows of %d B; read pinned)\n", "settle writes", thousands(r.WALBytesPerRow), x.Rows, r.PayloadBytes)
 	}
 	if r.DrainWithDone != nil {
 		line(fmt.Sprintf("drain, %d done rows", r.DrainWithDone.DoneRows), r.DrainWithDone)
@@ -771,5 +858,33 @@ func migrateBenchDB(ctx context.Context, path string) error {
 	return err
 }
 
+// thousands rounds x and writes it with commas between groups of three
+// digits: 66,912.
+func thousands(x float64) string {
+	s := strconv.FormatInt(int64(math.Round(x)), 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	if neg {
+		s = "-" + s
+	}
+	return s
+}
+
 // bench is one run's state: what it measures, for the child processes.
-type bench struct{ o Options }
+type bench struct {
+	o Options
+	// exe is the binary whose run and bench-client commands the children
+	// run; empty: this one.
+	exe string
+}
+
+// executable is the binary the children run.
+func (b *bench) executable() (string, error) {
+	if b.exe != "" {
+		return b.exe, nil
+	}
+	return os.Executable()
+}

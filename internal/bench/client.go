@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -63,7 +62,7 @@ func ownCPU() time.Duration {
 
 // benchClient runs bench-client in a child process, as the relay runs.
 func (b *bench) benchClient(url, subject string, rate, size int, d time.Duration) (*ClientRun, error) {
-	self, err := os.Executable()
+	self, err := b.executable()
 	if err != nil {
 		return nil, err
 	}

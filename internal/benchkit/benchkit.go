@@ -19,6 +19,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
 // Seed inserts n synthetic rows of type BenchEvent into table with
@@ -73,20 +75,34 @@ func Drained(ctx context.Context, db *sql.DB, table string) (bool, error) {
 	return !busy, nil
 }
 
-// LastProcessed returns the latest processed_at of table.
+// LastProcessed returns the latest processed_at of table, and of its done
+// table's records when it has one (see schema.DoneTable).
 func LastProcessed(ctx context.Context, db *sql.DB, table string) (time.Time, error) {
+	q := `SELECT max(processed_at) FROM ` + table
+	if ok, err := HasDoneTable(ctx, db, table); err != nil {
+		return time.Time{}, fmt.Errorf("read last processed: %w", err)
+	} else if ok {
+		q = `SELECT max(m) FROM (SELECT max(processed_at) AS m FROM ` + table + ` UNION ALL SELECT max(processed_at) FROM ` + schema.DoneTable(table) + `)`
+	}
 	var v sql.NullInt64
-	if err := db.QueryRowContext(ctx, `SELECT max(processed_at) FROM `+table).Scan(&v); err != nil {
+	if err := db.QueryRowContext(ctx, q).Scan(&v); err != nil {
 		return time.Time{}, fmt.Errorf("read last processed: %w", err)
 	}
 	return time.UnixMilli(v.Int64), nil
 }
 
-// Lags returns, for the done rows of table with an id above afterID,
-// processed_at minus created_at in milliseconds, sorted: from the
-// application's insert to the row being marked done after its PubAck.
+// Lags returns, for the done rows of table with an id above afterID (and
+// the records of its done table, see schema.DoneTable), processed_at minus
+// created_at in milliseconds, sorted: from the application's insert to the
+// row being settled as done after its PubAck.
 func Lags(ctx context.Context, db *sql.DB, table string, afterID int64) ([]int64, error) {
-	rows, err := db.QueryContext(ctx, `SELECT processed_at - created_at FROM `+table+` WHERE id > ? AND status = 'done' ORDER BY 1`, afterID)
+	q := `SELECT processed_at - created_at FROM ` + table + ` WHERE id > ?1 AND status = 'done'`
+	if ok, err := HasDoneTable(ctx, db, table); err != nil {
+		return nil, fmt.Errorf("read lags: %w", err)
+	} else if ok {
+		q += ` UNION ALL SELECT processed_at - created_at FROM ` + schema.DoneTable(table) + ` WHERE id > ?1`
+	}
+	rows, err := db.QueryContext(ctx, q+` ORDER BY 1`, afterID)
 	if err != nil {
 		return nil, fmt.Errorf("read lags: %w", err)
 	}
@@ -103,9 +119,16 @@ func Lags(ctx context.Context, db *sql.DB, table string, afterID int64) ([]int64
 }
 
 // DoneKeys returns the ordering key ("" for none) of every done row of
-// table by id, and how many of its rows are not done.
+// table by id (the records of its done table among them, see schema.DoneTable),
+// and how many of its rows are not done.
 func DoneKeys(ctx context.Context, db *sql.DB, table string) (keys map[int64]string, notDone int, err error) {
-	rows, err := db.QueryContext(ctx, `SELECT id, coalesce(ordering_key, ''), status = 'done' FROM `+table)
+	q := `SELECT id, coalesce(ordering_key, ''), status = 'done' FROM ` + table
+	if ok, err := HasDoneTable(ctx, db, table); err != nil {
+		return nil, 0, fmt.Errorf("read ordering keys: %w", err)
+	} else if ok {
+		q += ` UNION ALL SELECT id, coalesce(ordering_key, ''), 1 FROM ` + schema.DoneTable(table)
+	}
+	rows, err := db.QueryContext(ctx, q)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read ordering keys: %w", err)
 	}
@@ -128,6 +151,40 @@ func DoneKeys(ctx context.Context, db *sql.DB, table string) (keys map[int64]str
 		return nil, 0, fmt.Errorf("read ordering keys: %w", err)
 	}
 	return keys, notDone, nil
+}
+
+// HasDoneTable reports whether table's done table (schema.DoneTable) exists. The
+// read-backs above count its records as done rows when it does, so that
+// they read a drain the same whichever retention.done_rows it ran with.
+func HasDoneTable(ctx context.Context, db *sql.DB, table string) (bool, error) {
+	var ok bool
+	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?)`, schema.DoneTable(table)).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("look for table %s: %w", schema.DoneTable(table), err)
+	}
+	return ok, nil
+}
+
+// MoveDone turns the done rows of table into records in its done table
+// (schema.DoneTable), in one transaction, as a relay with retention.done_rows:
+// delete would have left them: Seed's done rows for a relay in that mode.
+func MoveDone(ctx context.Context, db *sql.DB, table string) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("move done rows: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.DoneTable(table)+` (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
+SELECT id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq FROM `+table+` WHERE status = 'done' ORDER BY id`); err != nil {
+		return fmt.Errorf("move done rows: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE status = 'done'`); err != nil {
+		return fmt.Errorf("move done rows: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("move done rows: %w", err)
+	}
+	return nil
 }
 
 // Ceiling publishes n messages of size bytes to subject with the standard

@@ -3,7 +3,6 @@ package claim
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -86,34 +85,15 @@ func settleWALBytes(t *testing.T, deleteDone bool, n, size, batch int) int64 {
 	if err := benchkit.Seed(ctx, db, "event_queue", n, size, "pending"); err != nil {
 		t.Fatal(err)
 	}
-	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	rows, err := s.Claim(ctx, n, 0)
 	if err != nil || len(rows) != n {
 		t.Fatal(len(rows), err)
 	}
-	// A read transaction of its own (the application's pool begins
-	// IMMEDIATE, which would take the write lock).
-	pin, err := db.Conn(ctx)
+	pin, err := benchkit.PinWAL(ctx, s.db.Path(), "event_queue")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pin.Close()
-	var before int
-	if _, err := pin.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
-		t.Fatal(err)
-	}
-	defer pin.ExecContext(ctx, `ROLLBACK`)
-	if err := pin.QueryRowContext(ctx, `SELECT count(*) FROM event_queue`).Scan(&before); err != nil {
-		t.Fatal(err)
-	}
-	walSize := func() int64 {
-		fi, err := os.Stat(s.db.Path() + "-wal")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi.Size()
-	}
-	start := walSize()
 	for i := 0; i < n; i += batch {
 		var outs []event.Outcome
 		for _, r := range rows[i:min(i+batch, n)] {
@@ -133,5 +113,9 @@ func settleWALBytes(t *testing.T, deleteDone bool, n, size, batch int) int64 {
 			t.Fatalf("%d done records, %v; want %d", recs, err, n)
 		}
 	}
-	return (walSize() - start) / int64(n)
+	grown, err := pin.Grown()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return grown / int64(n)
 }
