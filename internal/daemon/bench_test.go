@@ -6,24 +6,30 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
+	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
 // BenchmarkDrain measures the whole relay (claim, publish pipeline, settle)
-// draining a backlog of 256-byte rows into an in-process JetStream server.
-// Compare runs with benchstat; b.N rows per run.
+// draining a backlog of 256-byte rows (BENCH_SIZE bytes) into an
+// in-process JetStream server, marking them done (deleting them with
+// BENCH_DELETE_DONE=1). Compare runs with benchstat; b.N rows per run.
 func BenchmarkDrain(b *testing.B) {
 	n := testenv.StartNATS(b)
 	path := testenv.NewDB(b)
 	db := testenv.AppDB(b, path)
-	if err := benchkit.Seed(context.Background(), db, "event_queue", b.N, 256, "pending"); err != nil {
+	if err := benchkit.Seed(context.Background(), db, "event_queue", b.N, benchkit.EnvInt("BENCH_SIZE", 256), "pending"); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
 	batch, inFlight := benchkit.EnvInt("BENCH_BATCH", 1000), benchkit.EnvInt("BENCH_IN_FLIGHT", 4000)
-	h := startRelay(b, path, n.URL(), harnessOptions{batch: batch, inFlight: inFlight,
+	doneRows := config.DoneRowsKeep
+	if benchkit.EnvInt("BENCH_DELETE_DONE", 0) == 1 {
+		doneRows = config.DoneRowsDelete
+	}
+	h := startRelay(b, path, n.URL(), harnessOptions{batch: batch, inFlight: inFlight, doneRows: doneRows,
 		mutateOpt: func(o *relay.Options) { o.SettleWindow = benchkit.EnvDuration("BENCH_SETTLE_WINDOW") },
 		mutateKeeper: func(o *housekeeping.Options) {
 			o.StatsInterval = 5 * time.Second

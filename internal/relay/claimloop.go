@@ -45,9 +45,16 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			continue
 		}
 		free := int64(r.o.MaxInFlight) - r.inflight.Load()
-		freeBytes := int64(r.o.MaxInFlightBytes) - r.inflightBytes.Load()
-		if free <= 0 || (r.o.MaxInFlightBytes > 0 && freeBytes <= 0) {
+		if free <= 0 {
 			wait(ctx, r.settled, nil)
+			continue
+		}
+		// Payload is claimed again once a quarter of its budget is free
+		// (see release): claims of a row or two at a time would cost a
+		// read of the table each.
+		freeBytes := int64(r.o.MaxInFlightBytes) - r.inflightBytes.Load()
+		if r.o.MaxInFlightBytes > 0 && freeBytes < int64(r.o.MaxInFlightBytes)/4 && r.inflightBytes.Load() > 0 {
+			wait(ctx, r.room, nil)
 			continue
 		}
 		limit := min(int64(r.o.BatchSize), free)

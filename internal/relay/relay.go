@@ -67,7 +67,7 @@ type Options struct {
 	Format           publish.Format
 	BatchSize        int
 	MaxInFlight      int
-	MaxInFlightBytes int           // payload bytes in flight at most (large payloads); 0: no limit
+	MaxInFlightBytes int           // payload bytes claimed and not yet acknowledged at most (large payloads); 0: no limit
 	PollInterval     time.Duration // fallback claim timer when no wake-up comes
 	WatchInterval    time.Duration // commit detection: the fallback poll of PRAGMA data_version
 	// Watch announces commits to the database (sqlitedb.DB.Watch) until
@@ -108,6 +108,7 @@ type Relay struct {
 	wake     chan struct{} // a commit or a reclaim happened: claim now
 	commits  chan struct{} // a commit happened (for Commits)
 	settled  chan struct{} // in-flight rows were settled: room to claim
+	room     chan struct{} // payload in flight went below its budget's three quarters
 	led      chan struct{} // this relay became the leader
 	leading  atomic.Bool
 	roleSaid atomic.Bool   // the role was logged once
@@ -115,7 +116,8 @@ type Relay struct {
 	lanes    *lanes        // rows with an ordering key
 	claimSeq atomic.Uint64 // claims begun, for lanes
 	inflight atomic.Int64
-	// inflightBytes is the payload held by rows in flight.
+	// inflightBytes is the payload held by rows claimed and not yet
+	// acknowledged (see release).
 	inflightBytes atomic.Int64
 	running       atomic.Bool
 	watching      atomic.Bool // the commit watch runs: commits are announced
@@ -167,6 +169,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		wake:     make(chan struct{}, 1),
 		commits:  make(chan struct{}, 1),
 		settled:  make(chan struct{}, 1),
+		room:     make(chan struct{}, 1),
 		led:      make(chan struct{}, 1),
 		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
 		lanes:    newLanes(),

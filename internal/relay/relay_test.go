@@ -315,3 +315,65 @@ func TestClosedConnectionWithTheDatabaseLocked(t *testing.T) {
 		t.Fatal("Run returned without trying to settle the released rows")
 	}
 }
+
+// gatedStore is a MemStore whose Settle waits until open is closed.
+type gatedStore struct {
+	testenv.MemStore
+	open chan struct{}
+}
+
+func (s *gatedStore) Settle(ctx context.Context, outs []event.Outcome) ([]int, error) {
+	select {
+	case <-s.open:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.MemStore.Settle(ctx, outs)
+}
+
+// countingPublisher acknowledges every message at once and counts them.
+type countingPublisher struct {
+	mu   sync.Mutex
+	sent int
+}
+
+func (p *countingPublisher) Publish(_ context.Context, msgs []publish.Message) []publish.Ack {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sent += len(msgs)
+	acks := make([]publish.Ack, len(msgs))
+	for i := range acks {
+		acks[i] = storedAck{}
+	}
+	return acks
+}
+
+func (p *countingPublisher) Ready(context.Context) error { return nil }
+
+func (p *countingPublisher) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sent
+}
+
+// TestPayloadBudgetReturnsAtTheAck: the payload budget bounds what is
+// claimed and not yet acknowledged, not what waits for its settle
+// transaction: with every settle held up, rows of 1 KiB under a budget of
+// 4 KiB are all published, and all settled once the store takes them.
+func TestPayloadBudgetReturnsAtTheAck(t *testing.T) {
+	store := &gatedStore{open: make(chan struct{})}
+	store.AddN(40, "T", make([]byte, 1024))
+	pub := &countingPublisher{}
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 2, MaxInFlight: 100, MaxInFlightBytes: 4096,
+		PollInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testenv.Eventually(t, 10*time.Second, "40 rows published while no settle ends", func() bool { return pub.count() == 40 })
+	close(store.open)
+	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.Outcomes()) == 40 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -25,8 +25,11 @@ import (
 func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 	// Acks are awaited apart from the window, so that a batch whose acks
 	// are slow (up to relay.ack_timeout) does not hold back the settling
-	// of the batches before it.
-	resolved := make(chan []event.Outcome)
+	// of the batches before it; and apart from the writes, so that a
+	// settle transaction does not hold back the acks behind it, which give
+	// back the payload budget (release). Each batch holds a row in flight
+	// until it is settled: MaxInFlight batches at most.
+	resolved := make(chan []event.Outcome, max(1, r.o.MaxInFlight))
 	go func() {
 		defer close(resolved)
 		for b := range r.pipeline {
@@ -67,12 +70,16 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 // resolve turns a batch's acknowledgements into outcomes.
 func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome {
 	outs := b.outcomes
+	for i := range outs {
+		r.release(&outs[i].Row)
+	}
 	for i, ack := range b.acks {
-		row := b.msgs[i].Row
 		res := ack.Wait(waitCtx)
 		if a, ok := ack.(*laneAck); ok {
 			r.sendNext(ctx, a, res)
 		}
+		r.release(&b.msgs[i].Row)
+		row := b.msgs[i].Row
 		now := r.o.Clock.Now()
 		switch res.Kind {
 		case publish.Stored, publish.Duplicate:
@@ -123,6 +130,21 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 	return outs
 }
 
+// release gives back the budget of a row's payload once its publish is
+// resolved, and drops the payload: the settlement needs none of it, and
+// rows wait for their settle transaction (up to SettleWindow) without
+// holding the budget that the next claims need.
+func (r *Relay) release(row *event.Row) {
+	if len(row.Payload) == 0 {
+		return
+	}
+	left := r.inflightBytes.Add(-int64(len(row.Payload)))
+	row.Payload = nil
+	if left <= int64(r.o.MaxInFlightBytes)*3/4 {
+		signal(r.room)
+	}
+}
+
 // sendNext sends the row of a's key after it, if a was stored and the
 // next row waits for it (see lanes); after shutdown began it is not sent.
 func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
@@ -156,11 +178,6 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
 	}
 	r.lanes.settled(outs, r.claimSeq.Load())
 	r.m.InFlight.Set(float64(r.inflight.Add(-int64(len(outs)))))
-	var bytes int64
-	for _, o := range outs {
-		bytes += int64(len(o.Row.Payload))
-	}
-	r.inflightBytes.Add(-bytes)
 	signal(r.settled)
 }
 
