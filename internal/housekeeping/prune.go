@@ -45,9 +45,15 @@ func NewPruner(db *sqlitedb.DB) *Pruner {
 // many rows it deleted.
 func (p *Pruner) Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error) {
 	var name, finished, when string
+	unfinished := "" // a query for the rows in a rowid range (?1, ?2] known unfinished without reading them
 	switch table {
 	case event.PruneOutbox:
 		name, finished, when = p.db.Table(), `status = 'done'`, `coalesce(processed_at, created_at)`
+		// status and processed_at come after the payload, in the last of a
+		// large row's overflow pages: reading them reads the whole
+		// payload. Pending rows are found in the pending index instead, so
+		// that a sweep does not read a backlog of large rows.
+		unfinished = fmt.Sprintf(`SELECT id FROM %s WHERE status = 'pending' AND id > ?1 AND id <= ?2`, name)
 	case event.PruneDoneRecords:
 		name, finished, when = schema.DoneTable(p.db.Table()), `1`, `processed_at`
 		// A file that never had a relay delete its done rows may lack it.
@@ -59,36 +65,30 @@ func (p *Pruner) Prune(ctx context.Context, table string, before time.Time, paus
 	default:
 		return 0, fmt.Errorf("prune: unknown table %q", table)
 	}
-	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s AND %s < ?2, 0) FROM %s WHERE rowid > ?1 ORDER BY rowid LIMIT %d`, finished, when, name, pruneScan)
+	// A step reads the rowids of the next pruneScan rows, then the rows
+	// among them that may be finished.
+	window := fmt.Sprintf(`SELECT count(*), coalesce(max(rowid), 0) FROM (SELECT rowid FROM %s WHERE rowid > ?1 ORDER BY rowid LIMIT %d)`, name, pruneScan)
+	scan := fmt.Sprintf(`SELECT rowid FROM %s WHERE rowid > ?1 AND rowid <= ?2`, name)
+	if unfinished != "" {
+		scan += ` AND rowid NOT IN (` + unfinished + `)` // tested first: SQLite tests the terms in order
+	}
+	scan += fmt.Sprintf(` AND %s AND %s < ?3`, finished, when)
 	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
 	cutoff := before.UnixMilli()
 	cursor := p.cursors[table]
 	defer func() { p.cursors[table] = cursor }()
 	var deleted int64
 	for read := 0; read < pruneBudget; {
-		rows, err := p.db.Reader().QueryContext(ctx, scan, cursor, cutoff)
+		var n int
+		var end int64
+		if err := p.db.Reader().QueryRowContext(ctx, window, cursor).Scan(&n, &end); err != nil {
+			return deleted, fmt.Errorf("prune %s: %w", name, err)
+		}
+		victims, err := p.victims(ctx, scan, cursor, end, cutoff)
 		if err != nil {
 			return deleted, fmt.Errorf("prune %s: %w", name, err)
 		}
-		var victims []int64
-		n := 0
-		for rows.Next() {
-			var id int64
-			var old bool
-			if err := rows.Scan(&id, &old); err != nil {
-				rows.Close()
-				return deleted, fmt.Errorf("prune %s: %w", name, err)
-			}
-			n++
-			cursor = id
-			if old {
-				victims = append(victims, id)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return deleted, fmt.Errorf("prune %s: %w", name, err)
-		}
+		cursor = max(cursor, end)
 		read += n
 		if len(victims) > 0 {
 			k, err := deleteRows(ctx, p.db, del, victims, cutoff)
@@ -108,6 +108,24 @@ func (p *Pruner) Prune(ctx context.Context, table string, before time.Time, paus
 		}
 	}
 	return deleted, nil
+}
+
+// victims runs scan over the rowids (from, to] for the old finished rows.
+func (p *Pruner) victims(ctx context.Context, scan string, from, to, cutoff int64) ([]int64, error) {
+	rows, err := p.db.Reader().QueryContext(ctx, scan, from, to, cutoff)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }
 
 // deleteRows deletes the given rowids in one short write transaction,
