@@ -151,12 +151,14 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	now := time.Now().UnixMilli()
-	var oldest sql.NullInt64
 	if err := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE %[2]s),
-	(SELECT count(*) FROM %[1]s WHERE status = 'pending' AND NOT %[3]s),
-	(%[4]s)`, s.Table(), schema.DueRow, schema.DueSQL("?1"), schema.OldestDueSQL(s.Table())), now).
-		Scan(&st.PendingDue, &st.PendingScheduled, &oldest); err != nil {
+	(SELECT count(*) FROM %[1]s WHERE status = 'pending' AND NOT %[3]s)`, s.Table(), schema.DueRow, schema.DueSQL("?1")), now).
+		Scan(&st.PendingDue, &st.PendingScheduled); err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	oldest, err := schema.OldestDue(ctx, tx, s.Table(), now)
+	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	if oldest.Valid {

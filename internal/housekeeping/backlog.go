@@ -2,7 +2,6 @@ package housekeeping
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 // Backlog reads the unfinished rows' counts in one short read through the
 // partial indexes: its cost follows the backlog, not the table. Its
 // OldestPending is when the longest-waiting due row became due (see
-// schema.OldestDueSQL); rows scheduled for later do not age the backlog.
+// schema.OldestDue); rows scheduled for later do not age the backlog.
 // With parks (ordering.on_dead_letter: hold) it counts the ordering keys
 // dead letters park (schema.ParkedKeysSQL); without, none is parked and
 // ParkedKeys is 0.
@@ -27,14 +26,16 @@ func Backlog(ctx context.Context, s *sqlitedb.DB, parks bool) (event.Backlog, er
 	if parks {
 		parked = "SELECT count(*) FROM (" + schema.ParkedKeysSQL(s.Table()) + ")"
 	}
-	var oldest sql.NullInt64
 	err := s.Reader().QueryRowContext(ctx, fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
 	(SELECT count(*) FROM %[1]s WHERE status = 'processing'),
 	(SELECT count(*) FROM %[1]s WHERE status = 'dead_lettered'),
-	(%[2]s),
-	(%[3]s)`, s.Table(), schema.OldestDueSQL(s.Table()), parked), s.DueMs()).
-		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &oldest, &b.ParkedKeys)
+	(%[2]s)`, s.Table(), parked)).
+		Scan(&b.Pending, &b.Processing, &b.DeadLettered, &b.ParkedKeys)
+	if err != nil {
+		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
+	}
+	oldest, err := schema.OldestDue(ctx, s.Reader(), s.Table(), s.DueMs())
 	if err != nil {
 		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
 	}

@@ -44,26 +44,6 @@ func DueSQL(param string) string {
 // milliseconds).
 var DueRow = `status = 'pending' AND ` + DueSQL("?1")
 
-// oldestDueWindow is how many due rows, in claim order, oldestDueSQL looks
-// at, so that a backlog of a million rows costs a fraction of a
-// millisecond instead of a scan of every row (a few hundred milliseconds,
-// every stats interval). A row further back is missed only when a thousand
-// due rows ahead of it became due after it (retried or released rows);
-// they wait unclaimed too, so a stuck relay still shows, a little later.
-const oldestDueWindow = 1000
-
-// OldestDueSQL is a query for when the longest-waiting due row became due,
-// in Unix milliseconds (NULL when nothing is due): the later of created_at
-// and available_at, since a row cannot be published before either, among
-// the first oldestDueWindow due rows in id order (the order the relay
-// claims them in). Where one of the two is no time (or NULL), the other
-// counts alone.
-func OldestDueSQL(table string) string {
-	return fmt.Sprintf(`SELECT min(CASE WHEN c IS NULL THEN a WHEN a IS NULL OR c > a THEN c ELSE a END) FROM (
-	SELECT %s AS c, %s AS a FROM %s WHERE %s ORDER BY id LIMIT %d)`,
-		MsSQL("created_at"), MsSQL("available_at"), table, DueRow, oldestDueWindow)
-}
-
 // ParkedKeysSQL is a query for the ordering keys a dead letter parks
 // (ordering.on_dead_letter: hold), one row per key: the key (parked_key)
 // and its earliest dead-lettered row (parked_id) that the key's rows wait

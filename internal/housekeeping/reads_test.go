@@ -41,6 +41,34 @@ func TestPruneReadsNoPendingPayload(t *testing.T) {
 	}
 }
 
+// TestBacklogReadsFewPayloads: the backlog's oldest due row is found
+// from the pending index and the created_at of one row, not of every row
+// in its window (created_at comes after the payload in the record), and
+// it is still the later of the two times.
+func TestBacklogReadsFewPayloads(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	if err := benchkit.Seed(ctx, db, "event_queue", 300, 64<<10, "pending"); err != nil {
+		t.Fatal(err)
+	}
+	// The row due first was created after it became due (a clock step,
+	// or an application that writes both): its created_at counts.
+	due, created := time.Now().Add(-time.Hour).UnixMilli(), time.Now().Add(-30*time.Minute).UnixMilli()
+	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = ?, created_at = ? WHERE id = 7`, due, created)
+	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = ?1, created_at = ?1 WHERE id = 9`, created+1000)
+	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
+	before := readBytes(t)
+	b, err := Backlog(ctx, s, false)
+	read := readBytes(t) - before
+	if err != nil || b.Pending != 300 || b.OldestPending.UnixMilli() != created {
+		t.Fatalf("backlog %+v, %v; want 300 pending, the oldest due at %d", b, err, created)
+	}
+	if read > 2<<20 {
+		t.Errorf("reading the backlog of 300 rows of 64 KiB read %d bytes: it reads their payloads", read)
+	}
+}
+
 // readBytes is what this process has read from files and sockets so far.
 func readBytes(t *testing.T) int64 {
 	t.Helper()
