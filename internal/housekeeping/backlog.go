@@ -26,7 +26,14 @@ func Backlog(ctx context.Context, s *sqlitedb.DB, parks bool) (event.Backlog, er
 	if parks {
 		parked = "SELECT count(*) FROM (" + schema.ParkedKeysSQL(s.Table()) + ")"
 	}
-	err := s.Reader().QueryRowContext(ctx, fmt.Sprintf(`SELECT
+	// One read transaction: OldestDue reads a row it saw due again, and
+	// a settle may delete it in between (retention.done_rows: delete).
+	tx, err := s.Reader().BeginTx(ctx, nil)
+	if err != nil {
+		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
+	}
+	defer tx.Rollback()
+	err = tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT
 	(SELECT count(*) FROM %[1]s WHERE status = 'pending'),
 	(SELECT count(*) FROM %[1]s WHERE status = 'processing'),
 	(SELECT count(*) FROM %[1]s WHERE status = 'dead_lettered'),
@@ -35,7 +42,7 @@ func Backlog(ctx context.Context, s *sqlitedb.DB, parks bool) (event.Backlog, er
 	if err != nil {
 		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
 	}
-	oldest, err := schema.OldestDue(ctx, s.Reader(), s.Table(), s.DueMs())
+	oldest, err := schema.OldestDue(ctx, tx, s.Table(), s.DueMs())
 	if err != nil {
 		return event.Backlog{}, fmt.Errorf("read backlog: %w", err)
 	}

@@ -3,6 +3,7 @@ package housekeeping
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"os"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -66,6 +68,35 @@ func TestBacklogReadsFewPayloads(t *testing.T) {
 	}
 	if read > 2<<20 {
 		t.Errorf("reading the backlog of 300 rows of 64 KiB read %d bytes: it reads their payloads", read)
+	}
+}
+
+// settleBetween is a Querier that runs after (a settle) right after each
+// query, as a relay settling rows beside a reader outside a transaction
+// would.
+type settleBetween struct {
+	*sql.DB
+	after func()
+}
+
+func (q settleBetween) QueryContext(ctx context.Context, s string, args ...any) (*sql.Rows, error) {
+	rows, err := q.DB.QueryContext(ctx, s, args...)
+	q.after()
+	return rows, err
+}
+
+// TestOldestDueSkipsARowSettledMeanwhile: a due row deleted between
+// OldestDue's read of the due rows and its read of the row's created_at
+// (retention.done_rows: delete) is skipped, not an error.
+func TestOldestDueSkipsARowSettledMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.InsertRows(t, db, 3, "pending")
+	q := settleBetween{DB: s.Reader(), after: func() { testenv.MustExec(t, db, `DELETE FROM event_queue WHERE id = 1`) }}
+	oldest, err := schema.OldestDue(ctx, q, "event_queue", time.Now().UnixMilli())
+	if err != nil || !oldest.Valid {
+		t.Fatalf("OldestDue: %v, %v; want the oldest of the rows left", oldest, err)
 	}
 }
 

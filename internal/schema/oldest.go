@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -70,7 +71,9 @@ func OldestDue(ctx context.Context, q sqlitedb.Querier, t string, now int64) (sq
 			break // this row and every later one became due no earlier
 		}
 		var c sql.NullInt64
-		if err := q.QueryRowContext(ctx, created, d.id).Scan(&c); err != nil {
+		if err := q.QueryRowContext(ctx, created, d.id).Scan(&c); errors.Is(err, sql.ErrNoRows) {
+			continue // settled (deleted) since the window was read, outside a transaction
+		} else if err != nil {
 			return best, fmt.Errorf("read the oldest due row: %w", err)
 		}
 		v := d.a
