@@ -48,7 +48,7 @@ func (c *cli) benchCommand() *cobra.Command {
 With --config, the bench's connection and every process it starts read the
 same file (credentials, TLS, and the children's relay settings). With
 --delete-done, every relay child runs with retention.done_rows: delete, and
-the --done-rows are seeded as records in the table's _done table.`,
+the --done-rows are seeded as records in the table's records table.`,
 		Example: `  outbox-relay bench --rows 50000 --ceiling-in-flight 1000
   outbox-relay bench --done-rows 1000000 --rate 1000 --duration 30s --idle 60s
   outbox-relay bench --keys 1000 --nats-url nats://nats:4222 --config /etc/outbox-relay.yaml --json
@@ -83,7 +83,7 @@ func benchFlags(f *pflag.FlagSet, o *bench.Options) {
 	f.IntVar(&o.Rows, "rows", 200_000, "rows (and ceiling messages) per measurement")
 	f.IntVar(&o.Size, "size", 256, "payload bytes")
 	f.IntVar(&o.DoneRows, "done-rows", 0, "also drain with this many done rows in the table, and compare")
-	f.BoolVar(&o.DeleteDone, "delete-done", false, "run the relay children with retention.done_rows: delete (settled rows deleted, recorded in the table's _done table)")
+	f.BoolVar(&o.DeleteDone, "delete-done", false, "run the relay children with retention.done_rows: delete (settled rows deleted, recorded in the table's records table)")
 	f.IntVar(&o.Keys, "keys", 0, "also drain with this many ordering keys round robin, check each key's order, and compare (0: not)")
 	f.IntVar(&o.Rate, "rate", 0, "also measure lag with a writer inserting this many rows/s")
 	f.DurationVar(&o.Duration, "duration", 30*time.Second, "how long the --rate writer writes")

@@ -394,7 +394,7 @@ WHERE id < ?2 AND `+schema.MsSQL("processed_at")+` >= ?1 ORDER BY id DESC LIMIT 
 
 // doneSource returns the done rows of outbox table t as subqueries of
 // (id, event_id, stream_seq, processed_at), stream_seq an integer or
-// NULL: the rows marked done in t, and, where t's _done table exists
+// NULL: the rows marked done in t, and, where t's records table exists
 // (records), the records of the rows deleted when settled
 // (retention.done_rows: delete). A file from before the stream_seq column
 // has none recorded.

@@ -91,7 +91,7 @@ func TestRecordsOfDeletedRows(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	publishDone(t, js, app, []string{"kept-1", "gone-2", "kept-3", "gone-4", "gone-5"}, map[string]uint64{"gone-5": 1})
-	testenv.MustExec(t, app, `INSERT INTO event_queue_done (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
+	testenv.MustExec(t, app, `INSERT INTO outbox_relay_done_event_queue (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
 		SELECT id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq FROM event_queue WHERE event_id LIKE 'gone-%'`)
 	testenv.MustExec(t, app, `DELETE FROM event_queue WHERE event_id LIKE 'gone-%'`)
 	read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {

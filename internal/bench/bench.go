@@ -54,7 +54,7 @@ type Options struct {
 	ConfigFile string
 	// DeleteDone runs every relay child with retention.done_rows: delete
 	// (settling a row deletes it and records it in the outbox table's
-	// _done table), and seeds the --done-rows as such records.
+	// records table), and seeds the --done-rows as such records.
 	DeleteDone bool
 	// Progress receives a line per measurement as it completes.
 	Progress io.Writer
@@ -521,7 +521,7 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 }
 
 // seed writes d's done rows, then (unless d has a writer) its pending
-// rows. With --delete-done the done rows become records in the _done
+// rows. With --delete-done the done rows become records in the records
 // table, as the relay in that mode leaves them, and get no payload (their
 // records keep none); their ids still come before the pending rows'.
 func (b *bench) seed(ctx context.Context, db *sql.DB, d drain) error {

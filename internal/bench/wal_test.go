@@ -60,7 +60,7 @@ func TestSettleWAL(t *testing.T) {
 }
 
 // TestDrainDeleteDone: with --delete-done the relay children delete the
-// rows they settle and record them in event_queue_done, and the bench
+// rows they settle and record them in outbox_relay_done_event_queue, and the bench
 // reads those records as done rows: the seeded done rows are records
 // there, the drain's rows are counted and their lags read, and a keyed
 // drain's order check passes.
@@ -88,7 +88,7 @@ func TestDrainDeleteDone(t *testing.T) {
 		t.Fatalf("run %+v", r)
 	}
 	db := testenv.AppDB(t, path)
-	if got := testenv.Strings(t, db, `SELECT (SELECT count(*) FROM event_queue) || ' ' || (SELECT count(*) FROM event_queue_done) || ' ' || (SELECT min(id) FROM event_queue_done)`); got[0] != fmt.Sprintf("0 %d 1", rows+done) {
+	if got := testenv.Strings(t, db, `SELECT (SELECT count(*) FROM event_queue) || ' ' || (SELECT count(*) FROM outbox_relay_done_event_queue) || ' ' || (SELECT min(id) FROM outbox_relay_done_event_queue)`); got[0] != fmt.Sprintf("0 %d 1", rows+done) {
 		t.Fatalf("rows left, records, first record: %q; want none left and %d records from id 1", got[0], rows+done)
 	}
 	// The seeded records have no key; the drained rows have theirs.
@@ -96,7 +96,7 @@ func TestDrainDeleteDone(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "the stream holds") {
 		t.Fatalf("order check with the seeded records, which were never published: %d messages, %d keys, %v", msgs, nkeys, err)
 	}
-	testenv.MustExec(t, db, `DELETE FROM event_queue_done WHERE id <= ?`, done)
+	testenv.MustExec(t, db, `DELETE FROM outbox_relay_done_event_queue WHERE id <= ?`, done)
 	if msgs, nkeys, err = checkKeyOrder(ctx, js, names.stream, path); err != nil || msgs != rows || nkeys != keys {
 		t.Fatalf("order check: %d messages, %d keys, %v; want %d and %d", msgs, nkeys, err, rows, keys)
 	}

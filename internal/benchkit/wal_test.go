@@ -86,7 +86,7 @@ func TestDoneTableReadBack(t *testing.T) {
 	if err := Seed(ctx, db, "event_queue", 4, 16, "pending", Keys(2)); err != nil {
 		t.Fatal(err)
 	}
-	if got := testenv.Strings(t, db, `SELECT (SELECT count(*) FROM event_queue) || ' ' || (SELECT group_concat(id) FROM event_queue_done)`); got[0] != "4 1,2,3" {
+	if got := testenv.Strings(t, db, `SELECT (SELECT count(*) FROM event_queue) || ' ' || (SELECT group_concat(id) FROM outbox_relay_done_event_queue)`); got[0] != "4 1,2,3" {
 		t.Fatalf("rows left and records moved: %q; want 4 rows and the records of rows 1 to 3", got[0])
 	}
 	keys, notDone, err := DoneKeys(ctx, db, "event_queue")
@@ -94,7 +94,7 @@ func TestDoneTableReadBack(t *testing.T) {
 		t.Fatalf("DoneKeys: %v, %d not done (%v); want the 3 records and 4 rows not done", keys, notDone, err)
 	}
 	// Rows 4 and 5 settled as a relay deleting done rows does, 6 marked done.
-	testenv.MustExec(t, db, `INSERT INTO event_queue_done (id, event_id, event_type, ordering_key, created_at, processed_at)
+	testenv.MustExec(t, db, `INSERT INTO outbox_relay_done_event_queue (id, event_id, event_type, ordering_key, created_at, processed_at)
 SELECT id, event_id, event_type, ordering_key, created_at, created_at + 5 FROM event_queue WHERE id IN (4, 5)`)
 	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE id IN (4, 5)`)
 	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'done', processed_at = created_at + 9 WHERE id = 6`)
@@ -106,7 +106,7 @@ SELECT id, event_id, event_type, ordering_key, created_at, created_at + 5 FROM e
 	if err != nil || len(keys) != 6 || notDone != 1 || keys[4] != OrderingKey(0) || keys[5] != OrderingKey(1) || keys[6] != OrderingKey(0) {
 		t.Fatalf("DoneKeys: %v, %d not done (%v)", keys, notDone, err)
 	}
-	testenv.MustExec(t, db, `UPDATE event_queue_done SET processed_at = processed_at + 3600000 WHERE id = 5`)
+	testenv.MustExec(t, db, `UPDATE outbox_relay_done_event_queue SET processed_at = processed_at + 3600000 WHERE id = 5`)
 	last, err := LastProcessed(ctx, db, "event_queue")
 	if err != nil || time.Until(last) < 59*time.Minute {
 		t.Fatalf("last processed %v (%v); want record 5's, an hour ahead", last, err)

@@ -40,7 +40,7 @@ type Options struct {
 	// the other keys share.
 	KeyDepth int
 	// DeleteDone deletes a row settled as done from the outbox table and
-	// records it in the table's _done table (schema.DoneTable), in the
+	// records it in the table's records table (schema.DoneTable), in the
 	// same transaction (retention.done_rows: delete): a row of any size
 	// then costs the settle a few hundred bytes of writes, where marking
 	// it done rewrites its whole record. The table's ids must never be
@@ -102,9 +102,12 @@ func New(db *sqlitedb.DB, opts Options) *Store {
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
 	due, takeAfter, takeRescan, assignID, settledAt, retry, deadLetter, release, deadLetters, nextDue string
-	// done are the statements that settle rows as done, in order; the
-	// last one's count of rows changed is the count settled.
+	// done are the statements that settle rows as done, in order: the
+	// rows they change, added up, are the rows settled.
 	done []string
+	// doneRecord, when set, writes the records of the rows about to be
+	// deleted as done, before done runs (Options.DeleteDone).
+	doneRecord string
 }
 
 // pendingRow is the condition of every settle write: the row is still
@@ -158,13 +161,17 @@ FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHER
 	}
 	if deleteDone {
 		d := schema.DoneTable(t)
-		q.settledAt = fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND processed_at = ?2`, d)
-		// The record first, read from the row it replaces. A record of
-		// the same id (one the application gave again) is replaced.
-		q.done = []string{fmt.Sprintf(`INSERT OR REPLACE INTO %[2]s (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
+		q.settledAt = fmt.Sprintf(`SELECT id FROM %[2]s WHERE id IN (SELECT value FROM json_each(?1)) AND processed_at = ?2
+UNION SELECT id FROM %[1]s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t, d)
+		// The record first, read from the row it replaces. An id that
+		// has a record already (one the application gave again) keeps
+		// it: that row is marked done in place instead, by the UPDATE.
+		q.doneRecord = fmt.Sprintf(`INSERT INTO %[2]s (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
 SELECT %[1]s.id, event_id, event_type, ordering_key, created_at, ?2, nullif(j.seq, 0)
-FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j JOIN %[1]s ON %[1]s.id = j.id WHERE status = 'pending'`, t, d),
-			fmt.Sprintf(`DELETE FROM %s WHERE id IN (SELECT value ->> 0 FROM json_each(?1)) AND status = 'pending'`, t)}
+FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j JOIN %[1]s ON %[1]s.id = j.id WHERE status = 'pending'
+ON CONFLICT (id) DO NOTHING`, t, d)
+		q.done = append([]string{fmt.Sprintf(`DELETE FROM %[1]s WHERE id IN (SELECT value ->> 0 FROM json_each(?1)) AND status = 'pending'
+AND EXISTS (SELECT 1 FROM %[2]s AS d WHERE d.id = %[1]s.id AND d.processed_at = ?2 AND d.event_id IS %[1]s.event_id)`, t, d)}, q.done...)
 	}
 	return q
 }
@@ -798,14 +805,22 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) 
 				}
 			}
 		})
-		var res sql.Result
 		arg := doneJSON(outs, done)
-		for _, q := range s.q.done {
-			if res, err = tx.ExecContext(ctx, q, arg, now); err != nil {
+		if s.q.doneRecord != "" {
+			if _, err := tx.ExecContext(ctx, s.q.doneRecord, arg, now); err != nil {
 				return nil, fmt.Errorf("settle rows: %w", err)
 			}
 		}
-		if n, _ := res.RowsAffected(); int(n) < len(done) {
+		var settled int64
+		for _, q := range s.q.done {
+			res, err := tx.ExecContext(ctx, q, arg, now)
+			if err != nil {
+				return nil, fmt.Errorf("settle rows: %w", err)
+			}
+			n, _ := res.RowsAffected()
+			settled += n
+		}
+		if int(settled) < len(done) {
 			lost, err := s.notSettled(ctx, tx, outs, done, ids, now)
 			if err != nil {
 				return nil, err

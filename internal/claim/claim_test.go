@@ -192,7 +192,8 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	// pending index, which leads with id and holds only pending rows).
 	// So does deleting them (retention.done_rows: delete), and reading
 	// them for their records.
-	for _, q := range append(s.q.done, newQueries("event_queue", true).done...) {
+	del := newQueries("event_queue", true)
+	for _, q := range append(append(s.q.done, del.done...), del.doneRecord) {
 		plan = testenv.QueryPlan(t, s.db, q, "[[1,5],[2,6]]", now)
 		byID := strings.Contains(plan, "SEARCH event_queue USING INTEGER PRIMARY KEY (rowid=?)") || strings.Contains(plan, "SEARCH event_queue USING COVERING INDEX event_queue_pending (id=?)") || strings.Contains(plan, "SEARCH event_queue USING INDEX event_queue_pending (id=?)")
 		if !byID || regexp.MustCompile(`SCAN event_queue($|;)`).MatchString(plan) {

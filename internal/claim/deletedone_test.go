@@ -14,7 +14,7 @@ import (
 
 // TestSettleDeletesDoneRows: with DeleteDone a row settled as done leaves
 // the outbox table and its record (event id, type, key, times, stream
-// sequence) is in the _done table; retried and dead-lettered rows stay
+// sequence) is in the records table; retried and dead-lettered rows stay
 // as they are; a row settled meanwhile by someone else is stale and
 // leaves no record.
 func TestSettleDeletesDoneRows(t *testing.T) {
@@ -42,7 +42,7 @@ func TestSettleDeletesDoneRows(t *testing.T) {
 		t.Errorf("outbox rows %v, want the done rows gone and the others as they were", got)
 	}
 	got := testenv.Strings(t, db, `SELECT d.id || ' ' || d.event_id || ' ' || d.event_type || ' ' || coalesce(d.ordering_key, '-') || ' ' || d.stream_seq || ' ' || (d.processed_at >= d.created_at)
-		FROM event_queue_done AS d ORDER BY d.id`)
+		FROM outbox_relay_done_event_queue AS d ORDER BY d.id`)
 	want := fmt.Sprint([]string{
 		fmt.Sprintf("1 %s %s k 41 1", rows[0].EventID, rows[0].EventType),
 		fmt.Sprintf("2 %s %s - 42 1", rows[1].EventID, rows[1].EventType),
@@ -61,7 +61,7 @@ func TestSettleDeletesDoneRows(t *testing.T) {
 // overflow pages and all, since the record changes size: a 64 KiB row
 // costs more than 64 KiB. Deleting it (DeleteDone) frees the pages
 // without writing them: what is left (the indexes, the record in the
-// _done table, the freelist) is the same for 256 B and for 64 KiB.
+// records table, the freelist) is the same for 256 B and for 64 KiB.
 func TestSettlingWritesLittleWhateverThePayload(t *testing.T) {
 	const n, batch = 400, 100
 	keepLarge := settleWALBytes(t, false, n, 64<<10, batch)
@@ -118,4 +118,29 @@ func settleWALBytes(t *testing.T, deleteDone bool, n, size, batch int) int64 {
 		t.Fatal(err)
 	}
 	return grown / int64(n)
+}
+
+// TestDeleteDoneKeepsARecordOfAnIDGivenAgain: an application that writes
+// ids itself can write a published (deleted) row's id again; that row is
+// then marked done in place, and the first row's record stays.
+func TestDeleteDoneKeepsARecordOfAnIDGivenAgain(t *testing.T) {
+	ctx := context.Background()
+	s := New(testenv.MigratedDB(t), Options{DeleteDone: true})
+	db := testenv.AppDB(t, s.db.Path())
+	for i, ev := range []string{"first", "second"} {
+		testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (7, ?, 'T', 'x')`, ev)
+		rows, err := s.Claim(ctx, 10, 0)
+		if err != nil || len(rows) != 1 {
+			t.Fatal(rows, err)
+		}
+		if stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done, StreamSeq: uint64(i + 1)}}); err != nil || len(stale) > 0 {
+			t.Fatal(stale, err)
+		}
+	}
+	if got := testenv.Strings(t, db, `SELECT event_id || ' ' || stream_seq FROM outbox_relay_done_event_queue`); fmt.Sprint(got) != "[first 1]" {
+		t.Errorf("records %v, want the first row's", got)
+	}
+	if got := testenv.Strings(t, db, `SELECT event_id || ' ' || status || ' ' || stream_seq FROM event_queue`); fmt.Sprint(got) != "[second done 2]" {
+		t.Errorf("outbox rows %v, want the second row marked done", got)
+	}
 }

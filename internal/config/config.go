@@ -163,7 +163,7 @@ type Retention struct {
 	Done time.Duration `mapstructure:"done"`
 	// DoneRows says what settling a row as done does to it: keep it in the
 	// outbox table, marked done (DoneRowsKeep), or delete it and keep a
-	// compact record of it in the table's _done table (DoneRowsDelete).
+	// compact record of it in the table's records table (DoneRowsDelete).
 	DoneRows        string        `mapstructure:"done_rows"`
 	ProcessedEvents time.Duration `mapstructure:"processed_events"`
 }
@@ -171,7 +171,7 @@ type Retention struct {
 // What settling a row as done does to it (retention.done_rows).
 const (
 	DoneRowsKeep   = "keep"   // marked done in the outbox table
-	DoneRowsDelete = "delete" // deleted; its record goes to the _done table
+	DoneRowsDelete = "delete" // deleted; its record goes to the records table
 )
 
 // Metrics is the HTTP listener for /metrics, /healthz and /readyz.

@@ -20,7 +20,7 @@ import (
 )
 
 // TestDeleteDoneRows: with retention.done_rows delete, every published row
-// leaves event_queue and its record in event_queue_done names the stream
+// leaves event_queue and its record in outbox_relay_done_event_queue names the stream
 // sequence that holds its message; a row that cannot be published stays,
 // dead-lettered; each key's messages are in row order; status counts the
 // records as done; retention prunes old records and counts them.
@@ -30,7 +30,7 @@ func TestDeleteDoneRows(t *testing.T) {
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	old := time.Now().Add(-2 * time.Hour).UnixMilli()
-	testenv.MustExec(t, app, `INSERT INTO event_queue_done (id, event_id, event_type, processed_at, stream_seq) VALUES (1000000, 'old', 'T', ?, NULL)`, old)
+	testenv.MustExec(t, app, `INSERT INTO outbox_relay_done_event_queue (id, event_id, event_type, processed_at, stream_seq) VALUES (1000000, 'old', 'T', ?, NULL)`, old)
 	for i := range 300 {
 		testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, 'Keyed', randomblob(20000), ?)`,
 			fmt.Sprintf("ev-%d", i), []string{"k1", "k2", "k3"}[i%3])
@@ -41,7 +41,7 @@ func TestDeleteDoneRows(t *testing.T) {
 	}})
 	testenv.Eventually(t, 30*time.Second, "300 rows recorded done and one dead-lettered", func() bool {
 		var recs, dead int
-		return app.QueryRow(`SELECT (SELECT count(*) FROM event_queue_done WHERE id < 1000000), (SELECT count(*) FROM event_queue WHERE status = 'dead_lettered')`).Scan(&recs, &dead) == nil &&
+		return app.QueryRow(`SELECT (SELECT count(*) FROM outbox_relay_done_event_queue WHERE id < 1000000), (SELECT count(*) FROM event_queue WHERE status = 'dead_lettered')`).Scan(&recs, &dead) == nil &&
 			recs == 300 && dead == 1
 	})
 	if got := testenv.Strings(t, app, `SELECT event_id || ' ' || status FROM event_queue`); len(got) != 1 || got[0] != "bad dead_lettered" {
@@ -56,7 +56,7 @@ func TestDeleteDoneRows(t *testing.T) {
 	if len(msgs) != 300 {
 		t.Fatalf("stream holds %d messages, want 300", len(msgs))
 	}
-	rows, err := app.Query(`SELECT id, event_id, ordering_key, stream_seq FROM event_queue_done WHERE id < 1000000 ORDER BY id`)
+	rows, err := app.Query(`SELECT id, event_id, ordering_key, stream_seq FROM outbox_relay_done_event_queue WHERE id < 1000000 ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,6 +79,7 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 			r.sendNext(ctx, a, res)
 		}
 		r.release(&b.msgs[i].Row)
+		b.acks[i] = nil // its future holds the message, payload and all
 		row := b.msgs[i].Row
 		now := r.o.Clock.Now()
 		switch res.Kind {

@@ -56,9 +56,9 @@ var migrations = []migration{
 // DoneTable is the name of the table that keeps a compact record of each
 // row of outbox table t that the relay deleted when it settled it
 // (retention.done_rows: delete).
-func DoneTable(t string) string { return t + "_done" }
+func DoneTable(t string) string { return "outbox_relay_done_" + t }
 
-// migrateDoneRecords creates the outbox table's _done table: one row per
+// migrateDoneRecords creates the outbox table's records table: one row per
 // settled row the relay deleted, with what status, audit, retention and
 // a consumer need of it (no payload, no headers). Its id is the outbox
 // row's, so records are appended in id order. It is created whatever
@@ -78,8 +78,31 @@ func migrateDoneRecords(ctx context.Context, s *sqlitedb.DB) error {
 )`); err != nil {
 			return fmt.Errorf("create table %s: %w", t, err)
 		}
-		return nil
+		return doneTableProblem(ctx, tx, t)
 	})
+}
+
+// doneColumns are the columns of an outbox table's records table.
+var doneColumns = []string{"id", "event_id", "event_type", "ordering_key", "created_at", "processed_at", "stream_seq"}
+
+// doneTableProblem returns an error (wrapping ErrSchema) when the table
+// named t, which exists, lacks a column of a records table: a table of
+// that name that is not the relay's is never written or pruned.
+func doneTableProblem(ctx context.Context, q sqlitedb.Querier, t string) error {
+	cols, err := sqlitedb.Columns(ctx, q, t)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, c := range doneColumns {
+		if !cols[c] {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: table %s lacks column(s) %s: it is not the relay's table of done records; rename it", ErrSchema, t, strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // IDsNeverReused reports whether the outbox table's ids are never given
@@ -92,10 +115,15 @@ func IDsNeverReused(ctx context.Context, q sqlitedb.Querier, t string) (bool, er
 	if err != nil {
 		return false, fmt.Errorf("read the definition of %s: %w", t, err)
 	}
-	return autoincrementRe.MatchString(ddl), nil
+	return autoincrementRe.MatchString(sqlNotCode.ReplaceAllString(ddl, " ")), nil
 }
 
-var autoincrementRe = regexp.MustCompile(`(?i)\bAUTOINCREMENT\b`)
+var (
+	autoincrementRe = regexp.MustCompile(`(?i)\bAUTOINCREMENT\b`)
+	// sqlNotCode matches what in a statement is not code: comments, string
+	// literals and quoted names (which may say AUTOINCREMENT).
+	sqlNotCode = regexp.MustCompile(`--[^\n]*|/\*(?s:.*?)\*/|'(?:[^']|'')*'|"(?:[^"]|"")*"|\[[^\]]*\]|` + "`[^`]*`")
+)
 
 // migrateMetadata adds two optional columns: headers (NULL: none), a JSON
 // object whose entries become the message's headers, and stream_seq, the

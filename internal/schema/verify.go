@@ -2,6 +2,7 @@ package schema
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -31,13 +32,6 @@ func Verify(ctx context.Context, s *sqlitedb.DB) error {
 		missing = append(missing, problem)
 	case problem != "":
 		wrong = append(wrong, problem)
-	}
-	// Only retention.done_rows: delete writes the _done table (see
-	// DeleteDoneProblem); a file without it serves the default.
-	if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "table", DoneTable(t)); err != nil {
-		return err
-	} else if !ok {
-		missing = append(missing, "table "+DoneTable(t))
 	}
 	for _, suffix := range requiredIndexes {
 		if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "index", t+suffix); err != nil {
@@ -120,8 +114,9 @@ func schemaError(s *sqlitedb.DB, missing, wrong []string) error {
 }
 
 // DeleteDoneProblem says what keeps the relay from deleting the outbox
-// table's rows once done (retention.done_rows: delete), or "": the _done
-// table that keeps their records is missing, or the table's ids may be
+// table's rows once done (retention.done_rows: delete), or "": the table
+// that keeps their records (DoneTable) is missing or not the relay's, or
+// the table's ids may be
 // given again (no AUTOINCREMENT), which would make a claim miss new rows
 // and records replace each other.
 func DeleteDoneProblem(ctx context.Context, s *sqlitedb.DB) (string, error) {
@@ -130,6 +125,11 @@ func DeleteDoneProblem(ctx context.Context, s *sqlitedb.DB) (string, error) {
 		return "", err
 	} else if !ok {
 		return fmt.Sprintf("table %s, which keeps the records of deleted rows, is missing (run `outbox-relay migrate` or use schema.mode auto)", DoneTable(t)), nil
+	}
+	if err := doneTableProblem(ctx, s.Reader(), DoneTable(t)); errors.Is(err, ErrSchema) {
+		return err.Error(), nil
+	} else if err != nil {
+		return "", err
 	}
 	if ok, err := IDsNeverReused(ctx, s.Reader(), t); err != nil {
 		return "", err

@@ -63,3 +63,51 @@ func TestUsableWithoutTheTable(t *testing.T) {
 		t.Fatalf("Usable without the table = %v; want it named", err)
 	}
 }
+
+// TestIDsNeverReusedReadsCodeOnly: AUTOINCREMENT counts only as a keyword,
+// not in a comment, a default's text or a quoted name.
+func TestIDsNeverReusedReadsCodeOnly(t *testing.T) {
+	for ddl, want := range map[string]bool{
+		`CREATE TABLE q (id INTEGER PRIMARY KEY AUTOINCREMENT, x TEXT)`:             true,
+		"CREATE TABLE q (id integer primary key autoincrement -- the id\n, x TEXT)": true,
+		"CREATE TABLE q (id INTEGER PRIMARY KEY, -- not AUTOINCREMENT\n x TEXT)":    false,
+		`CREATE TABLE q (id INTEGER PRIMARY KEY /* AUTOINCREMENT */, x TEXT)`:       false,
+		`CREATE TABLE q (id INTEGER PRIMARY KEY, x TEXT DEFAULT 'AUTOINCREMENT')`:   false,
+		`CREATE TABLE q (id INTEGER PRIMARY KEY, "AUTOINCREMENT" TEXT)`:             false,
+		"CREATE TABLE q (id INTEGER PRIMARY KEY, [autoincrement] TEXT, `a` TEXT)":   false,
+	} {
+		db := testenv.AppDB(t, filepath.Join(t.TempDir(), "app.db"))
+		testenv.MustExec(t, db, ddl)
+		got, err := schema.IDsNeverReused(context.Background(), db, "q")
+		if err != nil || got != want {
+			t.Errorf("%s: ids never reused %v (%v), want %v", ddl, got, err, want)
+		}
+	}
+}
+
+// TestRecordsTableOnlyForDeleteDone: a file without the table of done
+// records (made by the application's own migrations before it existed)
+// passes verify, since only retention.done_rows: delete writes it, and
+// DeleteDoneProblem names it; a table of that name that is not the
+// relay's stops the migration and DeleteDoneProblem, and nothing writes
+// or prunes it.
+func TestRecordsTableOnlyForDeleteDone(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.MustExec(t, db, `DROP TABLE outbox_relay_done_event_queue`)
+	if err := schema.Verify(ctx, s); err != nil {
+		t.Fatalf("verify without the records table: %v", err)
+	}
+	if p, err := schema.DeleteDoneProblem(ctx, s); err != nil || !strings.Contains(p, "outbox_relay_done_event_queue") || !strings.Contains(p, "missing") {
+		t.Fatalf("delete mode without the records table: %q, %v", p, err)
+	}
+	testenv.MustExec(t, db, `CREATE TABLE outbox_relay_done_event_queue (id INTEGER PRIMARY KEY, note TEXT)`)
+	if p, err := schema.DeleteDoneProblem(ctx, s); err != nil || !strings.Contains(p, "not the relay's") {
+		t.Fatalf("delete mode with a foreign records table: %q, %v", p, err)
+	}
+	testenv.MustExec(t, db, `DELETE FROM outbox_relay_migrations WHERE version = 108`)
+	if _, err := schema.Migrate(ctx, s); !errors.Is(err, schema.ErrSchema) || !strings.Contains(err.Error(), "lacks column(s) event_id") {
+		t.Fatalf("migrate over a foreign records table: %v", err)
+	}
+}
