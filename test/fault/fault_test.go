@@ -424,7 +424,8 @@ func (e *env) verifyReplaced(db *sql.DB, wantDead int, gone map[string]bool) (lo
 	dead = c["dead_lettered"]
 	lost = c["pending"] + c["processing"]
 	done := map[string]bool{}
-	rows, err := db.Query(`SELECT event_id FROM event_queue WHERE status = 'done'`)
+	// With retention.done_rows: delete a done row is a record.
+	rows, err := db.Query(`SELECT event_id FROM event_queue WHERE status = 'done' UNION ALL SELECT event_id FROM outbox_relay_done_event_queue`)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -552,19 +553,41 @@ func waitRowsSettled(t *testing.T, db *sql.DB, ids []int64, since time.Time, lim
 // them) is published within 10 s of the restart: the restarted relay
 // leads once it has judged the dead one's heartbeat stale.
 func TestKill9(t *testing.T) {
+	kill9(t, "relay kill -9", 30000, 6)
+}
+
+// TestKill9DeleteDone is TestKill9 with retention.done_rows: delete: a
+// kill between the PubAck and the settle leaves the row in the table, a
+// settle deletes the row and writes its record together, and every event
+// is in the stream once.
+func TestKill9DeleteDone(t *testing.T) {
+	db, written := kill9(t, "relay kill -9, done rows deleted", 15000, 4, "OUTBOX_RELAY_RETENTION_DONE_ROWS=delete")
+	var marked, records int
+	if err := db.QueryRow(`SELECT (SELECT count(*) FROM event_queue WHERE status = 'done'), (SELECT count(*) FROM outbox_relay_done_event_queue)`).Scan(&marked, &records); err != nil {
+		t.Fatal(err)
+	}
+	if marked != 0 || records != written {
+		t.Errorf("%d rows marked done and %d records, want none marked and %d records", marked, records, written)
+	}
+}
+
+// kill9 kills the relay (started with env) with SIGKILL kills times while
+// rows are written, and checks that every row pending at each kill is
+// published within 10 s of the restart, and the end state. It returns the
+// database and the rows written.
+func kill9(t *testing.T, name string, rows, kills int, env ...string) (*sql.DB, int) {
 	e := newEnv(t)
 	db := e.open()
-	// Slow enough that the writer runs through all six kills and recoveries.
-	w := e.writer("-rows", "30000", "-rate", "600")
-	e.startRelay("relay")
+	// Slow enough that the writer runs through every kill and recovery.
+	w := e.writer("-rows", strconv.Itoa(rows), "-rate", "600")
+	e.startRelay("relay", env...)
 	rng := rand.New(rand.NewPCG(7, 7))
-	kills := 0
 	var maxRecovery time.Duration
-	for kills < 6 {
+	for k := 0; k < kills; {
 		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
 		// Kill while the relay holds rows, so every kill strands some; every
 		// other time with the broker frozen first, so it holds many.
-		frozen := kills%2 == 1
+		frozen := k%2 == 1
 		if frozen {
 			e.nats.Signal(syscall.SIGSTOP)
 		}
@@ -579,13 +602,13 @@ func TestKill9(t *testing.T) {
 		if frozen {
 			e.nats.Signal(syscall.SIGCONT)
 		}
-		kills++
+		k++
 		held := pendingIDs(t, db) // what the dead relay held, and more
 		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
 		restarted := time.Now()
-		e.startRelay("relay")
-		rec := waitRowsSettled(t, db, held, restarted, 30*time.Second, fmt.Sprintf("rows held at kill %d", kills))
-		t.Logf("kill %d: %d rows pending, the relay's in flight among them; all published %v after the restart", kills, len(held), rec.Round(time.Millisecond))
+		e.startRelay("relay", env...)
+		rec := waitRowsSettled(t, db, held, restarted, 30*time.Second, fmt.Sprintf("rows held at kill %d", k))
+		t.Logf("kill %d: %d rows pending, the relay's in flight among them; all published %v after the restart", k, len(held), rec.Round(time.Millisecond))
 		maxRecovery = max(maxRecovery, rec)
 	}
 	s := e.waitWriter(w)
@@ -595,7 +618,8 @@ func TestKill9(t *testing.T) {
 	if maxRecovery > 10*time.Second {
 		t.Errorf("slowest recovery %v, want at most 10 s", maxRecovery)
 	}
-	summaries = append(summaries, summary{name: "relay kill -9", rows: s.Written, kills: kills, lost: lost, duplicates: dups, deadLettered: dead, maxRecovery: maxRecovery, elapsed: time.Since(e.started)})
+	summaries = append(summaries, summary{name: name, rows: s.Written, kills: kills, lost: lost, duplicates: dups, deadLettered: dead, maxRecovery: maxRecovery, elapsed: time.Since(e.started)})
+	return db, s.Written
 }
 
 // TestBrokerOutage stops nats-server for 20 s mid-run: no attempt is spent
