@@ -40,6 +40,14 @@ func publishDone(t *testing.T, js jetstream.JetStream, app *sql.DB, ids []string
 	}
 }
 
+// eventsReader reads the EVENTS stream's messages by sequence, four
+// requests in flight, as the audit command does.
+func eventsReader(js jetstream.JetStream) audit.Reader {
+	return func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
+		return streamsync.ReadStored(ctx, js, "EVENTS", seqs, 4)
+	}
+}
+
 // TestRowsOfADeletedStream: rows published to a stream that was then
 // deleted and created again are reported as published to an earlier
 // stream, whether the new stream holds another event at their sequence
@@ -64,9 +72,7 @@ func TestRowsOfADeletedStream(t *testing.T) {
 	// new-3 is forged: it records sequence 2, which holds new-2.
 	publishDone(t, js, app, []string{"new-1", "new-2", "new-3"}, map[string]uint64{"new-3": 2})
 
-	read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
-		return streamsync.ReadStored(ctx, js, "EVENTS", seqs, 4)
-	}
+	read := eventsReader(js)
 	for _, batch := range []int{500, 2} { // one read, and batches that split the old rows from the new
 		r, err := audit.Run(ctx, testenv.OpenDB(t, path), read, audit.Options{Batch: batch})
 		if err != nil {
@@ -94,9 +100,7 @@ func TestRecordsOfDeletedRows(t *testing.T) {
 	testenv.MustExec(t, app, `INSERT INTO outbox_relay_done_event_queue (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
 		SELECT id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq FROM event_queue WHERE event_id LIKE 'gone-%'`)
 	testenv.MustExec(t, app, `DELETE FROM event_queue WHERE event_id LIKE 'gone-%'`)
-	read := func(ctx context.Context, seqs []uint64) ([]streamsync.Stored, streamsync.StreamState, error) {
-		return streamsync.ReadStored(ctx, js, "EVENTS", seqs, 4)
-	}
+	read := eventsReader(js)
 	for _, batch := range []int{500, 2} {
 		r, err := audit.Run(ctx, testenv.OpenDB(t, path), read, audit.Options{Batch: batch})
 		if err != nil {
