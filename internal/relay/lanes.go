@@ -102,6 +102,10 @@ func (l *lanes) add(m publish.Message, barrier error, seq uint64) (*laneAck, *pu
 	switch {
 	case ln.blocked != nil:
 		a.res = withheld(key, ln.blocked)
+		// The claim that took the row began before it could know: claims
+		// that began before this row is settled may read it as in flight
+		// and take the rows behind it, so they too are withheld.
+		ln.clearAt = 0
 	case ln.sending || len(ln.queue) > 0:
 		ln.queue = append(ln.queue, a)
 	case barrier != nil:

@@ -158,3 +158,49 @@ func TestInvalidRowWaitsForItsTurn(t *testing.T) {
 		t.Errorf("sent %v; only rows 1 and 4 may go", sent)
 	}
 }
+
+// TestLaneWaitsForTheClaimsThatSawItsWithheldRows: a claim that began
+// before a withheld row of a blocked key was settled may read that row as
+// in flight (settled since the claim began) and take the row after it.
+// The key must not send that row: the lane sends again only for claims
+// that began after every row it withheld was settled, not only the row
+// that failed first.
+func TestLaneWaitsForTheClaimsThatSawItsWithheldRows(t *testing.T) {
+	l := newLanes()
+	row := func(id int64) publish.Message {
+		return publish.Message{Row: event.Row{ID: id, OrderingKey: "k"}}
+	}
+	settle := func(a *laneAck, claimSeq uint64) {
+		l.settled([]event.Outcome{{Row: a.msg.Row}}, claimSeq)
+	}
+	// Claim 1 takes row 1, which is sent and refused.
+	first, send := l.add(row(1), nil, 1)
+	if send == nil {
+		t.Fatal("row 1, its key's first, was not sent")
+	}
+	l.sent(first, scriptedAck(make(chan publish.Result)))
+	if next, _ := l.resolved(first, publish.Result{Kind: publish.Rejected}, nil); next != nil {
+		t.Fatal("a row was sent after a refused one")
+	}
+	// Claim 2 has begun when row 1's retry is settled.
+	settle(first, 2)
+	// Claim 2 read row 1 as settled meanwhile, took row 2 after it, and
+	// row 2 is withheld.
+	second, send := l.add(row(2), nil, 2)
+	if send != nil || second.res.Kind != publish.Withheld {
+		t.Fatalf("row 2 of a claim begun before the refusal was settled: sent %v, result %v", send != nil, second.res.Kind)
+	}
+	// Claim 3 has begun when row 2's release is settled: it may have read
+	// row 2 as settled meanwhile, and taken row 3 after it.
+	settle(second, 3)
+	third, send := l.add(row(3), nil, 3)
+	if send != nil || third.res.Kind != publish.Withheld {
+		t.Fatalf("row 3 of a claim begun before row 2 was settled: sent %v, result %v", send != nil, third.res.Kind)
+	}
+	settle(third, 3)
+	// Claim 4 began after every row of the key was settled: the table
+	// decides what it took, and the key sends.
+	if _, send := l.add(row(4), nil, 4); send == nil {
+		t.Fatal("row 4 of a claim begun after the key was settled was not sent")
+	}
+}
