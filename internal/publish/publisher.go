@@ -331,9 +331,11 @@ func PermissionDenied(err error) bool { return errors.Is(err, nats.ErrPermission
 // JetStream publishes asynchronously to a JetStream stream, keeping up to
 // the configured number of acknowledgements outstanding.
 type JetStream struct {
-	conn   *Conn
-	js     jetstream.JetStream
-	stream string
+	conn       *Conn
+	js         jetstream.JetStream
+	stream     string
+	ackTimeout time.Duration
+	batchState
 
 	mu     sync.Mutex
 	handle jetstream.Stream // for reading back a duplicate's original
@@ -365,7 +367,7 @@ const sizeReadRetry = 30 * time.Second
 // ackTimeout bounds every acknowledgement: without it, futures pending on a
 // closed connection never resolve.
 func NewJetStream(c *Conn, stream string, maxInFlight int, ackTimeout time.Duration) (*JetStream, error) {
-	p := &JetStream{conn: c, stream: stream, order: map[*nats.Msg]uint64{}}
+	p := &JetStream{conn: c, stream: stream, ackTimeout: ackTimeout, order: map[*nats.Msg]uint64{}}
 	js, err := jetstream.New(c.NC,
 		jetstream.WithPublishAsyncMaxPending(maxInFlight),
 		jetstream.WithPublishAsyncTimeout(ackTimeout),

@@ -1,0 +1,263 @@
+package publish
+
+// Atomic batches (JetStream's atomic batch publish, nats-server 2.12 and
+// later, on a stream with allow_atomic): several rows of one ordering key
+// stored all or none, in consecutive stream sequences, for one
+// acknowledgement. A batch that fails because of one of its messages (a
+// refusal, a duplicate id, a message too large) is published again one
+// message at a time, in order, so that each row gets its own outcome as
+// if it had never been batched: the rows before the faulty one are stored
+// once, the faulty one gets its own result, and the rows after it are
+// withheld.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+	"go.uber.org/zap"
+)
+
+// MaxBatch is the most messages the relay puts in one atomic batch: the
+// server's default limit (jetstream { limits { batch { max_msgs } } }). A
+// server with a lower limit says so when it refuses a batch, and the
+// publisher keeps to it from then on.
+const MaxBatch = 1000
+
+// The JetStream error codes of atomic batches.
+const (
+	batchDisabled    jetstream.ErrorCode = 10174 // the stream does not allow atomic publish
+	batchIncomplete  jetstream.ErrorCode = 10176 // a message of the batch never reached the stream (refused)
+	batchTooLarge    jetstream.ErrorCode = 10199 // more messages than the server's limit, which the description gives
+	batchDuplicate   jetstream.ErrorCode = 10201 // a message's Nats-Msg-Id is in the stream already
+	batchTooManyOpen jetstream.ErrorCode = 10210 // too many batches in flight: back-pressure
+)
+
+// batchLimitRe reads the server's limit from a batchTooLarge refusal
+// ("atomic publish batch is too large: 1000").
+var batchLimitRe = regexp.MustCompile(`too large: (\d+)`)
+
+// EnableBatches lets PublishBatch publish up to limit messages (at most
+// MaxBatch) as one atomic batch: call it once the stream allows atomic
+// publish. Without it, or after the stream refused a batch as disabled,
+// BatchLimit is 0 and PublishBatch publishes one message at a time.
+func (p *JetStream) EnableBatches(limit int) {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	p.batchLimit, p.batchesOff = min(max(limit, 0), MaxBatch), nil
+}
+
+// BatchLimit returns how many messages an atomic batch may hold now; 0
+// when the stream takes no atomic batches.
+func (p *JetStream) BatchLimit() int {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	return p.batchLimit
+}
+
+// BatchesOff says why the publisher stopped publishing atomic batches
+// after they were enabled (nil: it did not).
+func (p *JetStream) BatchesOff() error {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	return p.batchesOff
+}
+
+// refuseBatches turns atomic batches off: the stream no longer allows
+// them (an operator turned allow_atomic off). Logged once.
+func (p *JetStream) refuseBatches(err error) {
+	p.batchMu.Lock()
+	was := p.batchLimit
+	p.batchLimit = 0
+	p.batchesOff = fmt.Errorf("stream %s refused an atomic batch (allow_atomic is off): publishing ordered rows one at a time until the relay restarts (%w)", p.stream, err)
+	p.batchMu.Unlock()
+	if was > 0 {
+		p.conn.log.Warn("the stream refuses atomic batches; publishing ordered rows one at a time", zap.String("stream", p.stream), zap.Error(err))
+	}
+}
+
+// lowerBatchLimit keeps to the server's batch limit, read from its
+// refusal of a larger batch.
+func (p *JetStream) lowerBatchLimit(apiErr *jetstream.APIError, size int) {
+	limit := size / 2
+	if m := batchLimitRe.FindStringSubmatch(apiErr.Description); m != nil {
+		if n, err := strconv.Atoi(m[1]); err == nil && n < size {
+			limit = n
+		}
+	}
+	p.batchMu.Lock()
+	if limit < p.batchLimit {
+		p.batchLimit = limit
+	}
+	p.batchMu.Unlock()
+	p.conn.log.Warn("the server's atomic batches are smaller; keeping to its limit", zap.Int("limit", limit), zap.String("reason", apiErr.Description))
+}
+
+// batch is one atomic batch on its way: results is filled, one per
+// message, before done is closed.
+type batch struct {
+	done    chan struct{}
+	results []Result
+}
+
+// batchAck is the outcome of one message of a batch.
+type batchAck struct {
+	b *batch
+	i int
+}
+
+func (a batchAck) Wait(ctx context.Context) Result {
+	select {
+	case <-a.b.done:
+		return a.b.results[a.i]
+	case <-ctx.Done():
+		return Result{Kind: Transport, Err: ctx.Err()}
+	}
+}
+
+// PublishBatch starts publishing msgs as one atomic batch and returns one
+// Ack each. When atomic batches are off (BatchLimit 0) or msgs are more
+// than the limit, or a message is larger than the server or the stream
+// takes, the messages are published one at a time instead, each after the
+// one before it was stored (see the package comment of batches).
+func (p *JetStream) PublishBatch(ctx context.Context, msgs []Message) []Ack {
+	b := &batch{done: make(chan struct{}), results: make([]Result, len(msgs))}
+	acks := make([]Ack, len(msgs))
+	for i := range msgs {
+		acks[i] = batchAck{b, i}
+	}
+	go p.runBatch(context.WithoutCancel(ctx), msgs, b)
+	return acks
+}
+
+// runBatch publishes b's messages and fills its results.
+func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
+	defer close(b.done)
+	nmsgs := make([]*nats.Msg, len(msgs))
+	for i, m := range msgs {
+		nmsgs[i] = NewMsg(m)
+	}
+	if len(msgs) < 2 || len(msgs) > p.BatchLimit() || !p.allFit(ctx, nmsgs) {
+		p.oneByOne(ctx, msgs, b.results)
+		return
+	}
+	sent := time.Now()
+	ack, err := p.commit(ctx, nmsgs)
+	if err == nil && ack.BatchSize == uint64(len(msgs)) && ack.Sequence >= ack.BatchSize {
+		first := ack.Sequence - ack.BatchSize + 1
+		for i, m := range msgs {
+			p.conn.stored(m.Subject, sent)
+			b.results[i] = Result{Kind: Stored, Seq: first + uint64(i)}
+		}
+		return
+	}
+	if err == nil {
+		err = fmt.Errorf("%w: the batch's acknowledgement counts %d messages ending at sequence %d, %d were sent", jetstream.ErrInvalidJSAck, ack.BatchSize, ack.Sequence, len(msgs))
+	}
+	if p.byMessage(err, msgs, sent) {
+		p.oneByOne(ctx, msgs, b.results)
+		return
+	}
+	res := p.classify(msgs[len(msgs)-1].Subject, sent, err)
+	if res.Kind != Transport {
+		res = Result{Kind: Transport, Err: err}
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == batchTooManyOpen {
+		res.Err = fmt.Errorf("the server holds too many atomic batches in flight; trying again later: %w", err)
+	}
+	for i := range b.results {
+		b.results[i] = res
+	}
+}
+
+// commit sends msgs as one atomic batch and waits for its
+// acknowledgement (relay.ack_timeout at most), or for the server to refuse
+// the last message's subject, which it would not answer.
+func (p *JetStream) commit(ctx context.Context, msgs []*nats.Msg) (*jetstreamext.BatchAck, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.ackTimeout)
+	defer cancel()
+	refused := p.conn.refused(msgs[len(msgs)-1].Subject, time.Now())
+	go func() {
+		select {
+		case <-refused:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	// Every message but the last goes without a reply subject: the whole
+	// batch costs one round trip.
+	return jetstreamext.PublishMsgBatch(ctx, p.js, msgs, jetstreamext.BatchFlowControl{AckFirst: false, AckTimeout: p.ackTimeout})
+}
+
+// byMessage reports whether a batch failed because of one of its messages
+// (a refusal, a duplicate id, a size), so that publishing them one at a
+// time finds which and gives each row its own outcome; the other failures
+// (the connection, the stream, back-pressure) are every row's alike.
+func (p *JetStream) byMessage(err error, msgs []Message, sent time.Time) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case batchDisabled:
+			p.refuseBatches(err)
+			return true
+		case batchTooLarge:
+			p.lowerBatchLimit(apiErr, len(msgs))
+			return true
+		case batchIncomplete, batchDuplicate:
+			return true
+		case batchTooManyOpen:
+			return false
+		}
+		return Classify(err) == Rejected
+	}
+	for _, m := range msgs {
+		if p.conn.deniedSince(m.Subject, sent) {
+			return true
+		}
+	}
+	return false
+}
+
+// oneByOne publishes msgs one at a time, each once the one before it was
+// stored, and fills results: after the first message that was not stored
+// (nor a duplicate), the rest are withheld.
+func (p *JetStream) oneByOne(ctx context.Context, msgs []Message, results []Result) {
+	for i, m := range msgs {
+		res := p.Publish(ctx, []Message{m})[0].Wait(ctx)
+		results[i] = res
+		if res.Kind == Stored || res.Kind == Duplicate {
+			continue
+		}
+		why := fmt.Errorf("row %d before it in the batch was not stored (%s)", m.Row.ID, res.Kind)
+		for j := i + 1; j < len(msgs); j++ {
+			results[j] = Result{Kind: Withheld, Err: why}
+		}
+		return
+	}
+}
+
+// allFit reports whether every message fits the server's and the stream's
+// size limits (see fits).
+func (p *JetStream) allFit(ctx context.Context, msgs []*nats.Msg) bool {
+	for _, m := range msgs {
+		if p.fits(ctx, m) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// batchState is the JetStream publisher's atomic batch settings.
+type batchState struct {
+	batchMu    sync.Mutex
+	batchLimit int   // messages an atomic batch holds at most; 0: no batches
+	batchesOff error // why batches were turned off after they were enabled
+}

@@ -1,0 +1,190 @@
+package publish
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// batchEnv is a server whose user "relay" may not publish on
+// events.Denied, a stream EVENTS that allows atomic batches, and a
+// publisher with batches enabled.
+func batchEnv(t *testing.T, limit int, opts ...func(*server.Options)) (*testenv.NATS, jetstream.JetStream, *JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t, append([]func(*server.Options){func(o *server.Options) {
+		o.Users = []*server.User{{Username: "admin", Password: "admin"},
+			{Username: "relay", Password: "pw", Permissions: &server.Permissions{Publish: &server.SubjectPermission{Deny: []string{"events.Denied"}}}}}
+		o.NoAuthUser = "admin"
+	}}, opts...)...)
+	js := n.JetStream(t)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, AllowAtomicPublish: true}); err != nil {
+		t.Fatal(err)
+	}
+	p := newJS(t, connect(t, n.URL(), ConnectOptions{User: "relay", Password: "pw"}), 5*time.Second)
+	p.EnableBatches(limit)
+	return n, js, p
+}
+
+// batchOf returns n messages on events.<type>, rows first..first+n-1.
+func batchOf(first int64, types ...string) []Message {
+	msgs := make([]Message, len(types))
+	for i, typ := range types {
+		r := row(typ, []byte("x"))
+		r.ID = first + int64(i)
+		msgs[i] = Message{Row: r, Subject: "events." + typ}
+	}
+	return msgs
+}
+
+func waitAll(t *testing.T, acks []Ack) []Result {
+	t.Helper()
+	out := make([]Result, len(acks))
+	for i, a := range acks {
+		out[i] = a.Wait(ctxTimeout(t, 20*time.Second))
+	}
+	return out
+}
+
+// kinds returns the results' kinds as one string, for comparing.
+func kinds(rs []Result) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = r.Kind.String()
+	}
+	return strings.Join(s, " ")
+}
+
+// streamRows returns the Outbox-Row-Id of every message in EVENTS, in
+// stream order, and each message's Nats-Batch-Id.
+func streamRows(t *testing.T, js jetstream.JetStream) (rows, batches []string) {
+	t.Helper()
+	for _, m := range testenv.StreamMessages(t, js, "EVENTS") {
+		rows = append(rows, m.Header.Get(HeaderRowID))
+		batches = append(batches, m.Header.Get(batchIDHeader))
+	}
+	return rows, batches
+}
+
+const batchIDHeader = jetstreamext.BatchIDHeader
+
+// TestBatchStoredAllAtOnce: a batch lands in consecutive sequences, in
+// order, and each message's result carries its own sequence.
+func TestBatchStoredAllAtOnce(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch)
+	if got := waitAll(t, p.Publish(context.Background(), batchOf(1, "A"))); got[0].Kind != Stored {
+		t.Fatalf("a single message first: %v", got[0])
+	}
+	got := waitAll(t, p.PublishBatch(context.Background(), batchOf(2, "A", "B", "A")))
+	for i, r := range got {
+		if r.Kind != Stored || r.Seq != uint64(2+i) {
+			t.Fatalf("message %d: %v sequence %d, want stored at %d", i, r.Kind, r.Seq, 2+i)
+		}
+	}
+	rows, batches := streamRows(t, js)
+	if strings.Join(rows, ",") != "1,2,3,4" {
+		t.Fatalf("stream holds rows %v", rows)
+	}
+	if batches[0] != "" || batches[1] == "" || batches[1] != batches[3] {
+		t.Fatalf("batch ids %q: the single message has none, the three share one", batches)
+	}
+}
+
+// TestBatchFallsBackOneByOne: a batch the stream refuses because of one
+// message is published again one message at a time: the rows before the
+// faulty one are stored once, the faulty one gets its own outcome (a
+// refusal, or a duplicate with the original's sequence), the rest are
+// withheld.
+func TestBatchFallsBackOneByOne(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch)
+	ctx := context.Background()
+	// A duplicate inside the batch: stored before (a crash between the
+	// PubAck and the settle), it fails the batch whole.
+	first := batchOf(1, "A", "A")
+	if got := kinds(waitAll(t, p.PublishBatch(ctx, first))); got != "stored stored" {
+		t.Fatalf("first batch: %s", got)
+	}
+	again := append(first, batchOf(3, "A")...)
+	got := waitAll(t, p.PublishBatch(ctx, again))
+	if kinds(got) != "duplicate duplicate stored" || got[0].Seq != 1 || got[1].Seq != 2 || got[2].Seq != 3 {
+		t.Fatalf("batch with stored ids: %s, sequences %d %d %d; want duplicates of 1 and 2, then stored at 3", kinds(got), got[0].Seq, got[1].Seq, got[2].Seq)
+	}
+	// A refused subject in the middle, and as the last message (which the
+	// server does not answer).
+	for _, c := range []struct {
+		types []string
+		want  string
+	}{
+		{[]string{"A", "Denied", "A"}, "stored rejected withheld"},
+		{[]string{"A", "Denied"}, "stored rejected"},
+	} {
+		start := time.Now()
+		got := waitAll(t, p.PublishBatch(ctx, batchOf(10, c.types...)))
+		if kinds(got) != c.want || !PermissionDenied(got[1].Err) {
+			t.Fatalf("batch %v: %s (%v), want %s", c.types, kinds(got), got[1].Err, c.want)
+		}
+		if d := time.Since(start); d > 4*time.Second {
+			t.Fatalf("batch %v: the refusal took %v, the ack timeout (5 s) is not how it is found", c.types, d)
+		}
+	}
+	rows, _ := streamRows(t, js)
+	if strings.Join(rows, ",") != "1,2,3,10,10" {
+		t.Fatalf("stream holds rows %v: each stored row once, the refused ones and those after them not", rows)
+	}
+}
+
+// TestBatchTransportSpendsNothing: a batch that the server does not answer
+// (it is down) is a transport failure for every row: no attempt spent.
+func TestBatchTransportSpendsNothing(t *testing.T) {
+	n, _, p := batchEnv(t, MaxBatch)
+	n.Stop()
+	for _, r := range waitAll(t, p.PublishBatch(context.Background(), batchOf(1, "A", "A", "A"))) {
+		if r.Kind != Transport {
+			t.Fatalf("broker down: %v %v, want transport", r.Kind, r.Err)
+		}
+	}
+}
+
+// TestBatchLimits: a stream that does not allow atomic publish turns
+// batches off (the rows go one at a time, and BatchesOff says why), and a
+// server with a lower batch limit is kept to.
+func TestBatchLimits(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch, func(o *server.Options) {
+		o.JetStreamLimits.MaxBatchSize = 3
+	})
+	got := waitAll(t, p.PublishBatch(context.Background(), batchOf(1, "A", "A", "A", "A", "A")))
+	if kinds(got) != "stored stored stored stored stored" {
+		t.Fatalf("batch over the server's limit: %s", kinds(got))
+	}
+	if p.BatchLimit() != 3 {
+		t.Fatalf("batch limit %d after the server said 3", p.BatchLimit())
+	}
+	if got := kinds(waitAll(t, p.PublishBatch(context.Background(), batchOf(6, "A", "A", "A")))); got != "stored stored stored" {
+		t.Fatalf("batch at the server's limit: %s", got)
+	}
+	s, err := js.Stream(context.Background(), "EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.AllowAtomicPublish = false
+	if _, err := js.UpdateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds(waitAll(t, p.PublishBatch(context.Background(), batchOf(9, "A", "A")))); got != "stored stored" {
+		t.Fatalf("batch on a stream without allow_atomic: %s", got)
+	}
+	if p.BatchLimit() != 0 || p.BatchesOff() == nil || !strings.Contains(p.BatchesOff().Error(), "allow_atomic") {
+		t.Fatalf("after the stream refused batches: limit %d, %v", p.BatchLimit(), p.BatchesOff())
+	}
+	rows, batches := streamRows(t, js)
+	if strings.Join(rows, ",") != "1,2,3,4,5,6,7,8,9,10" || batches[9] != "" || batches[6] == "" {
+		t.Fatalf("stream rows %v, batch ids %q", rows, batches)
+	}
+}
