@@ -35,6 +35,8 @@ type Metrics struct {
 
 	Published             prometheus.Counter
 	Duplicates            prometheus.Counter
+	AtomicBatches         prometheus.Counter
+	AtomicBatchLimit      prometheus.Gauge
 	Deferred              *prometheus.CounterVec
 	Retries               prometheus.Counter
 	DeadLettered          *prometheus.CounterVec
@@ -67,6 +69,9 @@ func New(version, commit string) *Metrics {
 	m := &Metrics{Registry: r}
 	m.Published = counter("published_total", "Rows acknowledged by the broker and marked done (duplicates included).")
 	m.Duplicates = counter("duplicates_total", "Publishes the stream acknowledged as duplicates of an earlier Nats-Msg-Id.")
+	m.AtomicBatches = counter("atomic_batches_total", "Atomic batches published: several rows of one ordering key stored all or none, in order.")
+	m.AtomicBatchLimit = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "atomic_batch_limit",
+		Help: "Rows of one ordering key the relay sends as one atomic batch at most; 0 while the stream takes no atomic batches (rows go one at a time)."})
 	m.Retries = counter("retries_total", "Broker rejections that spent an attempt and scheduled a retry.")
 	m.DeadLettered = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "dead_lettered_total",
 		Help: "Rows marked dead_lettered, by reason (max_attempts, invalid, too_large)."}, []string{"reason"})
@@ -100,7 +105,7 @@ func New(version, commit string) *Metrics {
 		Help: "Rows deleted by retention, by table."}, []string{"table"})
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
-	for _, c := range []prometheus.Collector{m.Deferred, m.DeadLettered, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.BrokerConnected, m.Leader, m.InFlight,
+	for _, c := range []prometheus.Collector{m.Deferred, m.DeadLettered, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.AtomicBatchLimit, m.BrokerConnected, m.Leader, m.InFlight,
 		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.StreamDuplicateWindow, m.PrunedRows, m.BuildInfo} {
 		f(c)
 	}

@@ -19,9 +19,11 @@ import (
 //
 // A key's first row goes out with the claim's other rows (Relay.publish);
 // the settler, which waits for every row's outcome in claim order, sends
-// the next row of the key when it sees the one before it stored (resolved).
-// Rows of different keys, and rows without a key (which do not pass
-// through here), are sent side by side.
+// the key's next rows when it sees the ones before them stored (resolved):
+// one row, or, where many wait and the stream takes atomic batches, up to
+// a batch's limit of them as one atomic batch, stored all or none and in
+// order, for one round trip. Rows of different keys, and rows without a
+// key (which do not pass through here), are sent side by side.
 //
 // A row that can never be published (invalid) is a barrier: it is
 // dead-lettered only once it is its key's next row, like a row the broker
@@ -46,7 +48,7 @@ type lanes struct {
 // lane is one ordering key's rows given to lanes and not yet settled.
 type lane struct {
 	queue   []*laneAck // rows waiting to be sent, in id order
-	sending bool       // a row of the key is in flight
+	sending int        // rows of the key in flight: one, or an atomic batch's
 	// unsettled counts the rows given and not yet settled; the lane goes
 	// when it reaches 0.
 	unsettled int
@@ -106,50 +108,82 @@ func (l *lanes) add(m publish.Message, barrier error, seq uint64) (*laneAck, *pu
 		// that began before this row is settled may read it as in flight
 		// and take the rows behind it, so they too are withheld.
 		ln.clearAt = 0
-	case ln.sending || len(ln.queue) > 0:
+	case ln.sending > 0 || len(ln.queue) > 0:
 		ln.queue = append(ln.queue, a)
 	case barrier != nil:
 		l.deadLetter(key, ln, a)
 	default:
-		ln.sending = true
+		ln.sending = 1
 		return a, &a.msg
 	}
 	return a, nil
 }
 
-// resolved records the outcome res of row a and returns the key's next
-// message to send, if any (after a failure the rest of the key is
-// withheld instead, and when stop is set, at shutdown, it is not sent).
-// The caller sends it and passes its ack to sent. A row that was not sent
-// changes nothing.
-func (l *lanes) resolved(a *laneAck, res publish.Result, stop error) (*laneAck, *publish.Message) {
+// minBatch is the fewest rows of a key sent as one atomic batch. A batch
+// costs the server about 3 ms whatever its size (it stages the batch in a
+// store of its own, synced), a row sent alone about a round trip (0.1 ms
+// on one host): below some 30 rows, one at a time is as fast.
+const minBatch = 32
+
+// resolved records the outcome res of row a and, once every row of its
+// key in flight is resolved, returns the key's next rows to send, if any:
+// one, or up to batch rows (0: no atomic batches) when at least minBatch
+// wait. After a failure, or when stop is set (at shutdown), the rest of
+// the key is withheld instead. The caller sends the rows (more
+// than one as one atomic batch) and passes their acks to sent. A row that
+// was not sent changes nothing.
+func (l *lanes) resolved(a *laneAck, res publish.Result, stop error, batch int) []*laneAck {
 	row := a.msg.Row
 	key := row.OrderingKey
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ln := l.keys[key]
 	if ln == nil || a.ack == nil {
-		return nil, nil
+		return nil
 	}
-	ln.sending = false
+	ln.sending--
 	if res.Kind != publish.Stored && res.Kind != publish.Duplicate {
 		l.block(key, ln, fmt.Errorf("row %d was not stored (%s)", row.ID, res.Kind))
-		return nil, nil
+		return nil
+	}
+	if ln.sending > 0 {
+		return nil // the rest of its batch comes next
+	}
+	if stop != nil {
+		// Shutdown: the rest of the key is released unsent, and a claim
+		// under way may have read it as in flight and taken the rows
+		// behind it: the key sends nothing more.
+		l.block(key, ln, fmt.Errorf("shutting down: %w", stop))
+		return nil
 	}
 	for len(ln.queue) > 0 {
 		next := ln.queue[0]
-		ln.queue = ln.queue[1:]
 		switch {
 		case next.barrier != nil:
+			ln.queue = ln.queue[1:]
 			l.deadLetter(key, ln, next)
-		case stop != nil:
-			next.res = publish.Result{Kind: publish.Transport, Err: stop}
 		default:
-			ln.sending = true
-			return next, &next.msg
+			n := batchable(ln.queue, batch)
+			out := ln.queue[:n:n]
+			ln.queue, ln.sending = ln.queue[n:], n
+			return out
 		}
 	}
-	return nil, nil
+	return nil
+}
+
+// batchable returns how many rows at the head of queue go together: up to
+// limit of them, stopping before a barrier, when at least minBatch do;
+// else one.
+func batchable(queue []*laneAck, limit int) int {
+	n := 0
+	for n < len(queue) && n < limit && queue[n].barrier == nil {
+		n++
+	}
+	if n < minBatch {
+		return 1
+	}
+	return n
 }
 
 // sent records the ack of a message add or resolved asked to send.

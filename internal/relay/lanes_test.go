@@ -179,7 +179,7 @@ func TestLaneWaitsForTheClaimsThatSawItsWithheldRows(t *testing.T) {
 		t.Fatal("row 1, its key's first, was not sent")
 	}
 	l.sent(first, scriptedAck(make(chan publish.Result)))
-	if next, _ := l.resolved(first, publish.Result{Kind: publish.Rejected}, nil); next != nil {
+	if next := l.resolved(first, publish.Result{Kind: publish.Rejected}, nil, 0); next != nil {
 		t.Fatal("a row was sent after a refused one")
 	}
 	// Claim 2 has begun when row 1's retry is settled.
@@ -202,5 +202,203 @@ func TestLaneWaitsForTheClaimsThatSawItsWithheldRows(t *testing.T) {
 	// decides what it took, and the key sends.
 	if _, send := l.add(row(4), nil, 4); send == nil {
 		t.Fatal("row 4 of a claim begun after the key was settled was not sent")
+	}
+}
+// TestShutdownBlocksTheKeyItReleases: at shutdown a stored row's key does
+// not send its next row, which is released instead. The key must then
+// send nothing more: a claim under way when shutdown began (the claim
+// loop publishes what it returns) may have read the released row as in
+// flight and taken the row behind it, which would be stored while the
+// released row waits in the table.
+func TestShutdownBlocksTheKeyItReleases(t *testing.T) {
+	l := newLanes()
+	row := func(id int64) publish.Message {
+		return publish.Message{Row: event.Row{ID: id, OrderingKey: "k"}}
+	}
+	// Claim 1 takes rows 1 and 2: row 1 is sent, row 2 waits behind it.
+	first, send := l.add(row(1), nil, 1)
+	if send == nil {
+		t.Fatal("row 1, its key's first, was not sent")
+	}
+	second, send := l.add(row(2), nil, 1)
+	if send != nil {
+		t.Fatal("row 2 was sent before row 1 was stored")
+	}
+	l.sent(first, scriptedAck(make(chan publish.Result)))
+	// Shutdown begins; row 1 is stored, and row 2 is not sent.
+	if next := l.resolved(first, publish.Result{Kind: publish.Stored}, context.Canceled, 0); next != nil {
+		t.Fatal("a row was sent after shutdown began")
+	}
+	if second.ack != nil || (second.res.Kind != publish.Transport && second.res.Kind != publish.Withheld) {
+		t.Fatalf("row 2 at shutdown: sent %v, result %v; want released unsent", second.ack != nil, second.res.Kind)
+	}
+	// Claim 2, under way when shutdown began, read row 2 as in flight and
+	// took row 3.
+	if _, send := l.add(row(3), nil, 2); send != nil {
+		t.Fatal("row 3 was sent while row 2 before it is released at shutdown")
+	}
+}
+
+// shutdownClaimStore hands out its first claim at once and holds the second until
+// proceed is closed, announcing it on entered.
+type shutdownClaimStore struct {
+	*testenv.MemStore
+	claims  int
+	second  []event.Row
+	entered chan struct{}
+	proceed chan struct{}
+}
+
+func (s *shutdownClaimStore) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.Row, error) {
+	s.claims++
+	switch s.claims {
+	case 1:
+		return s.MemStore.Claim(ctx, limit, maxBytes)
+	case 2:
+		close(s.entered)
+		<-s.proceed
+		return s.second, nil
+	}
+	return nil, nil
+}
+
+// TestClaimUnderWayAtShutdownKeepsKeyOrder: the relay is stopped while a
+// claim reads the table. Row 1 of a key is stored after that, so row 2,
+// queued behind it, is released unsent; the claim under way, which read
+// row 2 as in flight, returns row 3 of the key. Row 3 must not be sent:
+// it would be stored before row 2, which the next run publishes.
+func TestClaimUnderWayAtShutdownKeepsKeyOrder(t *testing.T) {
+	mem := &testenv.MemStore{}
+	mem.Add(event.Row{ID: 1, EventType: "T", OrderingKey: "a"}, event.Row{ID: 2, EventType: "T", OrderingKey: "a"})
+	store := &shutdownClaimStore{MemStore: mem, second: []event.Row{{ID: 3, EventID: event.NewID(), EventType: "T", OrderingKey: "a"}},
+		entered: make(chan struct{}), proceed: make(chan struct{})}
+	pub := &scriptedPublisher{answers: map[int64]chan publish.Result{}}
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 2, MaxInFlight: 10, PollInterval: 10 * time.Millisecond,
+		MaxAttempts: 3, ShutdownTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-store.entered // claim 2 reads the table: rows 1 and 2 are in flight
+	if sent := pub.sentIDs(); !slices.Equal(sent, []int64{1}) {
+		t.Fatalf("sent %v before the second claim; want [1]", sent)
+	}
+	cancel()
+	pub.answer(1, publish.Result{Kind: publish.Stored})
+	testenv.Eventually(t, 5*time.Second, "rows 1 and 2 settled", func() bool { return len(store.Outcomes()) == 2 })
+	got := map[int64]event.Outcome{}
+	for _, o := range store.Outcomes() {
+		got[o.Row.ID] = o
+	}
+	if got[1].Settlement != event.Done || got[2].Settlement != event.Release {
+		t.Fatalf("row 1 %v, row 2 %v: want done, and released at shutdown", got[1].Settlement, got[2].Settlement)
+	}
+	close(store.proceed) // claim 2 returns row 3, taken behind row 2
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(pub.sentIDs(), 3) {
+		t.Fatalf("sent %v: row 3 went out while row 2 before it was released pending", pub.sentIDs())
+	}
+}
+
+// scriptedBatcher is a scriptedPublisher that also takes atomic batches:
+// it records each batch's rows, and a batch's messages are answered one
+// by one like any other.
+type scriptedBatcher struct {
+	*scriptedPublisher
+	limit   int
+	batches [][]int64
+}
+
+func (p *scriptedBatcher) BatchLimit() int { return p.limit }
+
+func (p *scriptedBatcher) PublishBatch(ctx context.Context, msgs []publish.Message) []publish.Ack {
+	ids := make([]int64, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.Row.ID
+	}
+	p.mu.Lock()
+	p.batches = append(p.batches, ids)
+	p.mu.Unlock()
+	return p.Publish(ctx, msgs)
+}
+
+func (p *scriptedBatcher) batchIDs() [][]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.batches)
+}
+
+// TestKeyRowsGoInAtomicBatches: where many rows of a key wait, they go as
+// one atomic batch (up to the publisher's limit) once the rows before them
+// are stored; a few go one at a time. A row of a batch that is not stored
+// withholds the rest of its key, as a row sent alone does.
+func TestKeyRowsGoInAtomicBatches(t *testing.T) {
+	store := &testenv.MemStore{}
+	const rows = 1 + 50 + 40 + 5
+	for i := range rows {
+		store.Add(event.Row{ID: int64(i + 1), EventType: "T", OrderingKey: "a"})
+	}
+	pub := &scriptedBatcher{scriptedPublisher: &scriptedPublisher{answers: map[int64]chan publish.Result{}}, limit: 50}
+	runRelay(t, store, pub)
+	testenv.Eventually(t, 5*time.Second, "row 1 sent alone", func() bool { return len(pub.sentIDs()) == 1 })
+	pub.answer(1, publish.Result{Kind: publish.Stored, Seq: 1})
+	testenv.Eventually(t, 5*time.Second, "a batch of 50", func() bool { return len(pub.batchIDs()) == 1 })
+	if b := pub.batchIDs()[0]; len(b) != 50 || b[0] != 2 || b[49] != 51 {
+		t.Fatalf("first batch %v, want rows 2 to 51", b)
+	}
+	for id := int64(2); id <= 51; id++ {
+		pub.answer(id, publish.Result{Kind: publish.Stored, Seq: uint64(id)})
+	}
+	testenv.Eventually(t, 5*time.Second, "a second batch", func() bool { return len(pub.batchIDs()) == 2 })
+	second := pub.batchIDs()[1]
+	if len(second) != rows-51 || second[0] != 52 {
+		t.Fatalf("second batch %v, want rows 52 to %d", second, rows)
+	}
+	// Row 60 of the batch is refused (the batch was published again one
+	// message at a time): 52..59 are stored, the rest withheld.
+	for _, id := range second {
+		switch {
+		case id < 60:
+			pub.answer(id, publish.Result{Kind: publish.Stored, Seq: uint64(id)})
+		case id == 60:
+			pub.answer(id, publish.Result{Kind: publish.Rejected, Err: errors.New("permission denied")})
+		default:
+			pub.answer(id, publish.Result{Kind: publish.Withheld, Err: errors.New("row 60 before it in the batch was not stored")})
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "every row settled", func() bool { return len(store.Outcomes()) == rows })
+	for _, o := range store.Outcomes() {
+		want := event.Done
+		switch {
+		case o.Row.ID == 60:
+			want = event.Retry
+		case o.Row.ID > 60:
+			want = event.Release
+		}
+		if o.Settlement != want || (want == event.Done && o.StreamSeq != uint64(o.Row.ID)) {
+			t.Fatalf("row %d: %v at sequence %d, want %v", o.Row.ID, o.Settlement, o.StreamSeq, want)
+		}
+	}
+	if n := len(pub.sentIDs()); n != rows {
+		t.Fatalf("%d messages sent, want each row once", n)
+	}
+}
+
+// TestFewKeyRowsGoOneAtATime: below minBatch rows waiting, a key's rows go
+// one at a time even where batches are taken.
+func TestFewKeyRowsGoOneAtATime(t *testing.T) {
+	store := &testenv.MemStore{}
+	for i := range minBatch {
+		store.Add(event.Row{ID: int64(i + 1), EventType: "T", OrderingKey: "a"})
+	}
+	pub := &scriptedBatcher{scriptedPublisher: &scriptedPublisher{answers: map[int64]chan publish.Result{}}, limit: 1000}
+	runRelay(t, store, pub)
+	for id := int64(1); id <= minBatch; id++ {
+		testenv.Eventually(t, 5*time.Second, fmt.Sprintf("row %d sent", id), func() bool { return len(pub.sentIDs()) == int(id) })
+		pub.answer(id, publish.Result{Kind: publish.Stored, Seq: uint64(id)})
+	}
+	if b := pub.batchIDs(); len(b) != 0 {
+		t.Fatalf("batches %v of a key with %d rows waiting behind its first", b, minBatch-1)
 	}
 }

@@ -58,6 +58,16 @@ type Publisher interface {
 	Ready(ctx context.Context) error
 }
 
+// Batcher publishes several rows of one ordering key as one atomic batch,
+// all or none and in order (*publish.JetStream). A Publisher that is one
+// sends a key's rows in batches where many wait (see lanes).
+type Batcher interface {
+	// BatchLimit is how many messages a batch may hold now; 0: no batches.
+	BatchLimit() int
+	// PublishBatch starts publishing msgs as one batch, one Ack each.
+	PublishBatch(ctx context.Context, msgs []publish.Message) []publish.Ack
+}
+
 // Options tune the loop. Zero intervals disable the corresponding timer so
 // tests can drive the loop by hand.
 type Options struct {
@@ -99,9 +109,10 @@ type Options struct {
 
 // Relay moves outbox rows to the broker.
 type Relay struct {
-	store Store
-	pub   Publisher
-	o     Options
+	store   Store
+	pub     Publisher
+	batcher Batcher // pub, when it publishes atomic batches; else nil
+	o       Options
 	log   *zap.Logger
 	m     *metrics.Metrics
 
@@ -175,6 +186,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		lanes:    newLanes(),
 		reserved: o.Format.Reserved(),
 	}
+	r.batcher, _ = pub.(Batcher)
 	trouble := func(op string) *episode.Log {
 		return episode.New(o.Log.With(zap.String("operation", op)), zap.WarnLevel, "database unavailable; retrying", "database available again")
 	}

@@ -146,12 +146,31 @@ func (r *Relay) release(row *event.Row) {
 	}
 }
 
-// sendNext sends the row of a's key after it, if a was stored and the
-// next row waits for it (see lanes); after shutdown began it is not sent.
+// sendNext sends the rows of a's key after it, if a was stored and they
+// wait for it (see lanes): one row, or many as one atomic batch when the
+// publisher takes them. After shutdown began nothing is sent.
 func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
-	next, m := r.lanes.resolved(a, res, ctx.Err())
-	if m != nil {
-		r.lanes.sent(next, r.pub.Publish(ctx, []publish.Message{*m})[0])
+	limit := 0
+	if r.batcher != nil {
+		limit = r.batcher.BatchLimit()
+	}
+	next := r.lanes.resolved(a, res, ctx.Err(), limit)
+	if len(next) == 0 {
+		return
+	}
+	msgs := make([]publish.Message, len(next))
+	for i, a := range next {
+		msgs[i] = a.msg
+	}
+	var acks []publish.Ack
+	if len(next) == 1 {
+		acks = r.pub.Publish(ctx, msgs)
+	} else {
+		acks = r.batcher.PublishBatch(ctx, msgs)
+		r.m.AtomicBatches.Inc()
+	}
+	for i, a := range next {
+		r.lanes.sent(a, acks[i])
 	}
 }
 
