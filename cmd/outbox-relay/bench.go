@@ -31,7 +31,10 @@ func (c *cli) benchCommand() *cobra.Command {
   with --keys K: the same drain again, on a fresh table and stream, with K
     ordering keys round robin (row i gets key i mod K): rows/s and the
     ratio to the unordered drain; the stream is read back, and the bench
-    fails unless each key's messages are in row id order;
+    fails unless each key's messages are in row id order; then the
+    standard client (nats.go) publishing min(--rows, 20000) such messages
+    alone, one at a time, awaiting each PubAck, in a process of its own:
+    msgs/s, and the keyed drain's rate over it;
   settle writes: the same drain of min(--rows, 2000) rows, on a fresh table
     and stream, while the bench holds a read transaction open on the file
     (so that no checkpoint can copy or restart the WAL): the bytes the WAL
@@ -95,17 +98,21 @@ func benchFlags(f *pflag.FlagSet, o *bench.Options) {
 }
 
 // benchClientCommand is the hidden child of bench that measures the
-// standard client's cost at a trickle (bench.Client) and prints a
+// standard client's cost at a trickle (bench.Client), or with --messages
+// its rate one PubAck at a time (bench.SyncClient), and prints a
 // bench.ClientRun as JSON.
 func (c *cli) benchClientCommand() *cobra.Command {
 	var url, subject string
-	var rate, size int
+	var rate, size, messages int
 	var d time.Duration
 	cmd := &cobra.Command{
 		Use:    "bench-client",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
+			if messages < 0 {
+				return usagef("bench-client: --messages must not be negative")
+			}
 			cfg, err := c.loadConfig() // credentials and TLS, as the relay gets them
 			if err != nil {
 				return err
@@ -117,7 +124,12 @@ func (c *cli) benchClientCommand() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			run, err := bench.Client(conn.NC, subject, rate, size, d)
+			var run *bench.ClientRun
+			if messages > 0 {
+				run, err = bench.SyncClient(conn.NC, subject, messages, size)
+			} else {
+				run, err = bench.Client(conn.NC, subject, rate, size, d)
+			}
 			if err != nil {
 				return err
 			}
@@ -130,5 +142,6 @@ func (c *cli) benchClientCommand() *cobra.Command {
 	f.IntVar(&rate, "rate", 100, "messages per second")
 	f.IntVar(&size, "size", 256, "payload bytes")
 	f.DurationVar(&d, "duration", 10*time.Second, "how long to publish")
+	f.IntVar(&messages, "messages", 0, "publish this many messages as fast as one PubAck at a time allows, instead of --rate for --duration (0: not)")
 	return cmd
 }

@@ -60,6 +60,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{args: []string{"run"}, env: map[string]string{"NATS_MODE": "kafka"}, want: "nats.mode"},
 		{args: []string{"bench", "--rows", "0"}, want: "--rows must be positive"},
 		{args: []string{"bench", "--keys", "-1"}, want: "--keys"},
+		{args: []string{"bench-client", "--messages", "-1"}, want: "--messages"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			for k, v := range tc.env {
@@ -1013,8 +1014,8 @@ func TestBenchSmoke(t *testing.T) {
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if strings.Contains(string(out), "keyed") {
-		t.Fatalf("a keyed drain without --keys:\n%s", out)
+	if strings.Contains(string(out), "keyed") || strings.Contains(string(out), "sync_client") {
+		t.Fatalf("a keyed drain or its sync client without --keys:\n%s", out)
 	}
 	if rep.Ceiling <= 0 || len(rep.CeilingByBatch) != 2 || rep.Drain.Rows != 3000 || rep.Drain.RowsPerSec <= 0 || rep.Drain.CPU <= 0 || rep.Drain.RSS <= 0 ||
 		rep.DrainRatio <= 0 || rep.DoneRatio <= 0 || rep.Rate.Offered != 200 || rep.Rate.Rows < 300 || rep.Idle == nil {
@@ -1061,7 +1062,9 @@ func TestBenchSmoke(t *testing.T) {
 
 // TestBenchKeys: with --keys the bench drains the rows a second time with
 // that many ordering keys, reports both rates and their ratio, and reads
-// the stream back to check each key's order; the printed report says so.
+// the stream back to check each key's order; then the standard client
+// publishes as many messages one PubAck at a time, and the keyed drain's
+// rate over its rate is reported; the printed report says so.
 func TestBenchKeys(t *testing.T) {
 	bin := buildBinary(t)
 	out, err := exec.Command(bin, "bench", "--rows", "600", "--ceiling-in-flight", "500", "--keys", "7", "--json").Output()
@@ -1080,6 +1083,12 @@ func TestBenchKeys(t *testing.T) {
 		Keys       int     `json:"keys"`
 		KeyedDrain *run    `json:"keyed_drain"`
 		KeyedRatio float64 `json:"keyed_to_unordered"`
+		SyncRun    *struct {
+			Messages   int     `json:"messages"`
+			MsgsPerSec float64 `json:"msgs_per_second"`
+		} `json:"sync_client"`
+		Sync        float64 `json:"sync_client_msgs_per_second"`
+		KeyedToSync float64 `json:"keyed_to_sync_publish"`
 	}
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -1093,13 +1102,18 @@ func TestBenchKeys(t *testing.T) {
 	if k.OrderedMessages != 600 || k.OrderedKeys != 7 || rep.Drain.OrderedMessages != 0 {
 		t.Fatalf("order checked over %d messages of %d keys (unordered drain: %d); want 600 of 7 (0)", k.OrderedMessages, k.OrderedKeys, rep.Drain.OrderedMessages)
 	}
+	// The synchronous publisher's yardstick, on as many messages as rows.
+	if s := rep.SyncRun; s == nil || s.Messages != 600 || s.MsgsPerSec <= 0 || rep.Sync != s.MsgsPerSec || rep.KeyedToSync <= 0 {
+		t.Fatalf("sync client %+v, %v msgs/s, keyed / sync %v; want 600 messages and rates", s, rep.Sync, rep.KeyedToSync)
+	}
 	var full bench.Report
 	if err := json.Unmarshal(out, &full); err != nil {
 		t.Fatal(err)
 	}
 	var text bytes.Buffer
 	bench.Print(&text, &full)
-	for _, want := range []string{"relay drain ", "drain / ceiling", "relay drain, 7 keys", "keyed / unordered", "order checked", "600 messages of 7 keys"} {
+	for _, want := range []string{"relay drain ", "drain / ceiling", "relay drain, 7 keys", "keyed / unordered", "order checked", "600 messages of 7 keys",
+		"standard client, sync", "one PubAck awaited at a time (600 messages)", "keyed / sync client"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("the printed report lacks %q:\n%s", want, text.String())
 		}

@@ -1,9 +1,9 @@
 // Package bench measures the relay the way its users run it: the relay
 // (this binary's run command) as a child process against a JetStream
 // server, beside the standard client's ceiling, a writer that commits as
-// an application does, and the standard client publishing alone at the
-// same rate. It is the bench command's engine; nothing in the relay
-// depends on it.
+// an application does, and the standard client publishing alone, at the
+// same rate or one PubAck at a time. It is the bench command's engine;
+// nothing in the relay depends on it.
 package bench
 
 import (
@@ -126,6 +126,13 @@ type Report struct {
 	Keys       int       `json:"keys,omitempty"`
 	KeyedDrain *RelayRun `json:"keyed_drain,omitempty"`
 	KeyedRatio float64   `json:"keyed_to_unordered,omitempty"`
+	// With --keys, right after the keyed drain: the standard client
+	// publishing min(--rows, syncMessages) messages one at a time, each
+	// PubAck awaited (SyncClient), its msgs/s, and the keyed drain's rate
+	// over it.
+	SyncClientRun *ClientRun `json:"sync_client,omitempty"`
+	SyncClient    float64    `json:"sync_client_msgs_per_second,omitempty"`
+	KeyedToSync   float64    `json:"keyed_to_sync_publish,omitempty"`
 	// What the relay's writes add to the WAL per settled row, measured
 	// on a drain of min(--rows, walRows) rows with a reader pinning the
 	// WAL (SettleWAL, whose rate and lag are not comparable to the
@@ -264,6 +271,18 @@ func Run(o Options) (*Report, error) {
 			return nil, err
 		}
 		rep.KeyedRatio = rep.KeyedDrain.RowsPerSec / rep.Drain.RowsPerSec
+		// Right after the keyed drain, for a ratio within one run too.
+		names, err := stream("sync-client", prefix+".>")
+		if err != nil {
+			return nil, err
+		}
+		if rep.SyncClientRun, err = b.benchSyncClient(url, names.prefix+".BenchEvent", min(o.Rows, syncMessages), o.Size); err != nil {
+			return nil, err
+		}
+		rep.SyncClient = rep.SyncClientRun.MsgsPerSec
+		rep.KeyedToSync = rep.KeyedDrain.RowsPerSec / rep.SyncClient
+		progress("standard client, one PubAck awaited at a time: %.0f msgs/s (%d messages), CPU %.1f%% of one core; keyed / sync %.2f",
+			rep.SyncClient, rep.SyncClientRun.Messages, rep.SyncClientRun.CPUPercent, rep.KeyedToSync)
 	}
 	if rep.SettleWAL, err = run("settle-wal", drain{rows: min(o.Rows, walRows), pinWAL: true}); err != nil {
 		return nil, err
@@ -419,6 +438,10 @@ type drain struct {
 	rows, done, rate, keys int
 	pinWAL                 bool
 }
+
+// syncMessages is the most messages the standard client publishes one
+// PubAck at a time: a few seconds at its rate, enough for a steady figure.
+const syncMessages = 20_000
 
 // walRows is the most rows the drain with the WAL pinned settles: enough
 // for a steady figure, few enough that the WAL it cannot checkpoint stays
@@ -811,6 +834,10 @@ func Print(w io.Writer, r *Report) {
 		line(fmt.Sprintf("relay drain, %d keys", r.Keys), k)
 		fmt.Fprintf(w, "  keyed / unordered           %9.2f\n", r.KeyedRatio)
 		fmt.Fprintf(w, "  %-27s %9d messages of %d keys, each key's in row id order\n", "  order checked", k.OrderCheckedMessages, k.OrderCheckedKeys)
+		if s := r.SyncClientRun; s != nil {
+			fmt.Fprintf(w, "  %-27s %9.0f msgs/s  one PubAck awaited at a time (%d messages)  CPU %.1f %% of one core\n", "standard client, sync", r.SyncClient, s.Messages, s.CPUPercent)
+			fmt.Fprintf(w, "  keyed / sync client         %9.2f\n", r.KeyedToSync)
+		}
 	}
 	if x := r.SettleWAL; x != nil {
 		fmt.Fprintf(w, "  %-27s %9s B of WAL per row (%d rows of %d B; read pinned)\n", "settle writes", thousands(r.WALBytesPerRow), x.Rows, r.PayloadBytes)
