@@ -204,6 +204,7 @@ func TestLaneWaitsForTheClaimsThatSawItsWithheldRows(t *testing.T) {
 		t.Fatal("row 4 of a claim begun after the key was settled was not sent")
 	}
 }
+
 // TestShutdownBlocksTheKeyItReleases: at shutdown a stored row's key does
 // not send its next row, which is released instead. The key must then
 // send nothing more: a claim under way when shutdown began (the claim

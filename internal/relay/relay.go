@@ -113,8 +113,8 @@ type Relay struct {
 	pub     Publisher
 	batcher Batcher // pub, when it publishes atomic batches; else nil
 	o       Options
-	log   *zap.Logger
-	m     *metrics.Metrics
+	log     *zap.Logger
+	m       *metrics.Metrics
 
 	wake     chan struct{} // a commit or a reclaim happened: claim now
 	commits  chan struct{} // a commit happened (for Commits)
