@@ -19,8 +19,9 @@ func (c *cli) streamsyncCommand() *cobra.Command {
 		Short: "Reconcile the stream and consumer now, or print the plan without applying it",
 		Long: `streamsync does what the relay does at startup: it creates a missing stream
 (stream.create) and consumer (consumer.create), and patches only the fields the
-relay manages on existing ones (stream duplicate_window; consumer max_deliver
-and ack_wait), keeping every other field. With --dry-run it prints the plan
+relay manages on existing ones (stream duplicate_window and, with
+stream.allow_atomic, allow_atomic; consumer max_deliver and ack_wait), keeping
+every other field. With --dry-run it prints the plan
 and changes nothing. Exit code 0 when in sync or applied, 1 when the server
 rejected an update or the stream does not capture the relay's subjects.`,
 		Example: `  outbox-relay streamsync --nats-url nats://nats:4222 --dry-run

@@ -108,6 +108,10 @@ type Stream struct {
 	DuplicateWindow time.Duration `mapstructure:"duplicate_window"`
 	Create          bool          `mapstructure:"create"`
 	Replicas        int           `mapstructure:"replicas"`
+	// AllowAtomic lets the relay turn on the stream's allow_atomic and
+	// publish an ordering key's due rows in atomic batches; false: one
+	// row at a time, and the stream's allow_atomic is left as it is.
+	AllowAtomic bool `mapstructure:"allow_atomic"`
 }
 
 // Consumer is the (optional) durable consumer whose delivery limits the relay manages.
@@ -202,6 +206,7 @@ func Default() Config {
 			DuplicateWindow: time.Hour,
 			Create:          true,
 			Replicas:        1,
+			AllowAtomic:     true,
 		},
 		Consumer: Consumer{AckWait: 30 * time.Second},
 		Relay: Relay{

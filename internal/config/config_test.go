@@ -101,12 +101,12 @@ stream:
 }
 
 func TestEnvList(t *testing.T) {
-	c, err := load(t, "", nil, []string{"OUTBOX_RELAY_STREAM_SUBJECTS=a.>,events.>", "OUTBOX_RELAY_STREAM_CREATE=false"})
+	c, err := load(t, "", nil, []string{"OUTBOX_RELAY_STREAM_SUBJECTS=a.>,events.>", "OUTBOX_RELAY_STREAM_CREATE=false", "OUTBOX_RELAY_STREAM_ALLOW_ATOMIC=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(c.Stream.Subjects, []string{"a.>", "events.>"}) || c.Stream.Create {
-		t.Fatalf("subjects %q create %v", c.Stream.Subjects, c.Stream.Create)
+	if !reflect.DeepEqual(c.Stream.Subjects, []string{"a.>", "events.>"}) || c.Stream.Create || c.Stream.AllowAtomic {
+		t.Fatalf("subjects %q create %v allow_atomic %v", c.Stream.Subjects, c.Stream.Create, c.Stream.AllowAtomic)
 	}
 }
 

@@ -20,18 +20,19 @@ const (
 // The managed fields, the values of Change.Field.
 const (
 	FieldDuplicateWindow = "duplicate_window"
+	FieldAllowAtomic     = "allow_atomic"
 	FieldMaxDeliver      = "max_deliver"
 	FieldAckWait         = "ack_wait"
 )
 
 // ManagedFields lists every field a sync may change (for metrics whose
 // series start at 0).
-var ManagedFields = []string{FieldDuplicateWindow, FieldMaxDeliver, FieldAckWait}
+var ManagedFields = []string{FieldDuplicateWindow, FieldAllowAtomic, FieldMaxDeliver, FieldAckWait}
 
 // Change is one managed field that differs between the live configuration
 // and what the relay needs.
 type Change struct {
-	Field string `json:"field"` // JSON name of the field: duplicate_window, max_deliver, ack_wait
+	Field string `json:"field"` // JSON name of the field: duplicate_window, allow_atomic, max_deliver, ack_wait
 	Old   string `json:"old"`
 	New   string `json:"new"`
 }
@@ -60,6 +61,12 @@ func Plan(live Live, want Want) Changes {
 		if have := effectiveDuplicateWindow(*s); have != want.DuplicateWindow {
 			c.Stream = append(c.Stream, Change{Field: FieldDuplicateWindow, Old: fmtDuration(have), New: fmtDuration(want.DuplicateWindow)})
 		}
+		// The relay only ever turns allow_atomic on: an operator's true is
+		// kept when the relay does not want it, since other publishers of
+		// the stream may batch.
+		if want.AllowAtomic && !s.AllowAtomicPublish {
+			c.Stream = append(c.Stream, Change{Field: FieldAllowAtomic, Old: "false", New: "true"})
+		}
 	}
 	if cc := live.Consumer; cc != nil && want.Durable != "" {
 		if have := effectiveMaxDeliver(*cc); have != want.MaxDeliver {
@@ -76,11 +83,21 @@ func Plan(live Live, want Want) Changes {
 	return c
 }
 
-// patchStream returns a copy of live with the managed stream fields set.
-// Everything else, operator-set or immutable, is kept as the server had it.
-func patchStream(live jetstream.StreamConfig, want Want) jetstream.StreamConfig {
+// patchStream returns a copy of live with the stream fields of changes set
+// as want has them. Everything else, operator-set or immutable, is kept as
+// the server had it. Taking the changes lets a sync send a field in an
+// update of its own, so that the server refusing one field does not cost
+// the others.
+func patchStream(live jetstream.StreamConfig, want Want, changes []Change) jetstream.StreamConfig {
 	cfg := live
-	cfg.Duplicates = want.DuplicateWindow
+	for _, c := range changes {
+		switch c.Field {
+		case FieldDuplicateWindow:
+			cfg.Duplicates = want.DuplicateWindow
+		case FieldAllowAtomic:
+			cfg.AllowAtomicPublish = true
+		}
+	}
 	return cfg
 }
 
@@ -142,8 +159,13 @@ func fmtDuration(d time.Duration) string {
 func StreamEditCommand(stream string, changes []Change) string {
 	args := []string{"nats", "stream", "edit", shellQuote(stream)}
 	for _, c := range changes {
-		if c.Field == FieldDuplicateWindow {
+		switch c.Field {
+		case FieldDuplicateWindow:
 			args = append(args, "--dupe-window", c.New)
+		case FieldAllowAtomic:
+			// natscli's --allow-batch is allow_atomic; its --allow-fast
+			// is the other batch mode (allow_batched).
+			args = append(args, "--allow-batch")
 		}
 	}
 	return strings.Join(append(args, "-f"), " ")

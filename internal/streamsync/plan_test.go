@@ -2,6 +2,7 @@ package streamsync
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,11 @@ func TestPlan(t *testing.T) {
 	stream := func(dup, maxAge time.Duration) *jetstream.StreamConfig {
 		return &jetstream.StreamConfig{Name: "EVENTS", Duplicates: dup, MaxAge: maxAge}
 	}
+	atomicStream := func(dup time.Duration, allow bool) *jetstream.StreamConfig {
+		return &jetstream.StreamConfig{Name: "EVENTS", Duplicates: dup, AllowAtomicPublish: allow}
+	}
+	atomic := want
+	atomic.AllowAtomic = true
 	consumer := func(maxDeliver int, ackWait time.Duration, backoff ...time.Duration) *jetstream.ConsumerConfig {
 		return &jetstream.ConsumerConfig{Durable: "worker", MaxDeliver: maxDeliver, AckWait: ackWait, BackOff: backoff}
 	}
@@ -31,6 +37,12 @@ func TestPlan(t *testing.T) {
 			plan: Changes{Stream: []Change{{"duplicate_window", "30s", "1h"}}}},
 		{name: "explicit 2 min window", live: Live{Stream: stream(2*time.Minute, 72*time.Hour)}, want: want,
 			plan: Changes{Stream: []Change{{"duplicate_window", "2m", "1h"}}}},
+		{name: "allow_atomic off is turned on", live: Live{Stream: atomicStream(time.Hour, false)}, want: atomic,
+			plan: Changes{Stream: []Change{{"allow_atomic", "false", "true"}}}},
+		{name: "allow_atomic already on", live: Live{Stream: atomicStream(time.Hour, true)}, want: atomic},
+		{name: "an operator's allow_atomic is kept", live: Live{Stream: atomicStream(time.Hour, true)}, want: want},
+		{name: "window and allow_atomic", live: Live{Stream: atomicStream(0, false)}, want: atomic,
+			plan: Changes{Stream: []Change{{"duplicate_window", "2m", "1h"}, {"allow_atomic", "false", "true"}}}},
 		{name: "unset max_deliver is unlimited (-1)", live: Live{Consumer: consumer(-1, 30*time.Second)}, want: want,
 			plan: Changes{Consumer: []Change{{"max_deliver", "unlimited", "10"}}}},
 		{name: "zero max_deliver is unlimited", live: Live{Consumer: consumer(0, 0)}, want: want,
@@ -54,8 +66,9 @@ func TestPlan(t *testing.T) {
 
 func TestPatchKeepsEverythingElse(t *testing.T) {
 	live := jetstream.StreamConfig{Name: "EVENTS", Description: "d", Subjects: []string{"a.>"}, MaxAge: time.Hour * 3, Duplicates: time.Minute, Metadata: map[string]string{"k": "v"}}
-	got := patchStream(live, Want{DuplicateWindow: time.Hour})
-	live.Duplicates = time.Hour
+	want := Want{DuplicateWindow: time.Hour, AllowAtomic: true}
+	got := patchStream(live, want, Plan(Live{Stream: &live}, want).Stream)
+	live.Duplicates, live.AllowAtomicPublish = time.Hour, true
 	if !reflect.DeepEqual(got, live) {
 		t.Fatalf("patched %+v", got)
 	}
@@ -88,8 +101,74 @@ func TestReplicasAndPlacementAreNeverPatched(t *testing.T) {
 	if len(plan.Stream) != 1 || plan.Stream[0].Field != "duplicate_window" {
 		t.Fatalf("plan %+v", plan)
 	}
-	got := patchStream(live, want)
+	got := patchStream(live, want, plan.Stream)
 	if got.Replicas != 1 || got.Placement == nil || got.Placement.Cluster != "east" || got.Placement.Tags[0] != "ssd" {
 		t.Fatalf("patched %+v", got)
+	}
+}
+
+// TestPatchSetsOnlyTheChangesGiven: a sync sends allow_atomic in an update
+// of its own, which must not carry a window the server refused, and the
+// window in one that must not carry allow_atomic.
+func TestPatchSetsOnlyTheChangesGiven(t *testing.T) {
+	live := jetstream.StreamConfig{Name: "EVENTS", Duplicates: 2 * time.Minute}
+	want := Want{DuplicateWindow: time.Hour, AllowAtomic: true}
+	plan := Plan(Live{Stream: &live}, want).Stream
+	atomic, rest := splitChanges(plan, FieldAllowAtomic)
+	if len(atomic) != 1 || len(rest) != 1 || rest[0].Field != FieldDuplicateWindow {
+		t.Fatalf("split %+v into %+v and %+v", plan, atomic, rest)
+	}
+	if got := patchStream(live, want, atomic); got.Duplicates != 2*time.Minute || !got.AllowAtomicPublish {
+		t.Fatalf("allow_atomic alone patched %+v", got)
+	}
+	if got := patchStream(live, want, rest); got.Duplicates != time.Hour || got.AllowAtomicPublish {
+		t.Fatalf("window alone patched %+v", got)
+	}
+}
+
+// TestStreamEditCommand: natscli v0.5.0 spells allow_atomic --allow-batch
+// (cli/stream_command.go: "Allow atomic batch publishing"); --allow-fast is
+// allow_batched, another mode.
+func TestStreamEditCommand(t *testing.T) {
+	for _, tc := range []struct {
+		changes []Change
+		want    string
+	}{
+		{[]Change{{Field: FieldDuplicateWindow, New: "1h"}}, "nats stream edit EVENTS --dupe-window 1h -f"},
+		{[]Change{{Field: FieldAllowAtomic, Old: "false", New: "true"}}, "nats stream edit EVENTS --allow-batch -f"},
+		{[]Change{{Field: FieldDuplicateWindow, New: "1h"}, {Field: FieldAllowAtomic, New: "true"}}, "nats stream edit EVENTS --dupe-window 1h --allow-batch -f"},
+	} {
+		if got := StreamEditCommand("EVENTS", tc.changes); got != tc.want {
+			t.Errorf("StreamEditCommand(%+v) = %q, want %q", tc.changes, got, tc.want)
+		}
+	}
+}
+
+// TestAtomicIgnored: a server older than 2.12 takes allow_atomic and reads
+// it back false; only then, and only when the relay asked for it, is it
+// ignored.
+func TestAtomicIgnored(t *testing.T) {
+	for _, tc := range []struct {
+		wanted, returned, ignored bool
+	}{{true, false, true}, {true, true, false}, {false, false, false}, {false, true, false}} {
+		if got := atomicIgnored(Want{AllowAtomic: tc.wanted}, jetstream.StreamConfig{AllowAtomicPublish: tc.returned}); got != tc.ignored {
+			t.Errorf("wanted %v, returned %v: ignored %v", tc.wanted, tc.returned, got)
+		}
+	}
+}
+
+// TestRefusesAtomic: nats-server refuses allow_atomic beside persist_mode
+// async and on a mirror; the hint says so and how to stop asking.
+func TestRefusesAtomic(t *testing.T) {
+	if got := refusesAtomic(jetstream.StreamConfig{Name: "EVENTS"}); got != "" {
+		t.Fatalf("plain stream: %q", got)
+	}
+	for _, cfg := range []jetstream.StreamConfig{
+		{Name: "EVENTS", PersistMode: jetstream.AsyncPersistMode},
+		{Name: "EVENTS", Mirror: &jetstream.StreamSource{Name: "ORIGIN"}},
+	} {
+		if got := refusesAtomic(cfg); got == "" || !strings.Contains(got, "set stream.allow_atomic to false") {
+			t.Errorf("%+v: %q", cfg, got)
+		}
 	}
 }

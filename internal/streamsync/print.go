@@ -63,6 +63,9 @@ func (s Summary) printOutcome(w io.Writer) {
 		// A dry run whose window patch the server would refuse.
 		fmt.Fprintf(w, "warning: %s\n", res.Window.Warning())
 	}
+	if res.AtomicIgnored {
+		fmt.Fprintln(w, "warning: the server ignored allow_atomic (nats-server older than 2.12): the relay publishes one row at a time")
+	}
 	switch {
 	case len(res.Rejected) > 0:
 		for _, r := range res.Rejected {

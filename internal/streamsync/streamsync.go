@@ -1,10 +1,12 @@
 // Package streamsync makes the JetStream stream and the optional durable
 // consumer what the relay needs. Existing deployments keep their stream:
 // the live configuration is cloned and only the managed fields are patched
-// (stream: duplicate_window; consumer: max_deliver, ack_wait); a rejected
-// update is reported with the natscli command that would make it, and the
-// relay keeps starting. A duplicate window shorter than the relay needs
-// (the stream's max_age caps it) is reported with the choice it leaves.
+// (stream: duplicate_window, allow_atomic; consumer: max_deliver,
+// ack_wait); a rejected update is reported with the natscli command that
+// would make it, and the relay keeps starting. A duplicate window shorter
+// than the relay needs (the stream's max_age caps it) is reported with the
+// choice it leaves, and the result says whether the stream allows atomic
+// batch publish once the sync is done.
 // The streamsync command prints a sync's result as a Summary.
 package streamsync
 
@@ -29,6 +31,10 @@ type Want struct {
 	Replicas        int  // when creating the stream
 	Create          bool // create the stream when missing
 	SubjectPrefix   string
+	// AllowAtomic: turn on the stream's allow_atomic (atomic batch
+	// publish, nats-server 2.12+) when it is off. The relay never turns it
+	// off, so false leaves the stream's value alone.
+	AllowAtomic bool
 
 	Durable        string // consumer name; empty: no consumer is managed
 	MaxDeliver     int
@@ -66,6 +72,15 @@ type Result struct {
 	// Window is the stream's duplicate window once the sync is done (dry
 	// run: as it would be); nil when the stream is not there.
 	Window *Window `json:"duplicate_window,omitempty"`
+	// Atomic is whether the stream allows atomic batch publish once the
+	// sync is done, as the server returned its configuration (dry run: as
+	// it would be). The relay publishes in atomic batches only when it
+	// does.
+	Atomic bool `json:"allow_atomic"`
+	// AtomicIgnored: allow_atomic was wanted and the server took the
+	// stream's creation or update without keeping it, as a nats-server
+	// older than 2.12, which does not know the field, does.
+	AtomicIgnored bool `json:"allow_atomic_ignored,omitempty"`
 }
 
 // Options say how to sync.
@@ -94,28 +109,14 @@ func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Re
 	log := o.Log.With(zap.String("stream", want.Stream))
 
 	var live Live
-	stream, err := js.Stream(ctx, want.Stream)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		if !want.Create {
-			return res, fmt.Errorf("%w: %s (stream.create is false; create it or set stream.create)", ErrNoStream, want.Stream)
-		}
-		res.StreamCreated = true
-		if o.DryRun {
-			if found, err := overlapping(ctx, js, want); err == nil && len(found) > 0 {
-				return res, overlapError(want, found, nil, nil)
-			}
-		} else {
-			if stream, err = create(ctx, js, want); err != nil {
-				return res, err
-			}
-			log.Info("created stream", zap.Strings("subjects", want.Subjects), zap.Duration("duplicate_window", want.DuplicateWindow), zap.Int("replicas", want.Replicas))
-		}
-	case err != nil:
-		return res, fmt.Errorf("look up stream %s: %w", want.Stream, err)
-	default:
+	stream, err := findStream(ctx, js, want, o.DryRun, log, &res)
+	if err != nil {
+		return res, err
+	}
+	if stream != nil && !res.StreamCreated {
 		cfg := stream.CachedInfo().Config
 		live.Stream = &cfg
+		res.Atomic = cfg.AllowAtomicPublish
 	}
 
 	var consumer jetstream.Consumer
@@ -176,6 +177,7 @@ func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Re
 			if lw := NewWindow(*live.Stream, want.DuplicateWindow); lw.capped() {
 				w = lw
 			}
+			res.Atomic = res.Atomic || (want.AllowAtomic && refusesAtomic(*live.Stream) == "")
 		}
 		res.Window = &w
 	}
@@ -185,19 +187,48 @@ func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Re
 	return res, update(ctx, js, live, want, o, log, &res)
 }
 
+// findStream looks the stream up and creates it when it is missing (if
+// allowed). It returns nil for a stream a dry run would create. A stream
+// another relay created first is returned as found (res.StreamCreated
+// false), to be reconciled like any other: that relay may want less.
+func findStream(ctx context.Context, js jetstream.JetStream, want Want, dryRun bool, log *zap.Logger, res *Result) (jetstream.Stream, error) {
+	stream, err := js.Stream(ctx, want.Stream)
+	switch {
+	case err == nil:
+		return stream, nil
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("look up stream %s: %w", want.Stream, err)
+	case !want.Create:
+		return nil, fmt.Errorf("%w: %s (stream.create is false; create it or set stream.create)", ErrNoStream, want.Stream)
+	}
+	res.StreamCreated = true
+	if dryRun {
+		if found, err := overlapping(ctx, js, want); err == nil && len(found) > 0 {
+			return nil, overlapError(want, found, nil, nil)
+		}
+		res.Atomic = want.AllowAtomic
+		return nil, nil
+	}
+	stream, created, err := create(ctx, js, want)
+	if err != nil {
+		return nil, err
+	}
+	if !created {
+		res.StreamCreated = false
+		return stream, nil
+	}
+	cfg := stream.CachedInfo().Config
+	log.Info("created stream", zap.Strings("subjects", want.Subjects), zap.Duration("duplicate_window", want.DuplicateWindow),
+		zap.Int("replicas", want.Replicas), zap.Bool("allow_atomic", cfg.AllowAtomicPublish))
+	noteAtomic(cfg, want, log, res)
+	return stream, nil
+}
+
 // update patches the stream and the consumer as res.Changes says.
 func update(ctx context.Context, js jetstream.JetStream, live Live, want Want, o Options, log *zap.Logger, res *Result) error {
 	if len(res.Changes.Stream) > 0 {
-		_, updateErr := js.UpdateStream(ctx, patchStream(*live.Stream, want))
-		w, hint := NewWindow(*live.Stream, want.DuplicateWindow), ""
-		if w.Short() {
-			hint = w.Choice()
-		}
-		if done, err := report(updateErr, log, "stream", res.Changes.Stream, w.Command(), hint, o.Patched, res); !done {
+		if err := updateStream(ctx, js, *live.Stream, want, o, log, res); err != nil {
 			return err
-		}
-		if updateErr != nil {
-			res.Window = &w // refused: the stream keeps its window
 		}
 	}
 	if len(res.Changes.Consumer) > 0 {
@@ -209,6 +240,48 @@ func update(ctx context.Context, js jetstream.JetStream, live Live, want Want, o
 	}
 	res.Applied = len(res.Rejected) == 0
 	return nil
+}
+
+// updateStream patches the stream in up to two updates: the duplicate
+// window, then allow_atomic on top of what the first left. The server
+// refuses an update whole, and it refuses allow_atomic on some streams
+// (persist_mode async, mirrors): sent together, a refused allow_atomic
+// would also cost the window that exactly-once depends on. Apart, each
+// refusal is reported with its own field's command.
+func updateStream(ctx context.Context, js jetstream.JetStream, live jetstream.StreamConfig, want Want, o Options, log *zap.Logger, res *Result) error {
+	atomic, rest := splitChanges(res.Changes.Stream, FieldAllowAtomic)
+	cfg := live
+	if len(rest) > 0 {
+		s, updateErr := js.UpdateStream(ctx, patchStream(live, want, rest))
+		w, hint := NewWindow(live, want.DuplicateWindow), ""
+		if w.Short() {
+			hint = w.Choice()
+		}
+		if done, err := report(updateErr, log, "stream", rest, w.Command(), hint, o.Patched, res); !done {
+			return err
+		}
+		if updateErr != nil {
+			res.Window = &w // refused: the stream keeps its window
+		} else {
+			cfg = s.CachedInfo().Config
+		}
+	}
+	if len(atomic) > 0 {
+		return updateAtomic(ctx, js, cfg, want, atomic, o, log, res)
+	}
+	return nil
+}
+
+// splitChanges separates the changes of field from the others.
+func splitChanges(changes []Change, field string) (of, others []Change) {
+	for _, c := range changes {
+		if c.Field == field {
+			of = append(of, c)
+		} else {
+			others = append(others, c)
+		}
+	}
+	return of, others
 }
 
 // report logs the outcome of one update. It returns done=false with the
@@ -240,25 +313,29 @@ func report(err error, log *zap.Logger, part string, changes []Change, command, 
 	return false, fmt.Errorf("update %s: %w", part, err)
 }
 
-func create(ctx context.Context, js jetstream.JetStream, want Want) (jetstream.Stream, error) {
+// create creates the stream the relay needs. created is false when
+// another relay created it first; the stream returned is then that one.
+func create(ctx context.Context, js jetstream.JetStream, want Want) (_ jetstream.Stream, created bool, _ error) {
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:       want.Stream,
-		Subjects:   want.Subjects,
-		Storage:    jetstream.FileStorage,
-		Duplicates: want.DuplicateWindow,
-		Replicas:   want.Replicas,
+		Name:               want.Stream,
+		Subjects:           want.Subjects,
+		Storage:            jetstream.FileStorage,
+		Duplicates:         want.DuplicateWindow,
+		Replicas:           want.Replicas,
+		AllowAtomicPublish: want.AllowAtomic,
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return js.Stream(ctx, want.Stream) // another relay created it first
+		s, err := js.Stream(ctx, want.Stream)
+		return s, false, err
 	}
 	if apiErr := (*jetstream.APIError)(nil); errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSubjectOverlap {
 		found, listErr := overlapping(ctx, js, want)
-		return nil, overlapError(want, found, listErr, apiErr)
+		return nil, false, overlapError(want, found, listErr, apiErr)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create stream %s: %w", want.Stream, err)
+		return nil, false, fmt.Errorf("create stream %s: %w", want.Stream, err)
 	}
-	return s, nil
+	return s, true, nil
 }
 
 // newConsumer is the durable pull consumer the relay creates when asked.
