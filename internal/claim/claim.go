@@ -198,7 +198,10 @@ type held struct {
 	parkedEnc string // parked as a JSON array ("": to encode again)
 	// gone are the ids let go since the current claim began: they were in
 	// flight when it read the table, which may show them still pending.
-	gone       map[int64]struct{}
+	gone map[int64]struct{}
+	// freed says a key full at KeyDepth got room since the current claim
+	// began: that claim may have left the key out.
+	freed      bool
 	deferred   []int64   // due times (Unix ms, Options.Clock) of rows this store deferred
 	nextRescan time.Time // when a claim next reads the whole pending index
 }
@@ -243,6 +246,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	query, after := s.q.takeAfter, any(nil)
 	s.mu.Lock()
 	clear(s.held.gone)
+	s.held.freed = false
 	look := !time.Now().Before(s.held.nextLook)
 	parked := len(s.held.parked) > 0
 	s.mu.Unlock()
@@ -462,13 +466,23 @@ func (s *Store) mayFollow(p prevRow, kept map[int64]bool) bool {
 	return true // a status the relay leaves alone (queued, say) holds nothing up
 }
 
-// Waiting reports whether due rows were left unclaimed because their
-// ordering key held Options.KeyDepth rows in flight: the relay claims
-// again as rows settle, without waiting for a commit.
+// Waiting reports whether due rows may be left unclaimed because their
+// ordering key holds Options.KeyDepth rows in flight: rows were left
+// behind, or a key is full (a claim leaves it out unread, so whether rows
+// of it wait is not known), or was full when the latest claim began. The
+// relay claims again as rows settle, without waiting for a commit.
 func (s *Store) Waiting() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.held.overflow) > 0
+	if len(s.held.overflow) > 0 || s.held.freed {
+		return true
+	}
+	for _, n := range s.held.keys {
+		if s.keyDepth > 0 && n >= s.keyDepth {
+			return true
+		}
+	}
+	return false
 }
 
 // rescanDue reports whether the next claim reads the whole pending index
@@ -850,6 +864,9 @@ func (s *Store) letGo(outs []event.Outcome, stale []int) {
 		delete(h.ids, o.Row.ID)
 		h.gone[o.Row.ID] = struct{}{}
 		if k := o.Row.OrderingKey; k != "" {
+			if s.keyDepth > 0 && h.keys[k] >= s.keyDepth {
+				h.freed = true
+			}
 			if h.keys[k]--; h.keys[k] <= 0 {
 				delete(h.keys, k)
 			}

@@ -197,13 +197,39 @@ func TestKeyDepthLeavesRoom(t *testing.T) {
 		t.Fatalf("claim of 1 while the key is full: %+v %v, want row %d", next, err, more[1])
 	}
 	settleAll(t, s, rows[:1], nil) // one of the key settles: half the room is free
-	if s.Waiting() {
-		t.Fatal("still Waiting after the key drained to half")
+	if !s.Waiting() {
+		t.Fatal("the key drained to half, but not Waiting: the relay would claim only at the next poll")
 	}
 	wantIDs(t, "once the key has room", claimIDs(t, s), ids[2])
 	if !s.Waiting() {
 		t.Fatal("rows left behind again, but not Waiting")
 	}
+}
+
+// TestFullKeyIsWaiting: a key filled to KeyDepth by claims that each took
+// all they read leaves nothing behind that a claim saw (the next claim
+// leaves the key out unread), yet its later rows wait for room: the relay
+// must claim again as rows settle, not at the next poll.
+func TestFullKeyIsWaiting(t *testing.T) {
+	s := New(testenv.MigratedDB(t), Options{KeyDepth: 2})
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertKeyed(t, db, "a", "a", "a")
+	var held []event.Row
+	for i := range 2 {
+		rows, err := s.Claim(context.Background(), 1, 0)
+		if err != nil || len(rows) != 1 || rows[0].ID != ids[i] {
+			t.Fatalf("claim %d of one row: %+v %v", i, rows, err)
+		}
+		held = append(held, rows...)
+	}
+	if rows, err := s.Claim(context.Background(), 10, 0); err != nil || len(rows) != 0 {
+		t.Fatalf("claim while the key is full: %+v %v", rows, err)
+	}
+	if !s.Waiting() {
+		t.Fatal("the key is full and has a row due, but not Waiting")
+	}
+	settleAll(t, s, held[:1], nil)
+	wantIDs(t, "once the key has room", claimIDs(t, s), ids[2])
 }
 
 // TestWaitingKeyDoesNotStarveOthers: a parked key with many rows at the
