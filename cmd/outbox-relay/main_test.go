@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -294,8 +295,8 @@ func TestStartupReconciles(t *testing.T) {
 	d := startDaemon(t, env, "run", "--database-path", path, "--metrics-listen", "127.0.0.1:0")
 	metricsAddr := d.waitFor("serving metrics")["listen"].(string)
 	testenv.Eventually(t, 30*time.Second, "rows done", func() bool { return testenv.Counts(t, app)["done"] == 50 })
-	if got := len(d.Find("patched stream config")) + len(d.Find("patched consumer config")); got != 2 {
-		t.Fatalf("%d patch lines, want 2 (duplicate_window, max_deliver)", got)
+	if got := len(d.Find("patched stream config")) + len(d.Find("patched consumer config")); got != 3 {
+		t.Fatalf("%d patch lines, want 3 (duplicate_window, allow_atomic, max_deliver)", got)
 	}
 	body := httpGet(t, "http://"+metricsAddr+"/metrics")
 	for _, want := range []string{`outbox_relay_stream_config_patched_total{field="duplicate_window"} 1`, `outbox_relay_stream_config_patched_total{field="max_deliver"} 1`} {
@@ -307,7 +308,13 @@ func TestStartupReconciles(t *testing.T) {
 	ctx := context.Background()
 	s, _ := js.Stream(ctx, "EVENTS")
 	after := s.CachedInfo().Config
-	before.Duplicates = time.Hour
+	before.Duplicates, before.AllowAtomicPublish = time.Hour, true
+	// The server notes the API level a stream with allow_atomic needs.
+	before.Metadata = maps.Clone(before.Metadata)
+	if before.Metadata == nil {
+		before.Metadata = map[string]string{}
+	}
+	before.Metadata["_nats.req.level"] = after.Metadata["_nats.req.level"]
 	if a, b := fmt.Sprintf("%+v", after), fmt.Sprintf("%+v", before); a != b {
 		t.Fatalf("stream after startup:\n%s\nwant\n%s", a, b)
 	}
@@ -362,7 +369,7 @@ func TestStreamsyncCommand(t *testing.T) {
 			Stream []struct{ Field, Old, New string } `json:"stream"`
 		} `json:"changes"`
 	}
-	if err := json.Unmarshal([]byte(out), &plan); err != nil || code != 0 || !plan.DryRun || len(plan.Changes.Stream) != 1 || plan.Changes.Stream[0].New != "1h" {
+	if err := json.Unmarshal([]byte(out), &plan); err != nil || code != 0 || !plan.DryRun || len(plan.Changes.Stream) != 2 || plan.Changes.Stream[0].New != "1h" || plan.Changes.Stream[1].Field != "allow_atomic" {
 		t.Fatalf("dry run --json: exit %d, %v\n%s", code, err, out)
 	}
 	s, _ := js.Stream(context.Background(), "EVENTS")
@@ -370,7 +377,7 @@ func TestStreamsyncCommand(t *testing.T) {
 		t.Fatal("--dry-run changed the stream")
 	}
 	code, out, _ = runCLI(t, "streamsync")
-	if code != 0 || !strings.Contains(out, "applied 2 change(s)") {
+	if code != 0 || !strings.Contains(out, "applied 3 change(s)") {
 		t.Fatalf("streamsync: exit %d\n%s", code, out)
 	}
 	code, out, _ = runCLI(t, "streamsync", "--dry-run")

@@ -15,12 +15,13 @@ import (
 // BenchmarkDrain measures the whole relay (claim, publish pipeline, settle)
 // draining a backlog of 256-byte rows (BENCH_SIZE bytes) into an
 // in-process JetStream server, marking them done (deleting them with
-// BENCH_DELETE_DONE=1). Compare runs with benchstat; b.N rows per run.
+// BENCH_DELETE_DONE=1), over BENCH_KEYS ordering keys (0: none). Compare runs with benchstat; b.N rows per run.
 func BenchmarkDrain(b *testing.B) {
 	n := testenv.StartNATS(b)
 	path := testenv.NewDB(b)
 	db := testenv.AppDB(b, path)
-	if err := benchkit.Seed(context.Background(), db, "event_queue", b.N, benchkit.EnvInt("BENCH_SIZE", 256), "pending"); err != nil {
+	if err := benchkit.Seed(context.Background(), db, "event_queue", b.N, benchkit.EnvInt("BENCH_SIZE", 256), "pending",
+		benchkit.Keys(benchkit.EnvInt("BENCH_KEYS", 0))); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()

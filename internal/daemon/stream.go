@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
 
@@ -31,7 +32,7 @@ func Want(cfg config.Config) streamsync.Want {
 	s, c := cfg.Stream, cfg.Consumer
 	return streamsync.Want{
 		Stream: s.Name, Subjects: s.Subjects, DuplicateWindow: s.DuplicateWindow,
-		Replicas: s.Replicas, Create: s.Create, SubjectPrefix: s.SubjectPrefix,
+		Replicas: s.Replicas, Create: s.Create, SubjectPrefix: s.SubjectPrefix, AllowAtomic: s.AllowAtomic,
 		Durable: c.Durable, MaxDeliver: cfg.Relay.MaxAttempts, AckWait: c.AckWait, CreateConsumer: c.Create,
 	}
 }
@@ -55,12 +56,14 @@ func (a *App) brokerReady(ctx context.Context) error {
 	if errors.Is(err, streamsync.ErrNoStream) {
 		// First answer since start, or the stream was deleted meanwhile:
 		// reconcile (and create it, if allowed).
-		_, err = streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions())
+		var res streamsync.Result
+		res, err = streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions())
 		a.noteConfigError(err)
 		if err != nil {
 			return err
 		}
 		a.synced.Store(true)
+		a.noteAtomic(res.Atomic)
 		err = a.examineStream(ctx)
 	}
 	return err
@@ -166,4 +169,23 @@ func (a *App) watchStream(ctx context.Context) {
 		a.examineStream(rctx) // an error is the probe's and /readyz's to report
 		cancel()
 	}
+}
+
+// noteAtomic turns the publisher's atomic batches on when the stream
+// allows them after a sync and stream.allow_atomic asks for them, off
+// otherwise, and says which once per change.
+func (a *App) noteAtomic(allowed bool) {
+	on := allowed && a.cfg.Stream.AllowAtomic
+	if on == (a.js.BatchLimit() > 0) {
+		return
+	}
+	if on {
+		a.js.EnableBatches(publish.MaxBatch)
+		a.log.Info("atomic batches on: an ordering key's due rows go as one batch, all or none", zap.String("stream", a.cfg.Stream.Name), zap.Int("limit", publish.MaxBatch))
+	} else {
+		a.js.EnableBatches(0)
+		a.log.Info("atomic batches off: an ordering key's rows go one at a time", zap.String("stream", a.cfg.Stream.Name),
+			zap.Bool("stream_allows", allowed), zap.Bool("stream.allow_atomic", a.cfg.Stream.AllowAtomic))
+	}
+	a.metrics.AtomicBatchLimit.Set(float64(a.js.BatchLimit()))
 }

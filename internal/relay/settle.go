@@ -153,6 +153,7 @@ func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
 	limit := 0
 	if r.batcher != nil {
 		limit = r.batcher.BatchLimit()
+		r.m.AtomicBatchLimit.Set(float64(limit)) // lowered or turned off by the stream's answers
 	}
 	next := r.lanes.resolved(a, res, ctx.Err(), limit)
 	if len(next) == 0 {
