@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/internal/publish"
@@ -54,11 +56,12 @@ func checkKeyOrder(t *testing.T, js jetstream.JetStream, want int) map[string]in
 
 // TestOrderedKeysSurviveChaos: 20,000 rows, most of them over 50 ordering
 // keys, the rest unordered, written while the relay is killed (kill -9)
-// twice, the broker goes away and comes back, and the broker refuses some
-// rows (a subject the relay's user may not publish to) until the
-// permission is granted. At the end every row
-// is done, the stream holds one message per event, and each key's
-// messages are in row-id order.
+// twice, the first time under a standby that takes over, the broker goes
+// away and comes back, and the broker refuses some rows (a subject the
+// relay's user may not publish to) until the permission is granted. The
+// server takes atomic batches of at most 100 messages, and many of the
+// keys' rows go in batches. At the end every row is done, the stream holds
+// one message per event, and each key's messages are in row-id order.
 func TestOrderedKeysSurviveChaos(t *testing.T) {
 	const (
 		total   = 20_000
@@ -75,7 +78,10 @@ func TestOrderedKeysSurviveChaos(t *testing.T) {
 			o.NoAuthUser = "admin"
 		}
 	}
-	n := testenv.StartNATS(t, relayUser("events.Restricted"))
+	// Batches of at most 100: the relay learns the server's limit from its
+	// first refusal of a larger batch.
+	lowBatches := func(o *server.Options) { o.JetStreamLimits.MaxBatchSize = 100 }
+	n := testenv.StartNATS(t, relayUser("events.Restricted"), lowBatches)
 	js := n.JetStream(t)
 	testenv.EventsStream(t, js, 0)
 	path := testenv.NewDB(t)
@@ -120,8 +126,10 @@ func TestOrderedKeysSurviveChaos(t *testing.T) {
 	first := relay()
 	first.waitFor("leading: this relay claims and publishes the rows")
 	testenv.Eventually(t, 30*time.Second, "rows flowing", func() bool { return done() > 2000 })
-	first.Kill()
+	// A standby takes over from the leader killed under it.
 	second := relay()
+	second.waitFor("standing by: another relay of this outbox table leads")
+	first.Kill()
 	second.waitFor("leading: this relay claims and publishes the rows")
 	// An outage of 2 s.
 	n.Stop()
@@ -152,12 +160,21 @@ func TestOrderedKeysSurviveChaos(t *testing.T) {
 	if len(perKey) != keys {
 		t.Fatalf("%d keys in the stream, want %d", len(perKey), keys)
 	}
+	batched := 0
+	for _, m := range testenv.StreamMessages(t, js, "EVENTS") {
+		if m.Header.Get("Nats-Batch-Id") != "" {
+			batched++
+		}
+	}
+	if batched == 0 {
+		t.Fatal("no message was stored in an atomic batch: nothing tested the order of batches")
+	}
 	var retried, keyedRetried int
 	app.QueryRow(`SELECT count(*), count(ordering_key) FROM event_queue WHERE attempts > 0`).Scan(&retried, &keyedRetried)
 	if keyedRetried == 0 {
 		t.Fatalf("no row with a key was refused (%d refused in all): nothing tested the order across rejections", retried)
 	}
-	t.Logf("%d restricted rows, %d rows refused at least once (%d of them with a key)", restricted, retried, keyedRetried)
+	t.Logf("%d restricted rows, %d rows refused at least once (%d of them with a key), %d messages stored in atomic batches", restricted, retried, keyedRetried, batched)
 }
 
 // parkedKeyRun writes three keys of three rows each, the first row of key
@@ -241,5 +258,57 @@ func TestSkipMovesOn(t *testing.T) {
 	d.stop()
 	if perKey := checkKeyOrder(t, js, 8); perKey["a"] != 2 {
 		t.Fatalf("key a has %d messages in the stream, want 2", perKey["a"])
+	}
+}
+
+// TestBatchStoredBeforeACrash: the stream already holds the events of a
+// key's first 200 rows, stored by a relay that died between the PubAck
+// and its settle. The relay sends the key's rows in an atomic batch, which
+// the stream refuses whole for the ids it holds: each of those rows ends
+// done with the sequence its event was stored at, nothing is stored twice,
+// and the rest of the key follows in order.
+func TestBatchStoredBeforeACrash(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	evs := make([]testenv.Event, 300)
+	for i := range evs {
+		evs[i] = testenv.NewEvent("Thing", []byte("x"))
+		evs[i].OrderingKey = "k"
+	}
+	ids := testenv.InsertIDs(t, app, evs...)
+	seqs := map[int64]uint64{}
+	for i, id := range ids[:200] {
+		msg := nats.NewMsg("events.Thing")
+		msg.Header.Set(publish.HeaderMsgID, *evs[i].EventID)
+		msg.Header.Set(publish.HeaderRowID, strconv.FormatInt(id, 10))
+		msg.Header.Set(publish.HeaderOrderingKey, "k")
+		ack, err := js.PublishMsg(context.Background(), msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs[id] = ack.Sequence
+	}
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN="}, "run", "--database-path", path)
+	d.waitFor("atomic batches on: an ordering key's due rows go as one batch, all or none")
+	testenv.Eventually(t, 30*time.Second, "every row done", func() bool { return testenv.Counts(t, app)["done"] == len(ids) })
+	d.stop()
+	checkKeyOrder(t, js, len(ids))
+	rows, err := app.Query(`SELECT id, stream_seq FROM event_queue ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var seq uint64
+		if err := rows.Scan(&id, &seq); err != nil {
+			t.Fatal(err)
+		}
+		if want, stored := seqs[id]; stored && seq != want {
+			t.Fatalf("row %d done at stream sequence %d, its event was stored at %d", id, seq, want)
+		}
 	}
 }
