@@ -312,3 +312,34 @@ func TestBatchStoredBeforeACrash(t *testing.T) {
 		}
 	}
 }
+
+// TestNoAtomicBatches: with stream.allow_atomic false the relay leaves the
+// stream without allow_atomic, says so, and a key's rows go one at a time,
+// all of them, in order.
+func TestNoAtomicBatches(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	evs := make([]testenv.Event, 300)
+	for i := range evs {
+		evs[i] = testenv.NewEvent("Thing", []byte("x"))
+		evs[i].OrderingKey = "k"
+	}
+	testenv.InsertIDs(t, app, evs...)
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_STREAM_ALLOW_ATOMIC=false"}, "run", "--database-path", path)
+	d.waitFor("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time")
+	testenv.Eventually(t, 30*time.Second, "every row done", func() bool { return testenv.Counts(t, app)["done"] == len(evs) })
+	d.stop()
+	checkKeyOrder(t, js, len(evs))
+	for _, m := range testenv.StreamMessages(t, js, "EVENTS") {
+		if id := m.Header.Get("Nats-Batch-Id"); id != "" {
+			t.Fatalf("message %d was stored in atomic batch %s", m.Sequence, id)
+		}
+	}
+	s, err := js.Stream(context.Background(), "EVENTS")
+	if err != nil || s.CachedInfo().Config.AllowAtomicPublish {
+		t.Fatalf("the stream allows atomic publish (%v): the relay turned it on", err)
+	}
+}

@@ -67,9 +67,11 @@ type App struct {
 	relay    *relay.Relay
 	keeper   *housekeeping.Keeper
 	synced   atomic.Bool // the stream was reconciled since start
-	stream   streamState
-	version  string
-	listener net.Listener // Options.Listener
+	// atomicSaid: the atomic batch mode was logged (see noteAtomic).
+	atomicSaid atomic.Bool
+	stream     streamState
+	version    string
+	listener   net.Listener // Options.Listener
 }
 
 // Options vary what Open does for the commands that share it.

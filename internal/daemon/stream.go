@@ -151,6 +151,11 @@ func (a *App) role() string {
 	if w := a.windowWarning(); w != "" {
 		r += "; warning: " + w
 	}
+	if a.js != nil {
+		if err := a.js.BatchesOff(); err != nil {
+			r += "; warning: " + err.Error()
+		}
+	}
 	return r
 }
 
@@ -168,24 +173,32 @@ func (a *App) watchStream(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		a.examineStream(rctx) // an error is the probe's and /readyz's to report
 		cancel()
+		// The stream's answers may have lowered the batch limit, or
+		// turned batches off.
+		a.metrics.AtomicBatchLimit.Set(float64(a.js.BatchLimit()))
 	}
 }
 
 // noteAtomic turns the publisher's atomic batches on when the stream
 // allows them after a sync and stream.allow_atomic asks for them, off
-// otherwise, and says which once per change.
+// otherwise, and says which at the first sync and at every change.
 func (a *App) noteAtomic(allowed bool) {
 	on := allowed && a.cfg.Stream.AllowAtomic
-	if on == (a.js.BatchLimit() > 0) {
+	if a.atomicSaid.Swap(true) && on == (a.js.BatchLimit() > 0) {
 		return
 	}
-	if on {
+	log := a.log.With(zap.String("stream", a.cfg.Stream.Name))
+	switch {
+	case on:
 		a.js.EnableBatches(publish.MaxBatch)
-		a.log.Info("atomic batches on: an ordering key's due rows go as one batch, all or none", zap.String("stream", a.cfg.Stream.Name), zap.Int("limit", publish.MaxBatch))
-	} else {
+		log.Info("atomic batches on: an ordering key's due rows go as one batch, all or none", zap.Int("limit", publish.MaxBatch))
+	case !a.cfg.Stream.AllowAtomic:
 		a.js.EnableBatches(0)
-		a.log.Info("atomic batches off: an ordering key's rows go one at a time", zap.String("stream", a.cfg.Stream.Name),
-			zap.Bool("stream_allows", allowed), zap.Bool("stream.allow_atomic", a.cfg.Stream.AllowAtomic))
+		log.Info("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time")
+	default:
+		a.js.EnableBatches(0)
+		log.Warn("atomic batches off: the stream does not allow atomic publish (nats-server older than 2.12, or a stream that refuses it); " +
+			"an ordering key's rows go one at a time")
 	}
 	a.metrics.AtomicBatchLimit.Set(float64(a.js.BatchLimit()))
 }

@@ -31,13 +31,23 @@ import (
 // publisher keeps to it from then on.
 const MaxBatch = 1000
 
+// maxBatchesInFlight is how many atomic batches the publisher has in
+// flight at most (the server's default limit is 50 a stream, 1,000 a
+// server, shared with other publishers): more do not store faster, and past
+// it a key's rows go one at a time until a batch ends. A batch the server
+// refuses for too many in flight is published one message at a time.
+const maxBatchesInFlight = 8
+
 // The JetStream error codes of atomic batches.
 const (
-	batchDisabled    jetstream.ErrorCode = 10174 // the stream does not allow atomic publish
-	batchIncomplete  jetstream.ErrorCode = 10176 // a message of the batch never reached the stream (refused)
-	batchTooLarge    jetstream.ErrorCode = 10199 // more messages than the server's limit, which the description gives
-	batchDuplicate   jetstream.ErrorCode = 10201 // a message's Nats-Msg-Id is in the stream already
-	batchTooManyOpen jetstream.ErrorCode = 10210 // too many batches in flight: back-pressure
+	batchDisabled jetstream.ErrorCode = 10174 // the stream does not allow atomic publish
+	// A message of the batch never reached the stream: refused (a denied
+	// subject), or the first one, when the server holds too many batches in
+	// flight (10210, which a first message sent without a reply subject
+	// cannot tell).
+	batchIncomplete jetstream.ErrorCode = 10176
+	batchTooLarge   jetstream.ErrorCode = 10199 // more messages than the server's limit, which the description gives
+	batchDuplicate  jetstream.ErrorCode = 10201 // a message's Nats-Msg-Id is in the stream already
 )
 
 // batchLimitRe reads the server's limit from a batchTooLarge refusal
@@ -46,19 +56,32 @@ var batchLimitRe = regexp.MustCompile(`too large: (\d+)`)
 
 // EnableBatches lets PublishBatch publish up to limit messages (at most
 // MaxBatch) as one atomic batch: call it once the stream allows atomic
-// publish. Without it, or after the stream refused a batch as disabled,
-// BatchLimit is 0 and PublishBatch publishes one message at a time.
+// publish (0 turns batches off). Without it, or after the stream refused a
+// batch as disabled, BatchLimit is 0 and PublishBatch publishes one
+// message at a time.
 func (p *JetStream) EnableBatches(limit int) {
 	p.batchMu.Lock()
 	defer p.batchMu.Unlock()
 	p.batchLimit, p.batchesOff = min(max(limit, 0), MaxBatch), nil
 }
 
-// BatchLimit returns how many messages an atomic batch may hold now; 0
+// BatchLimit returns how many messages an atomic batch holds at most; 0
 // when the stream takes no atomic batches.
 func (p *JetStream) BatchLimit() int {
 	p.batchMu.Lock()
 	defer p.batchMu.Unlock()
+	return p.batchLimit
+}
+
+// BatchRoom returns how many messages a batch sent now may hold: the
+// limit, or 0 while as many batches are in flight as the publisher allows
+// (or batches are off).
+func (p *JetStream) BatchRoom() int {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	if p.batchesOpen >= maxBatchesInFlight {
+		return 0
+	}
 	return p.batchLimit
 }
 
@@ -76,7 +99,7 @@ func (p *JetStream) refuseBatches(err error) {
 	p.batchMu.Lock()
 	was := p.batchLimit
 	p.batchLimit = 0
-	p.batchesOff = fmt.Errorf("stream %s refused an atomic batch (allow_atomic is off): publishing ordered rows one at a time until the relay restarts (%w)", p.stream, err)
+	p.batchesOff = fmt.Errorf("stream %s refused an atomic batch (allow_atomic is off): an ordering key's rows go one at a time until the relay restarts (%w)", p.stream, err)
 	p.batchMu.Unlock()
 	if was > 0 {
 		p.conn.log.Warn("the stream refuses atomic batches; publishing ordered rows one at a time", zap.String("stream", p.stream), zap.Error(err))
@@ -139,7 +162,15 @@ func (p *JetStream) PublishBatch(ctx context.Context, msgs []Message) []Ack {
 
 // runBatch publishes b's messages and fills its results.
 func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
-	defer close(b.done)
+	p.batchMu.Lock()
+	p.batchesOpen++
+	p.batchMu.Unlock()
+	defer func() {
+		p.batchMu.Lock()
+		p.batchesOpen--
+		p.batchMu.Unlock()
+		close(b.done)
+	}()
 	nmsgs := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
 		nmsgs[i] = NewMsg(m)
@@ -168,10 +199,6 @@ func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
 	res := p.classify(msgs[len(msgs)-1].Subject, sent, err)
 	if res.Kind != Transport {
 		res = Result{Kind: Transport, Err: err}
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == batchTooManyOpen {
-		res.Err = fmt.Errorf("the server holds too many atomic batches in flight; trying again later: %w", err)
 	}
 	for i := range b.results {
 		b.results[i] = res
@@ -213,8 +240,6 @@ func (p *JetStream) byMessage(err error, msgs []Message, sent time.Time) bool {
 			return true
 		case batchIncomplete, batchDuplicate:
 			return true
-		case batchTooManyOpen:
-			return false
 		}
 		return Classify(err) == Rejected
 	}
@@ -257,7 +282,8 @@ func (p *JetStream) allFit(ctx context.Context, msgs []*nats.Msg) bool {
 
 // batchState is the JetStream publisher's atomic batch settings.
 type batchState struct {
-	batchMu    sync.Mutex
-	batchLimit int   // messages an atomic batch holds at most; 0: no batches
-	batchesOff error // why batches were turned off after they were enabled
+	batchMu     sync.Mutex
+	batchLimit  int   // messages an atomic batch holds at most; 0: no batches
+	batchesOff  error // why batches were turned off after they were enabled
+	batchesOpen int   // batches in flight
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
@@ -186,5 +187,27 @@ func TestBatchLimits(t *testing.T) {
 	rows, batches := streamRows(t, js)
 	if strings.Join(rows, ",") != "1,2,3,4,5,6,7,8,9,10" || batches[9] != "" || batches[6] == "" {
 		t.Fatalf("stream rows %v, batch ids %q", rows, batches)
+	}
+}
+
+// TestBatchTooManyInFlightGoesOneByOne: a server that holds as many
+// batches in flight as it allows (another publisher's, left open) refuses
+// the next batch's first message, and the batch is incomplete: its rows go
+// one at a time, stored in order, no attempt spent.
+func TestBatchTooManyInFlightGoesOneByOne(t *testing.T) {
+	n, js, p := batchEnv(t, MaxBatch, func(o *server.Options) { o.JetStreamLimits.MaxBatchInflightPerStream = 1 })
+	other := nats.NewMsg("events.Other")
+	other.Header.Set(jetstreamext.BatchIDHeader, "another-publisher")
+	other.Header.Set(jetstreamext.BatchSeqHeader, "1")
+	nc := n.Conn(t)
+	if _, err := nc.RequestMsg(other, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds(waitAll(t, p.PublishBatch(context.Background(), batchOf(1, "A", "A", "A")))); got != "stored stored stored" {
+		t.Fatalf("batch beyond the server's limit: %s", got)
+	}
+	rows, batches := streamRows(t, js)
+	if strings.Join(rows, ",") != "1,2,3" || strings.Join(batches, "") != "" {
+		t.Fatalf("stream rows %v, batch ids %q: want rows 1 to 3 stored one at a time", rows, batches)
 	}
 }

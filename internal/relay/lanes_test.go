@@ -311,7 +311,7 @@ type scriptedBatcher struct {
 	batches [][]int64
 }
 
-func (p *scriptedBatcher) BatchLimit() int { return p.limit }
+func (p *scriptedBatcher) BatchRoom() int { return p.limit }
 
 func (p *scriptedBatcher) PublishBatch(ctx context.Context, msgs []publish.Message) []publish.Ack {
 	ids := make([]int64, len(msgs))

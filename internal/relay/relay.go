@@ -62,8 +62,9 @@ type Publisher interface {
 // all or none and in order (*publish.JetStream). A Publisher that is one
 // sends a key's rows in batches where many wait (see lanes).
 type Batcher interface {
-	// BatchLimit is how many messages a batch may hold now; 0: no batches.
-	BatchLimit() int
+	// BatchRoom is how many messages a batch sent now may hold; 0: send
+	// one at a time.
+	BatchRoom() int
 	// PublishBatch starts publishing msgs as one batch, one Ack each.
 	PublishBatch(ctx context.Context, msgs []publish.Message) []publish.Ack
 }

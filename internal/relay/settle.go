@@ -152,8 +152,7 @@ func (r *Relay) release(row *event.Row) {
 func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
 	limit := 0
 	if r.batcher != nil {
-		limit = r.batcher.BatchLimit()
-		r.m.AtomicBatchLimit.Set(float64(limit)) // lowered or turned off by the stream's answers
+		limit = r.batcher.BatchRoom()
 	}
 	next := r.lanes.resolved(a, res, ctx.Err(), limit)
 	if len(next) == 0 {
