@@ -294,6 +294,7 @@ func TestBatchStoredBeforeACrash(t *testing.T) {
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN="}, "run", "--database-path", path)
 	d.waitFor("atomic batches on: an ordering key's due rows go as one batch, all or none")
 	testenv.Eventually(t, 30*time.Second, "every row done", func() bool { return testenv.Counts(t, app)["done"] == len(ids) })
+	statusSays(t, path, "an ordering key's due rows go in atomic batches of up to 1000")
 	d.stop()
 	checkKeyOrder(t, js, len(ids))
 	rows, err := app.Query(`SELECT id, stream_seq FROM event_queue ORDER BY id`)
@@ -331,6 +332,7 @@ func TestNoAtomicBatches(t *testing.T) {
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_STREAM_ALLOW_ATOMIC=false"}, "run", "--database-path", path)
 	d.waitFor("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time")
 	testenv.Eventually(t, 30*time.Second, "every row done", func() bool { return testenv.Counts(t, app)["done"] == len(evs) })
+	statusSays(t, path, "an ordering key's rows go one at a time: the stream takes no atomic batches")
 	d.stop()
 	checkKeyOrder(t, js, len(evs))
 	for _, m := range testenv.StreamMessages(t, js, "EVENTS") {
@@ -342,4 +344,14 @@ func TestNoAtomicBatches(t *testing.T) {
 	if err != nil || s.CachedInfo().Config.AllowAtomicPublish {
 		t.Fatalf("the stream allows atomic publish (%v): the relay turned it on", err)
 	}
+}
+
+// statusSays waits until status, on the database at path, says want of
+// the leading relay (its heartbeat, once a second, carries it).
+func statusSays(t *testing.T, path, want string) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "status says "+want, func() bool {
+		code, out, _ := runCLI(t, "status", "--database-path", path)
+		return code == 0 && strings.Contains(out, want)
+	})
 }

@@ -61,6 +61,10 @@ type Instance struct {
 	// InFlight is how many rows the relay held in flight at its latest
 	// heartbeat.
 	InFlight int64 `json:"in_flight"`
+	// AtomicBatchLimit is how many rows of an ordering key the relay sends
+	// as one atomic batch (0: one at a time, the stream takes no atomic
+	// batches); nil when it does not say (core NATS, an older relay).
+	AtomicBatchLimit *int64 `json:"atomic_batch_limit,omitempty"`
 }
 
 // Exhausted is a message a JetStream consumer stopped delivering after
@@ -296,11 +300,15 @@ func instances(ctx context.Context, q sqlitedb.Querier, table string, now time.T
 	if cols["in_flight"] {
 		inFlight = "coalesce(in_flight, 0)"
 	}
+	batchLimit := "NULL" // from before migration 109
+	if cols["atomic_batch_limit"] {
+		batchLimit = "atomic_batch_limit"
+	}
 	ofTable, args := "", []any{} // from before migration 107: one lead per file
 	if cols["outbox_table"] {
 		ofTable, args = ` WHERE lower(coalesce(outbox_table, ?1)) = lower(?1)`, []any{table}
 	}
-	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at, `+inFlight+`
+	rows, err := q.QueryContext(ctx, `SELECT instance_id, coalesce(hostname, ''), coalesce(pid, 0), coalesce(version, ''), started_at, heartbeat_at, `+inFlight+`, `+batchLimit+`
 FROM `+schema.InstancesTable+ofTable+` ORDER BY started_at, rowid`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list relays: %w", err)
@@ -310,8 +318,12 @@ FROM `+schema.InstancesTable+ofTable+` ORDER BY started_at, rowid`, args...)
 	for rows.Next() {
 		var in Instance
 		var started, beat int64
-		if err := rows.Scan(&in.ID, &in.Hostname, &in.PID, &in.Version, &started, &beat, &in.InFlight); err != nil {
+		var batchLimit sql.NullInt64
+		if err := rows.Scan(&in.ID, &in.Hostname, &in.PID, &in.Version, &started, &beat, &in.InFlight, &batchLimit); err != nil {
 			return nil, fmt.Errorf("list relays: %w", err)
+		}
+		if batchLimit.Valid {
+			in.AtomicBatchLimit = &batchLimit.Int64
 		}
 		in.StartedAt, in.HeartbeatAt = time.UnixMilli(started), time.UnixMilli(beat)
 		in.PresumedDead = staleAfter > 0 && now.Sub(in.HeartbeatAt) > staleAfter

@@ -95,6 +95,13 @@ func printRelays(w io.Writer, relays []Instance, now time.Time) {
 			state = fmt.Sprintf("not heartbeating for %s: presumed dead; the next relay to start takes over (and its %d row(s) in flight)", since, r.InFlight)
 		case r.Leader:
 			state = fmt.Sprintf("leading, %d in flight, heartbeat %s ago", r.InFlight, since)
+			switch l := r.AtomicBatchLimit; {
+			case l == nil:
+			case *l > 0:
+				state += fmt.Sprintf("; an ordering key's due rows go in atomic batches of up to %d", *l)
+			default:
+				state += "; an ordering key's rows go one at a time: the stream takes no atomic batches (allow_atomic; see the relay's log)"
+			}
 		}
 		fmt.Fprintf(w, "\t%s on %s (pid %d, %s), started %s, %s\n", Shown(r.ID), Shown(r.Hostname), r.PID, Shown(r.Version),
 			r.StartedAt.UTC().Format(time.RFC3339), state)

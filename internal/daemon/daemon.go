@@ -184,6 +184,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 			return nil, err
 		}
 		a.pub = a.js
+		a.lease.ReportBatches(a.js.BatchLimit)
 	}
 	ro := relay.Options{
 		SubjectPrefix: cfg.Stream.SubjectPrefix,

@@ -34,7 +34,15 @@ type Lease struct {
 	// scope is where this process's pid means this process (see
 	// processScope); "" when it cannot be known.
 	scope string
+	// batchLimit, when set, says how many rows of an ordering key the
+	// relay sends as one atomic batch, for the heartbeat row.
+	batchLimit func() int
 }
+
+// ReportBatches makes every heartbeat record limit(): how many rows of an
+// ordering key the relay sends as one atomic batch (0: one at a time), for
+// status. Without it the heartbeat records nothing (core NATS).
+func (l *Lease) ReportBatches(limit func() int) { l.batchLimit = limit }
 
 // New returns a Lease on db with a new instance id; nothing is written
 // before the first Heartbeat.
@@ -102,10 +110,14 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 	if err := l.buryDead(ctx, tx); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope)
-VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in_flight = excluded.in_flight`,
-		l.instance, now, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope); err != nil {
+	var batchLimit any // NULL: not reported
+	if l.batchLimit != nil {
+		batchLimit = l.batchLimit()
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope, atomic_batch_limit)
+VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in_flight = excluded.in_flight, atomic_batch_limit = excluded.atomic_batch_limit`,
+		l.instance, now, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope, batchLimit); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	staleBefore := now - staleAfter.Milliseconds()

@@ -10,7 +10,7 @@ import (
 
 // instanceColumns are the heartbeat table's columns added after its
 // creation, which Verify requires.
-var instanceColumns = []string{"in_flight", "outbox_table", "process_scope"}
+var instanceColumns = []string{"in_flight", "outbox_table", "process_scope", "atomic_batch_limit"}
 
 // migrateInstancesPerTable adds to each heartbeat row the outbox table its
 // relay serves, so that relays of two outbox tables in one file lead each
@@ -31,6 +31,23 @@ func migrateInstancesPerTable(ctx context.Context, s *sqlitedb.DB) error {
 			if _, err = tx.ExecContext(ctx, `ALTER TABLE `+InstancesTable+` ADD COLUMN `+c+` TEXT`); err != nil {
 				return fmt.Errorf("migrate %s: %w", InstancesTable, err)
 			}
+		}
+		return nil
+	})
+}
+
+// migrateInstancesBatchLimit adds to each heartbeat row how many rows of
+// an ordering key its relay sends as one atomic batch (0: one at a time;
+// NULL: a relay from before, or one publishing to core NATS), so that
+// status can say how a key's rows go.
+func migrateInstancesBatchLimit(ctx context.Context, s *sqlitedb.DB) error {
+	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		cols, err := sqlitedb.Columns(ctx, tx, InstancesTable)
+		if err != nil || cols["atomic_batch_limit"] {
+			return err
+		}
+		if _, err = tx.ExecContext(ctx, `ALTER TABLE `+InstancesTable+` ADD COLUMN atomic_batch_limit INTEGER`); err != nil {
+			return fmt.Errorf("migrate %s: %w", InstancesTable, err)
 		}
 		return nil
 	})

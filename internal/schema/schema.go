@@ -51,6 +51,7 @@ var migrations = []migration{
 	{106, "message_metadata", migrateMetadata},
 	{107, "instances_per_table", migrateInstancesPerTable},
 	{108, "done_records", migrateDoneRecords},
+	{109, "instances_batch_limit", migrateInstancesBatchLimit},
 }
 
 // DoneTable is the name of the table that keeps a compact record of each

@@ -21,7 +21,7 @@ import (
 
 // allMigrations are the versions of every migration, as a fresh file
 // records them.
-const allMigrations = "[101 102 103 104 105 106 107 108]"
+const allMigrations = "[101 102 103 104 105 106 107 108 109]"
 
 var uuidRe = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
