@@ -268,17 +268,7 @@ func TestSkipMovesOn(t *testing.T) {
 // done with the sequence its event was stored at, nothing is stored twice,
 // and the rest of the key follows in order.
 func TestBatchStoredBeforeACrash(t *testing.T) {
-	n := testenv.StartNATS(t)
-	js := n.JetStream(t)
-	testenv.EventsStream(t, js, 0)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
-	evs := make([]testenv.Event, 300)
-	for i := range evs {
-		evs[i] = testenv.NewEvent("Thing", []byte("x"))
-		evs[i].OrderingKey = "k"
-	}
-	ids := testenv.InsertIDs(t, app, evs...)
+	n, js, path, app, evs, ids := oneKeyBacklog(t)
 	seqs := map[int64]uint64{}
 	for i, id := range ids[:200] {
 		msg := nats.NewMsg("events.Thing")
@@ -318,17 +308,7 @@ func TestBatchStoredBeforeACrash(t *testing.T) {
 // stream without allow_atomic, says so, and a key's rows go one at a time,
 // all of them, in order.
 func TestNoAtomicBatches(t *testing.T) {
-	n := testenv.StartNATS(t)
-	js := n.JetStream(t)
-	testenv.EventsStream(t, js, 0)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
-	evs := make([]testenv.Event, 300)
-	for i := range evs {
-		evs[i] = testenv.NewEvent("Thing", []byte("x"))
-		evs[i].OrderingKey = "k"
-	}
-	testenv.InsertIDs(t, app, evs...)
+	n, js, path, app, evs, _ := oneKeyBacklog(t)
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_STREAM_ALLOW_ATOMIC=false"}, "run", "--database-path", path)
 	d.waitFor("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time")
 	testenv.Eventually(t, 30*time.Second, "every row done", func() bool { return testenv.Counts(t, app)["done"] == len(evs) })
@@ -354,4 +334,23 @@ func statusSays(t *testing.T, path, want string) {
 		code, out, _ := runCLI(t, "status", "--database-path", path)
 		return code == 0 && strings.Contains(out, want)
 	})
+}
+
+// oneKeyBacklog starts a server with the stream EVENTS (without
+// allow_atomic) and writes 300 rows of one ordering key to a new
+// database; it returns the server, its JetStream, the database's path, the
+// application's connection, the events and their row ids.
+func oneKeyBacklog(t *testing.T) (*testenv.NATS, jetstream.JetStream, string, *sql.DB, []testenv.Event, []int64) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	evs := make([]testenv.Event, 300)
+	for i := range evs {
+		evs[i] = testenv.NewEvent("Thing", []byte("x"))
+		evs[i].OrderingKey = "k"
+	}
+	return n, js, path, app, evs, testenv.InsertIDs(t, app, evs...)
 }

@@ -41,12 +41,18 @@ func migrateInstancesPerTable(ctx context.Context, s *sqlitedb.DB) error {
 // NULL: a relay from before, or one publishing to core NATS), so that
 // status can say how a key's rows go.
 func migrateInstancesBatchLimit(ctx context.Context, s *sqlitedb.DB) error {
+	return addInstanceColumn(ctx, s, "atomic_batch_limit", "INTEGER")
+}
+
+// addInstanceColumn adds column col of type typ to the heartbeat table,
+// unless it has it.
+func addInstanceColumn(ctx context.Context, s *sqlitedb.DB, col, typ string) error {
 	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 		cols, err := sqlitedb.Columns(ctx, tx, InstancesTable)
-		if err != nil || cols["atomic_batch_limit"] {
+		if err != nil || cols[col] {
 			return err
 		}
-		if _, err = tx.ExecContext(ctx, `ALTER TABLE `+InstancesTable+` ADD COLUMN atomic_batch_limit INTEGER`); err != nil {
+		if _, err = tx.ExecContext(ctx, `ALTER TABLE `+InstancesTable+` ADD COLUMN `+col+` `+typ); err != nil {
 			return fmt.Errorf("migrate %s: %w", InstancesTable, err)
 		}
 		return nil

@@ -185,16 +185,7 @@ func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
 // migrateInFlight adds the count of rows a relay holds in flight to its
 // heartbeat row: claims are not written to the outbox table.
 func migrateInFlight(ctx context.Context, s *sqlitedb.DB) error {
-	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
-		cols, err := sqlitedb.Columns(ctx, tx, InstancesTable)
-		if err != nil || cols["in_flight"] {
-			return err
-		}
-		if _, err = tx.ExecContext(ctx, `ALTER TABLE `+InstancesTable+` ADD COLUMN in_flight INTEGER`); err != nil {
-			return fmt.Errorf("migrate %s: %w", InstancesTable, err)
-		}
-		return nil
-	})
+	return addInstanceColumn(ctx, s, "in_flight", "INTEGER")
 }
 
 // ExhaustedTable records messages a JetStream consumer gave up on after
