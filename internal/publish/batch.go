@@ -50,6 +50,9 @@ const (
 	batchDuplicate  jetstream.ErrorCode = 10201 // a message's Nats-Msg-Id is in the stream already
 )
 
+// batchIDPlaceholder stands for a batch id (a nuid) in the size guard.
+const batchIDPlaceholder = "0123456789012345678901"
+
 // batchLimitRe reads the server's limit from a batchTooLarge refusal
 // ("atomic publish batch is too large: 1000").
 var batchLimitRe = regexp.MustCompile(`too large: (\d+)`)
@@ -138,6 +141,11 @@ type batchAck struct {
 
 func (a batchAck) Wait(ctx context.Context) Result {
 	select {
+	case <-a.b.done: // a known result first: the rows of a batch end alike
+		return a.b.results[a.i]
+	default:
+	}
+	select {
 	case <-a.b.done:
 		return a.b.results[a.i]
 	case <-ctx.Done():
@@ -156,15 +164,15 @@ func (p *JetStream) PublishBatch(ctx context.Context, msgs []Message) []Ack {
 	for i := range msgs {
 		acks[i] = batchAck{b, i}
 	}
+	p.batchMu.Lock()
+	p.batchesOpen++ // before it starts: BatchRoom counts it at once
+	p.batchMu.Unlock()
 	go p.runBatch(context.WithoutCancel(ctx), msgs, b)
 	return acks
 }
 
 // runBatch publishes b's messages and fills its results.
 func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
-	p.batchMu.Lock()
-	p.batchesOpen++
-	p.batchMu.Unlock()
 	defer func() {
 		p.batchMu.Lock()
 		p.batchesOpen--
@@ -174,7 +182,13 @@ func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
 	nmsgs := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
 		nmsgs[i] = NewMsg(m)
+		// The batch's own headers count towards a message's size: set as
+		// long as PublishMsgBatch sets them (a nuid is 22 characters), so
+		// that the size guard sees them.
+		nmsgs[i].Header.Set(jetstreamext.BatchIDHeader, batchIDPlaceholder)
+		nmsgs[i].Header.Set(jetstreamext.BatchSeqHeader, strconv.Itoa(i+1))
 	}
+	nmsgs[len(nmsgs)-1].Header.Set(jetstreamext.BatchCommitHeader, "1")
 	if len(msgs) < 2 || len(msgs) > p.BatchLimit() || !p.allFit(ctx, nmsgs) {
 		p.oneByOne(ctx, msgs, b.results)
 		return
@@ -248,7 +262,9 @@ func (p *JetStream) byMessage(err error, msgs []Message, sent time.Time) bool {
 			return true
 		}
 	}
-	return false
+	// The client's own refusals (a message over max_payload) are a
+	// message's too; the connection's failures are every row's.
+	return Classify(err) == Rejected
 }
 
 // oneByOne publishes msgs one at a time, each once the one before it was

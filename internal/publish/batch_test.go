@@ -211,3 +211,58 @@ func TestBatchTooManyInFlightGoesOneByOne(t *testing.T) {
 		t.Fatalf("stream rows %v, batch ids %q: want rows 1 to 3 stored one at a time", rows, batches)
 	}
 }
+
+// TestBatchHeadersCountTowardsTheSize: a row that fits max_payload alone,
+// but not with the batch's headers, is not sent in a batch: the rows go
+// one at a time, all stored, instead of failing the batch as an outage.
+func TestBatchHeadersCountTowardsTheSize(t *testing.T) {
+	const maxPayload = 4096
+	_, js, p := batchEnv(t, MaxBatch, func(o *server.Options) { o.MaxPayload = maxPayload })
+	msgs := batchOf(1, "A", "A")
+	probe := NewMsg(msgs[1])
+	msgs[1].Row.Payload = make([]byte, maxPayload-40-(Size(probe)-len(probe.Data)))
+	if err := p.fits(context.Background(), NewMsg(msgs[1])); err != nil {
+		t.Fatalf("row 2 alone does not fit: %v", err)
+	}
+	if got := waitAll(t, p.PublishBatch(context.Background(), msgs)); kinds(got) != "stored stored" {
+		t.Fatalf("batch of two rows that each fit max_payload: %s (%v)", kinds(got), got[1].Err)
+	}
+	if _, batches := streamRows(t, js); strings.Join(batches, "") != "" {
+		t.Fatalf("batch ids %q: the rows were to go one at a time", batches)
+	}
+}
+
+// TestBatchRoomCountsBatchesHandedOver: BatchRoom counts a batch from the
+// moment it is handed over, not from when it starts.
+func TestBatchRoomCountsBatchesHandedOver(t *testing.T) {
+	_, _, p := batchEnv(t, MaxBatch)
+	var acks [][]Ack
+	for i := range maxBatchesInFlight {
+		acks = append(acks, p.PublishBatch(context.Background(), batchOf(int64(1+2*i), "A", "A")))
+	}
+	room := p.BatchRoom()
+	for _, a := range acks {
+		waitAll(t, a)
+	}
+	if room != 0 {
+		t.Fatalf("BatchRoom %d with %d batches handed over, want 0", room, maxBatchesInFlight)
+	}
+	if room := p.BatchRoom(); room != MaxBatch {
+		t.Fatalf("BatchRoom %d once they ended", room)
+	}
+}
+
+// TestBatchAckPrefersItsResult: once a batch's outcome is known, every row
+// of it gets that outcome, even when the wait ends at the same time (at
+// shutdown), so that a key's rows are not settled some done, some not.
+func TestBatchAckPrefersItsResult(t *testing.T) {
+	b := &batch{done: make(chan struct{}), results: []Result{{Kind: Stored, Seq: 7}}}
+	close(b.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 100 {
+		if r := (batchAck{b, 0}).Wait(ctx); r.Kind != Stored {
+			t.Fatalf("wait %d: %v, want stored (the batch was stored)", i, r.Kind)
+		}
+	}
+}
