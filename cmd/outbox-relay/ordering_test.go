@@ -281,10 +281,10 @@ func TestBatchStoredBeforeACrash(t *testing.T) {
 		}
 		seqs[id] = ack.Sequence
 	}
-	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN="}, "run", "--database-path", path)
+	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_ORDERING_BATCH_MAX=50"}, "run", "--database-path", path)
 	d.waitFor("atomic batches on: an ordering key's due rows go as one batch, all or none")
 	testenv.Eventually(t, 30*time.Second, "every row done", func() bool { return testenv.Counts(t, app)["done"] == len(ids) })
-	statusSays(t, path, "an ordering key's due rows go in atomic batches of up to 1000")
+	statusSays(t, path, "an ordering key's due rows go in atomic batches of up to 50")
 	d.stop()
 	checkKeyOrder(t, js, len(ids))
 	rows, err := app.Query(`SELECT id, stream_seq FROM event_queue ORDER BY id`)

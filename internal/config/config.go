@@ -136,7 +136,19 @@ type Relay struct {
 // them is dead-lettered.
 type Ordering struct {
 	OnDeadLetter string `mapstructure:"on_dead_letter"` // hold, skip
+	// BatchMax is how many due rows of one key the relay sends as one
+	// atomic batch at most (MinBatchMax to MaxBatchMax; the server's lower
+	// limit wins).
+	BatchMax int `mapstructure:"batch_max"`
 }
+
+// The range of ordering.batch_max: a batch costs the server a few ms
+// whatever its size, so fewer rows than MinBatchMax go one at a time
+// anyway; MaxBatchMax is JetStream's default limit.
+const (
+	MinBatchMax = 32
+	MaxBatchMax = 1000
+)
 
 // What a dead letter does to the later rows of its ordering key.
 const (
@@ -218,7 +230,7 @@ func Default() Config {
 			ShutdownTimeout: 10 * time.Second,
 			AckTimeout:      10 * time.Second,
 		},
-		Ordering:  Ordering{OnDeadLetter: OnDeadLetterHold},
+		Ordering:  Ordering{OnDeadLetter: OnDeadLetterHold, BatchMax: MaxBatchMax},
 		Message:   Message{Format: FormatRaw, ContentType: "application/json"},
 		Retention: Retention{Done: 7 * 24 * time.Hour, DoneRows: DoneRowsKeep, ProcessedEvents: 30 * 24 * time.Hour},
 		Metrics:   Metrics{Listen: ":9108"},

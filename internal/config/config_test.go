@@ -171,6 +171,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad table", file: "database:\n  table: \"x; drop\"\n", want: "database.table"},
 		{name: "bad schema mode", env: []string{"OUTBOX_RELAY_SCHEMA_MODE=yolo"}, want: "schema.mode"},
 		{name: "zero batch", args: []string{"--relay-batch-size=0"}, want: "relay.batch_size"},
+		{name: "atomic batch too small", env: []string{"OUTBOX_RELAY_ORDERING_BATCH_MAX=10"}, want: "ordering.batch_max"},
+		{name: "atomic batch too large", args: []string{"--ordering-batch-max=1001"}, want: "ordering.batch_max"},
 		{name: "bad url", env: []string{"NATS_URL=http://x:1"}, want: "nats.url"},
 		{name: "embedded not loopback", env: []string{"OUTBOX_RELAY_NATS_EMBEDDED_LISTEN=0.0.0.0:4222"}, want: "nats.embedded.listen"},
 		{name: "bad prefix", env: []string{"OUTBOX_RELAY_STREAM_SUBJECT_PREFIX=a.*"}, want: "stream.subject_prefix"},

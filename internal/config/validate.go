@@ -40,6 +40,10 @@ func (c *Config) Validate() error {
 	validateDatabase(&p, c.Database)
 	p.oneOf("schema.mode", c.Schema.Mode, SchemaAuto, SchemaVerify, SchemaOff)
 	p.oneOf("ordering.on_dead_letter", c.Ordering.OnDeadLetter, OnDeadLetterHold, OnDeadLetterSkip)
+	if b := c.Ordering.BatchMax; b < MinBatchMax || b > MaxBatchMax {
+		p.add("ordering.batch_max", "%d is not between %d and %d (rows of a key go one at a time below %d waiting; stream.allow_atomic: false turns batches off)",
+			b, MinBatchMax, MaxBatchMax, MinBatchMax)
+	}
 	validateMessage(&p, c.Message)
 	validateNATS(&p, c.NATS)
 	validateStream(&p, c.Stream)

@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
-	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
 
@@ -190,8 +189,8 @@ func (a *App) noteAtomic(allowed bool) {
 	log := a.log.With(zap.String("stream", a.cfg.Stream.Name))
 	switch {
 	case on:
-		a.js.EnableBatches(publish.MaxBatch)
-		log.Info("atomic batches on: an ordering key's due rows go as one batch, all or none", zap.Int("limit", publish.MaxBatch))
+		a.js.EnableBatches(a.cfg.Ordering.BatchMax)
+		log.Info("atomic batches on: an ordering key's due rows go as one batch, all or none", zap.Int("limit", a.js.BatchLimit()))
 	case !a.cfg.Stream.AllowAtomic:
 		a.js.EnableBatches(0)
 		log.Info("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time")

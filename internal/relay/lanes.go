@@ -122,7 +122,8 @@ func (l *lanes) add(m publish.Message, barrier error, seq uint64) (*laneAck, *pu
 // minBatch is the fewest rows of a key sent as one atomic batch. A batch
 // costs the server about 3 ms whatever its size (it stages the batch in a
 // store of its own, synced), a row sent alone about a round trip (0.1 ms
-// on one host): below some 30 rows, one at a time is as fast.
+// on one host): below some 30 rows, one at a time is as fast. (The
+// configuration's ordering.batch_max starts there: config.MinBatchMax.)
 const minBatch = 32
 
 // resolved records the outcome res of row a and, once every row of its
