@@ -435,44 +435,18 @@ func (e *env) verifyReplaced(db *sql.DB, wantDead int, gone map[string]bool) (lo
 		done[id] = true
 	}
 	rows.Close()
-	nc, err := nats.Connect(e.natsURL())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	s, err := js.Stream(ctx, "EVENTS")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, _ := s.Info(ctx)
 	seen := map[string]int{}
 	lastRow := map[string]int64{} // per ordering key
-	for n := uint64(0); n < info.State.Msgs; {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		for m := range batch.Messages() {
-			seen[m.Headers().Get("Nats-Msg-Id")]++
-			n++
-			if key := m.Headers().Get("Outbox-Ordering-Key"); key != "" {
-				row, _ := strconv.ParseInt(m.Headers().Get("Outbox-Row-Id"), 10, 64)
-				if row <= lastRow[key] {
-					e.t.Errorf("ordering key %s: row %d stored after row %d", key, row, lastRow[key])
-				}
-				lastRow[key] = row
+	e.eachMessage(1, func(h nats.Header) {
+		seen[h.Get("Nats-Msg-Id")]++
+		if key := h.Get("Outbox-Ordering-Key"); key != "" {
+			row, _ := strconv.ParseInt(h.Get("Outbox-Row-Id"), 10, 64)
+			if row <= lastRow[key] {
+				e.t.Errorf("ordering key %s: row %d stored after row %d", key, row, lastRow[key])
 			}
+			lastRow[key] = row
 		}
-		if batch.Error() != nil {
-			e.t.Fatal(batch.Error())
-		}
-	}
+	})
 	for id, k := range seen {
 		if k > 1 {
 			duplicates += k - 1
@@ -494,6 +468,59 @@ func (e *env) verifyReplaced(db *sql.DB, wantDead int, gone map[string]bool) (lo
 		e.t.Errorf("lost %d, duplicates %d, dead-lettered %d (want %d); counts %v", lost, duplicates, dead, wantDead, c)
 	}
 	return lost, duplicates, dead
+}
+
+// eachMessage calls fn with the headers of each message of the stream
+// from sequence from on, in stream order.
+func (e *env) eachMessage(from uint64, fn func(nats.Header)) {
+	e.t.Helper()
+	nc, err := nats.Connect(e.natsURL())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	s, err := js.Stream(ctx, "EVENTS")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	from = max(from, info.State.FirstSeq)
+	if info.State.Msgs == 0 || from > info.State.LastSeq {
+		return
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	// A fetch waits until it has as many messages as it asked for: ask
+	// for no more than are left, which each message tells.
+	for left := info.State.LastSeq - from + 1; left > 0; {
+		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			fn(m.Headers())
+			md, err := m.Metadata()
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			left = md.NumPending
+			got++
+		}
+		if batch.Error() != nil {
+			e.t.Fatal(batch.Error())
+		}
+		if got == 0 {
+			e.t.Fatalf("stream EVENTS gave no message within 5 s with %d left to read", left)
+		}
+	}
 }
 
 // pendingIDs lists the rows that are pending right now: the rows a relay
