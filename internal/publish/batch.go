@@ -154,10 +154,11 @@ func (a batchAck) Wait(ctx context.Context) Result {
 }
 
 // PublishBatch starts publishing msgs as one atomic batch and returns one
-// Ack each. When atomic batches are off (BatchLimit 0) or msgs are more
-// than the limit, or a message is larger than the server or the stream
-// takes, the messages are published one at a time instead, each after the
-// one before it was stored (see the package comment of batches).
+// Ack each. Messages more than the server takes in a batch go as several
+// batches in turn. When atomic batches are off (BatchLimit 0), or a
+// message is larger than the server or the stream takes, the messages are
+// published one at a time instead, each after the one before it was
+// stored (see the comment at the top of this file).
 func (p *JetStream) PublishBatch(ctx context.Context, msgs []Message) []Ack {
 	b := &batch{done: make(chan struct{}), results: make([]Result, len(msgs))}
 	acks := make([]Ack, len(msgs))
@@ -179,6 +180,16 @@ func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
 		p.batchMu.Unlock()
 		close(b.done)
 	}()
+	p.publishAtomic(ctx, msgs, b.results)
+}
+
+// publishAtomic publishes msgs as one atomic batch, or as several in turn
+// when they are more than the server takes, and fills results.
+func (p *JetStream) publishAtomic(ctx context.Context, msgs []Message, results []Result) {
+	if limit := p.BatchLimit(); len(msgs) > limit {
+		p.inParts(ctx, msgs, results, limit)
+		return
+	}
 	nmsgs := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
 		nmsgs[i] = NewMsg(m)
@@ -189,8 +200,8 @@ func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
 		nmsgs[i].Header.Set(jetstreamext.BatchSeqHeader, strconv.Itoa(i+1))
 	}
 	nmsgs[len(nmsgs)-1].Header.Set(jetstreamext.BatchCommitHeader, "1")
-	if len(msgs) < 2 || len(msgs) > p.BatchLimit() || !p.allFit(ctx, nmsgs) {
-		p.oneByOne(ctx, msgs, b.results)
+	if len(msgs) < 2 || !p.allFit(ctx, nmsgs) {
+		p.oneByOne(ctx, msgs, results)
 		return
 	}
 	sent := time.Now()
@@ -199,23 +210,56 @@ func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
 		first := ack.Sequence - ack.BatchSize + 1
 		for i, m := range msgs {
 			p.conn.stored(m.Subject, sent)
-			b.results[i] = Result{Kind: Stored, Seq: first + uint64(i)}
+			results[i] = Result{Kind: Stored, Seq: first + uint64(i)}
 		}
 		return
 	}
 	if err == nil {
 		err = fmt.Errorf("%w: the batch's acknowledgement counts %d messages ending at sequence %d, %d were sent", jetstream.ErrInvalidJSAck, ack.BatchSize, ack.Sequence, len(msgs))
 	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == batchTooLarge {
+		p.lowerBatchLimit(apiErr, len(msgs))
+		p.inParts(ctx, msgs, results, p.BatchLimit())
+		return
+	}
 	if p.byMessage(err, msgs, sent) {
-		p.oneByOne(ctx, msgs, b.results)
+		p.oneByOne(ctx, msgs, results)
 		return
 	}
 	res := p.classify(msgs[len(msgs)-1].Subject, sent, err)
 	if res.Kind != Transport {
 		res = Result{Kind: Transport, Err: err}
 	}
-	for i := range b.results {
-		b.results[i] = res
+	for i := range results {
+		results[i] = res
+	}
+}
+
+// inParts publishes msgs as atomic batches of at most limit messages in
+// turn (one at a time below 2), each once the one before it was stored
+// whole, and fills results: after a part that was not, the rest are
+// withheld (or fail alike, when the broker did not answer).
+func (p *JetStream) inParts(ctx context.Context, msgs []Message, results []Result, limit int) {
+	if limit < 2 {
+		p.oneByOne(ctx, msgs, results)
+		return
+	}
+	for start := 0; start < len(msgs); start += limit {
+		end := min(start+limit, len(msgs))
+		p.publishAtomic(ctx, msgs[start:end], results[start:end])
+		last := results[end-1]
+		if last.Kind == Stored || last.Kind == Duplicate {
+			continue
+		}
+		rest := last
+		if rest.Kind != Transport {
+			rest = Result{Kind: Withheld, Err: fmt.Errorf("row %d before it was not stored (%s)", msgs[end-1].Row.ID, last.Kind)}
+		}
+		for i := end; i < len(msgs); i++ {
+			results[i] = rest
+		}
+		return
 	}
 }
 
@@ -248,9 +292,6 @@ func (p *JetStream) byMessage(err error, msgs []Message, sent time.Time) bool {
 		switch apiErr.ErrorCode {
 		case batchDisabled:
 			p.refuseBatches(err)
-			return true
-		case batchTooLarge:
-			p.lowerBatchLimit(apiErr, len(msgs))
 			return true
 		case batchIncomplete, batchDuplicate:
 			return true

@@ -152,9 +152,10 @@ func TestBatchTransportSpendsNothing(t *testing.T) {
 	}
 }
 
-// TestBatchLimits: a stream that does not allow atomic publish turns
-// batches off (the rows go one at a time, and BatchesOff says why), and a
-// server with a lower batch limit is kept to.
+// TestBatchLimits: a server with a lower batch limit is kept to (a batch
+// it refused as too large goes as batches of its size), and a stream that
+// does not allow atomic publish turns batches off (the rows go one at a
+// time, and BatchesOff says why).
 func TestBatchLimits(t *testing.T) {
 	_, js, p := batchEnv(t, MaxBatch, func(o *server.Options) {
 		o.JetStreamLimits.MaxBatchSize = 3
@@ -185,8 +186,20 @@ func TestBatchLimits(t *testing.T) {
 		t.Fatalf("after the stream refused batches: limit %d, %v", p.BatchLimit(), p.BatchesOff())
 	}
 	rows, batches := streamRows(t, js)
-	if strings.Join(rows, ",") != "1,2,3,4,5,6,7,8,9,10" || batches[9] != "" || batches[6] == "" {
-		t.Fatalf("stream rows %v, batch ids %q", rows, batches)
+	if strings.Join(rows, ",") != "1,2,3,4,5,6,7,8,9,10" {
+		t.Fatalf("stream rows %v", rows)
+	}
+	// Rows 1 to 5 in two batches of the server's size, 6 to 8 in one,
+	// 9 and 10 one at a time.
+	for _, c := range []struct{ from, to int }{{0, 2}, {3, 4}, {5, 7}} {
+		for i := c.from; i <= c.to; i++ {
+			if batches[i] == "" || batches[i] != batches[c.from] || (c.from > 0 && batches[c.from] == batches[c.from-1]) {
+				t.Fatalf("batch ids %q: want rows %d to %d in a batch of their own", batches, c.from+1, c.to+1)
+			}
+		}
+	}
+	if batches[8] != "" || batches[9] != "" {
+		t.Fatalf("batch ids %q: rows 9 and 10 were to go one at a time", batches)
 	}
 }
 
@@ -264,5 +277,19 @@ func TestBatchAckPrefersItsResult(t *testing.T) {
 		if r := (batchAck{b, 0}).Wait(ctx); r.Kind != Stored {
 			t.Fatalf("wait %d: %v, want stored (the batch was stored)", i, r.Kind)
 		}
+	}
+}
+
+// TestBatchInPartsStopsAtARefusal: a batch sent as several (the server
+// takes fewer) stops at the first part not stored whole: the parts after
+// it are withheld, not sent.
+func TestBatchInPartsStopsAtARefusal(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch, func(o *server.Options) { o.JetStreamLimits.MaxBatchSize = 3 })
+	got := waitAll(t, p.PublishBatch(context.Background(), batchOf(1, "A", "Denied", "A", "A", "A")))
+	if kinds(got) != "stored rejected withheld withheld withheld" {
+		t.Fatalf("batch in parts with a refused row in the first: %s", kinds(got))
+	}
+	if rows, _ := streamRows(t, js); strings.Join(rows, ",") != "1" {
+		t.Fatalf("stream holds rows %v, want only row 1", rows)
 	}
 }
