@@ -185,6 +185,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		}
 		a.pub = a.js
 		a.lease.ReportBatches(a.js.BatchLimit)
+		a.js.OnFallback = func(reason string) { a.metrics.AtomicBatchFallbacks.WithLabelValues(reason).Inc() }
 	}
 	ro := relay.Options{
 		SubjectPrefix: cfg.Stream.SubjectPrefix,

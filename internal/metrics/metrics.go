@@ -29,6 +29,16 @@ const (
 	DeferOrdering = "ordering" // behind a row of the same ordering key that was not stored
 )
 
+// Why an atomic batch was published again one row at a time, the values
+// of atomic_batch_fallbacks_total's reason label.
+const (
+	FallbackDisabled   = "disabled"   // the stream does not allow atomic publish (10174)
+	FallbackIncomplete = "incomplete" // a message never reached the stream: denied, or too many batches in flight (10176)
+	FallbackDuplicate  = "duplicate"  // an event id in the stream already: a crash between the PubAck and the settle (10201)
+	FallbackRefused    = "refused"    // the server or the client refused a message (its size, its subject)
+	FallbackTooLarge   = "too_large"  // a message over the server's or the stream's size limit, found before sending
+)
+
 // Metrics holds every metric of the relay.
 type Metrics struct {
 	Registry *prometheus.Registry
@@ -37,6 +47,7 @@ type Metrics struct {
 	Duplicates            prometheus.Counter
 	AtomicBatches         prometheus.Counter
 	AtomicBatchLimit      prometheus.Gauge
+	AtomicBatchFallbacks  *prometheus.CounterVec
 	Deferred              *prometheus.CounterVec
 	Retries               prometheus.Counter
 	DeadLettered          *prometheus.CounterVec
@@ -72,6 +83,8 @@ func New(version, commit string) *Metrics {
 	m.AtomicBatches = counter("atomic_batches_total", "Atomic batches published: several rows of one ordering key stored all or none, in order.")
 	m.AtomicBatchLimit = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "atomic_batch_limit",
 		Help: "Rows of one ordering key the relay sends as one atomic batch at most; 0 while the stream takes no atomic batches (rows go one at a time)."})
+	m.AtomicBatchFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "atomic_batch_fallbacks_total",
+		Help: "Atomic batches published again one row at a time, by reason (disabled, incomplete, duplicate, refused, too_large)."}, []string{"reason"})
 	m.Retries = counter("retries_total", "Broker rejections that spent an attempt and scheduled a retry.")
 	m.DeadLettered = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "dead_lettered_total",
 		Help: "Rows marked dead_lettered, by reason (max_attempts, invalid, too_large)."}, []string{"reason"})
@@ -105,7 +118,7 @@ func New(version, commit string) *Metrics {
 		Help: "Rows deleted by retention, by table."}, []string{"table"})
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
-	for _, c := range []prometheus.Collector{m.Deferred, m.DeadLettered, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.AtomicBatchLimit, m.BrokerConnected, m.Leader, m.InFlight,
+	for _, c := range []prometheus.Collector{m.Deferred, m.DeadLettered, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.AtomicBatchLimit, m.AtomicBatchFallbacks, m.BrokerConnected, m.Leader, m.InFlight,
 		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.StreamDuplicateWindow, m.PrunedRows, m.BuildInfo} {
 		f(c)
 	}
@@ -115,6 +128,9 @@ func New(version, commit string) *Metrics {
 	// Known label values start at 0, so rate() and alerts see them at once.
 	for _, reason := range []string{DeferOutage, DeferShutdown, DeferOrdering} {
 		m.Deferred.WithLabelValues(reason)
+	}
+	for _, reason := range []string{FallbackDisabled, FallbackIncomplete, FallbackDuplicate, FallbackRefused, FallbackTooLarge} {
+		m.AtomicBatchFallbacks.WithLabelValues(reason)
 	}
 	for _, reason := range []string{event.DeadLetterMaxAttempts, event.DeadLetterInvalid, event.DeadLetterTooLarge} {
 		m.DeadLettered.WithLabelValues(reason)

@@ -19,7 +19,7 @@ import (
 
 // specNames are the metric names the contract lists (docs/contract.md).
 var specNames = []string{
-	"published_total", "duplicates_total", "atomic_batches_total", "atomic_batch_limit", "deferred_total", "retries_total", "dead_lettered_total",
+	"published_total", "duplicates_total", "atomic_batches_total", "atomic_batch_limit", "atomic_batch_fallbacks_total", "deferred_total", "retries_total", "dead_lettered_total",
 	"leases_reclaimed_total", "backlog_rows", "oldest_pending_age_seconds", "parked_keys", "broker_connected",
 	"leader", "in_flight_rows", "publish_duration_seconds", "delivery_lag_seconds", "stream_config_patched_total",
 	"stream_duplicate_window_seconds", "consumer_exhausted_total", "pruned_rows_total", "build_info",

@@ -23,6 +23,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 	"go.uber.org/zap"
+
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 )
 
 // MaxBatch is the most messages the relay puts in one atomic batch: the
@@ -200,7 +202,12 @@ func (p *JetStream) publishAtomic(ctx context.Context, msgs []Message, results [
 		nmsgs[i].Header.Set(jetstreamext.BatchSeqHeader, strconv.Itoa(i+1))
 	}
 	nmsgs[len(nmsgs)-1].Header.Set(jetstreamext.BatchCommitHeader, "1")
-	if len(msgs) < 2 || !p.allFit(ctx, nmsgs) {
+	if len(msgs) < 2 {
+		p.oneByOne(ctx, msgs, results)
+		return
+	}
+	if !p.allFit(ctx, nmsgs) {
+		p.fellBack(metrics.FallbackTooLarge)
 		p.oneByOne(ctx, msgs, results)
 		return
 	}
@@ -223,7 +230,8 @@ func (p *JetStream) publishAtomic(ctx context.Context, msgs []Message, results [
 		p.inParts(ctx, msgs, results, p.BatchLimit())
 		return
 	}
-	if p.byMessage(err, msgs, sent) {
+	if reason := p.byMessage(err, msgs, sent); reason != "" {
+		p.fellBack(reason)
 		p.oneByOne(ctx, msgs, results)
 		return
 	}
@@ -282,30 +290,43 @@ func (p *JetStream) commit(ctx context.Context, msgs []*nats.Msg) (*jetstreamext
 	return jetstreamext.PublishMsgBatch(ctx, p.js, msgs, jetstreamext.BatchFlowControl{AckFirst: false, AckTimeout: p.ackTimeout})
 }
 
-// byMessage reports whether a batch failed because of one of its messages
-// (a refusal, a duplicate id, a size), so that publishing them one at a
-// time finds which and gives each row its own outcome; the other failures
-// (the connection, the stream, back-pressure) are every row's alike.
-func (p *JetStream) byMessage(err error, msgs []Message, sent time.Time) bool {
+// byMessage returns why a batch failed because of one of its messages (a
+// refusal, a duplicate id, a size), so that publishing them one at a time
+// finds which and gives each row its own outcome; "" for the other
+// failures (the connection, the stream, back-pressure), which are every
+// row's alike.
+func (p *JetStream) byMessage(err error, msgs []Message, sent time.Time) string {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
 		case batchDisabled:
 			p.refuseBatches(err)
-			return true
-		case batchIncomplete, batchDuplicate:
-			return true
+			return metrics.FallbackDisabled
+		case batchIncomplete:
+			return metrics.FallbackIncomplete
+		case batchDuplicate:
+			return metrics.FallbackDuplicate
 		}
-		return Classify(err) == Rejected
-	}
-	for _, m := range msgs {
-		if p.conn.deniedSince(m.Subject, sent) {
-			return true
+	} else {
+		for _, m := range msgs {
+			if p.conn.deniedSince(m.Subject, sent) {
+				return metrics.FallbackRefused
+			}
 		}
 	}
 	// The client's own refusals (a message over max_payload) are a
-	// message's too; the connection's failures are every row's.
-	return Classify(err) == Rejected
+	// message's too.
+	if Classify(err) == Rejected {
+		return metrics.FallbackRefused
+	}
+	return ""
+}
+
+// fellBack counts a batch published again one message at a time.
+func (p *JetStream) fellBack(reason string) {
+	if p.OnFallback != nil {
+		p.OnFallback(reason)
+	}
 }
 
 // oneByOne publishes msgs one at a time, each once the one before it was

@@ -104,6 +104,8 @@ func TestBatchStoredAllAtOnce(t *testing.T) {
 // withheld.
 func TestBatchFallsBackOneByOne(t *testing.T) {
 	_, js, p := batchEnv(t, MaxBatch)
+	var reasons []string
+	p.OnFallback = func(reason string) { reasons = append(reasons, reason) }
 	ctx := context.Background()
 	// A duplicate inside the batch: stored before (a crash between the
 	// PubAck and the settle), it fails the batch whole.
@@ -133,6 +135,9 @@ func TestBatchFallsBackOneByOne(t *testing.T) {
 		if d := time.Since(start); d > 4*time.Second {
 			t.Fatalf("batch %v: the refusal took %v, the ack timeout (5 s) is not how it is found", c.types, d)
 		}
+	}
+	if got := strings.Join(reasons, " "); got != "duplicate incomplete refused" {
+		t.Fatalf("fallbacks counted as %q", got)
 	}
 	rows, _ := streamRows(t, js)
 	if strings.Join(rows, ",") != "1,2,3,10,10" {

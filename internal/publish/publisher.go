@@ -336,6 +336,10 @@ type JetStream struct {
 	stream     string
 	ackTimeout time.Duration
 	batchState
+	// OnFallback, when set before publishing, is told why each atomic
+	// batch was published again one message at a time (a
+	// metrics.Fallback* reason).
+	OnFallback func(reason string)
 
 	mu     sync.Mutex
 	handle jetstream.Stream // for reading back a duplicate's original
