@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // smallBatches is a broker configuration whose atomic batches hold at most
@@ -237,12 +236,7 @@ func (e *env) waitMetric(name, metric string, n int) {
 // lastSeq is the stream's last sequence.
 func (e *env) lastSeq() uint64 {
 	e.t.Helper()
-	nc, err := nats.Connect(e.natsURL())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := e.jetStream()
 	s, err := js.Stream(context.Background(), "EVENTS")
 	if err != nil {
 		e.t.Fatal(err)

@@ -380,12 +380,7 @@ func (e *env) open() *sql.DB {
 // bytes, or sets that limit on it (testenv.EventsStream).
 func (e *env) stream(maxMsgSize int32) {
 	e.t.Helper()
-	nc, err := nats.Connect(e.natsURL())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := e.jetStream()
 	testenv.EventsStream(e.t, js, maxMsgSize)
 }
 
@@ -474,12 +469,7 @@ func (e *env) verifyReplaced(db *sql.DB, wantDead int, gone map[string]bool) (lo
 // from sequence from on, in stream order.
 func (e *env) eachMessage(from uint64, fn func(nats.Header)) {
 	e.t.Helper()
-	nc, err := nats.Connect(e.natsURL())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := e.jetStream()
 	ctx := context.Background()
 	s, err := js.Stream(ctx, "EVENTS")
 	if err != nil {
