@@ -804,7 +804,13 @@ func TestOrderedKeys(t *testing.T) {
 	for {
 		c := testenv.Counts(t, db)
 		keys, waiting := parked()
-		if c["pending"] == waiting && c["dead_lettered"] == 3 {
+		// Each large row is dead-lettered, or waits behind an earlier one
+		// of its key (the writer may give two of them one key).
+		var loose int
+		db.QueryRow(`SELECT count(*) FROM event_queue AS b WHERE length(b.payload) >= 65536 AND b.status <> 'dead_lettered'
+			AND NOT (b.status = 'pending' AND EXISTS (SELECT 1 FROM event_queue AS d
+				WHERE d.status = 'dead_lettered' AND d.ordering_key = b.ordering_key AND d.id < b.id))`).Scan(&loose)
+		if c["pending"] == waiting && c["dead_lettered"] > 0 && loose == 0 {
 			t.Logf("parked keys %v hold %d rows; counts %v", keys, waiting, c)
 			var passed int
 			db.QueryRow(`SELECT count(*) FROM event_queue AS r JOIN event_queue AS d ON r.ordering_key = d.ordering_key
