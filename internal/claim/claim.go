@@ -101,7 +101,7 @@ func New(db *sqlitedb.DB, opts Options) *Store {
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, takeAfter, takeRescan, assignID, settledAt, retry, deadLetter, release, deadLetters, nextDue string
+	due, takeAfter, takeRescan, groupRest, assignID, settledAt, retry, deadLetter, release, deadLetters, nextDue string
 	// done are the statements that settle rows as done, in order: the
 	// rows they change, added up, are the rows settled.
 	done []string
@@ -125,17 +125,23 @@ const pendingRow = `id = ? AND status = 'pending'`
 // same key (prev: its id and status), found by one seek of the ordering
 // index. Store.order decides from it.
 func takeSQL(t, cond string) string {
-	return fmt.Sprintf(`SELECT r.id, r.event_id, r.event_type, r.payload, CAST(r.attempts AS INTEGER),
-	%[3]s, r.created_at IS NOT NULL, %[4]s, r.available_at IS NOT NULL, r.ordering_key, r.headers, p.id, p.status
-FROM %[1]s AS r LEFT JOIN %[1]s AS p ON coalesce(r.ordering_key, '') <> '' AND p.id =
-	(SELECT max(e.id) FROM %[1]s AS e WHERE e.ordering_key = r.ordering_key AND e.id < r.id)
-WHERE r.id IN (SELECT id FROM (
+	return rowsSQL(t, fmt.Sprintf(`r.id IN (SELECT id FROM (
 	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
 		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s
-		WHERE status = 'pending' AND %[5]s AND %[2]s AND (coalesce(ordering_key, '') = '' OR ordering_key NOT IN (SELECT value FROM json_each(?5)))
+		WHERE status = 'pending' AND %[3]s AND %[2]s AND (coalesce(ordering_key, '') = '' OR ordering_key NOT IN (SELECT value FROM json_each(?5)))
 		ORDER BY id LIMIT ?3))
-	WHERE before < ?4)
-ORDER BY r.id`, t, schema.DueSQL("?2"), schema.MsSQL("r.created_at"), schema.MsSQL("r.available_at"), cond)
+	WHERE before < ?4)`, t, schema.DueSQL("?2"), cond))
+}
+
+// rowsSQL reads the rows of t that pass where, in id order, as readRows
+// reads them: each with the row before it of its ordering key.
+func rowsSQL(t, where string) string {
+	return fmt.Sprintf(`SELECT r.id, r.event_id, r.event_type, r.payload, CAST(r.attempts AS INTEGER),
+	%[2]s, r.created_at IS NOT NULL, %[3]s, r.available_at IS NOT NULL, r.ordering_key, r.headers, r.atomic_group, p.id, p.status
+FROM %[1]s AS r LEFT JOIN %[1]s AS p ON coalesce(r.ordering_key, '') <> '' AND p.id =
+	(SELECT max(e.id) FROM %[1]s AS e WHERE e.ordering_key = r.ordering_key AND e.id < r.id)
+WHERE %[4]s
+ORDER BY r.id`, t, schema.MsSQL("r.created_at"), schema.MsSQL("r.available_at"), where)
 }
 
 func newQueries(t string, deleteDone bool) queries {
@@ -145,8 +151,11 @@ func newQueries(t string, deleteDone bool) queries {
 		takeAfter: takeSQL(t, `id > ?1`),
 		// Anywhere, except the rows in flight (a JSON array of ids).
 		takeRescan: takeSQL(t, `id NOT IN (SELECT value FROM json_each(?1))`),
-		assignID:   fmt.Sprintf(`UPDATE %s SET event_id = coalesce(event_id, ?) WHERE id = ? RETURNING event_id`, t),
-		settledAt:  fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
+		// The pending rows of the atomic groups ?1 (a JSON array) that are
+		// not among the ids ?2, due or not (see takeGroups).
+		groupRest: rowsSQL(t, `r.atomic_group IN (SELECT value FROM json_each(?1)) AND r.status = 'pending' AND r.id NOT IN (SELECT value FROM json_each(?2))`),
+		assignID:  fmt.Sprintf(`UPDATE %s SET event_id = coalesce(event_id, ?) WHERE id = ? RETURNING event_id`, t),
+		settledAt: fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
 		// ?1: [[id, stream_seq], ...]; a stream_seq of 0 is none.
 		done: []string{fmt.Sprintf(`UPDATE %[1]s SET status = 'done', processed_at = ?2, stream_seq = nullif(j.seq, 0)
 FROM (SELECT value ->> 0 AS id, value ->> 1 AS seq FROM json_each(?1)) AS j WHERE %[1]s.id = j.id AND status = 'pending'`, t)},
@@ -307,6 +316,9 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		// More may be due when the read was cut by the row limit or by the
 		// byte budget.
 		full := len(read) == readLimit || event.PayloadBytes(read) >= maxBytes
+		if read, prev, readNoID, err = s.withGroups(ctx, read, prev, readNoID); err != nil {
+			return nil, fmt.Errorf("claim rows: %w", err)
+		}
 		out, noID = s.order(read, prev, readNoID, limit)
 		// Every row read was of a key that waits, and more may be due:
 		// read again past those keys (order set them aside), and further,
@@ -405,11 +417,38 @@ func (s *Store) order(rows []event.Row, prev []prevRow, noID []int, limit int) (
 	kept, keptNoID := rows[:0], noID[:0]
 	keptIDs := map[int64]bool{}
 	stopped := map[string]bool{}
-	for i, r := range rows {
-		if len(kept) == limit {
-			break // a read past waiting keys may read more than the claim takes
+	groups, took := members(rows), map[string]bool{}
+	for i := range rows {
+		for len(noID) > 0 && noID[0] < i {
+			noID = noID[1:] // of a row left out
 		}
-		if k := r.OrderingKey; k != "" {
+		r := rows[i]
+		if g := r.Group; g != "" {
+			take, seen := took[g]
+			if !seen {
+				// A group is taken whole or not at all (see takeGroup);
+				// it may take the claim past limit.
+				if len(kept) < limit {
+					take = s.takeGroup(rows, prev, groups[g], keptIDs, stopped)
+				} else {
+					stopKeys(rows, groups[g], stopped)
+				}
+				took[g] = take
+				r = rows[i] // takeGroup may have made it a row of no group
+			}
+		}
+		switch {
+		case r.Group != "" && !took[r.Group]:
+			continue
+		case r.Group != "":
+			if k := r.OrderingKey; k != "" {
+				taken[k]++
+				keptIDs[r.ID] = true
+			}
+		case len(kept) >= limit:
+			continue // a read past waiting keys may read more than the claim takes
+		case r.OrderingKey != "":
+			k := r.OrderingKey
 			switch {
 			case stopped[k]:
 				continue
@@ -599,19 +638,19 @@ func readRows(rows *sql.Rows, now int64) (out []event.Row, prev []prevRow, noID 
 		var (
 			r                           event.Row
 			eventID, eventType, payload any
-			orderingKey, headers        any
+			orderingKey, headers, group any
 			before                      prevRow
 			attempts                    sql.NullInt64
 			created, availAt            sql.NullInt64
 			hasCreated, hasAvailAt      bool
 		)
-		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt, &orderingKey, &headers, &before.ID, &before.Status); err != nil {
+		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt, &orderingKey, &headers, &group, &before.ID, &before.Status); err != nil {
 			return nil, nil, nil, err
 		}
 		if eventID == nil {
 			noID = append(noID, len(out))
 		}
-		r.EventID, r.EventType, r.Payload, r.OrderingKey, r.Headers = text(eventID), text(eventType), blob(payload), text(orderingKey), text(headers)
+		r.EventID, r.EventType, r.Payload, r.OrderingKey, r.Headers, r.Group = text(eventID), text(eventType), blob(payload), text(orderingKey), text(headers), text(group)
 		var problems []string
 		// An event id must be TEXT: SQLite never finds a BLOB or a number
 		// equal to the TEXT of the same bytes, so the unique index would

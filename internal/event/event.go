@@ -56,6 +56,9 @@ type Row struct {
 	// Headers is the row's headers column as stored (JSON text; empty:
 	// none), read by ParseHeaders before publishing.
 	Headers string
+	// Group is the row's atomic_group: rows that share one are published
+	// all or none, as one atomic batch. Empty: the row is in no group.
+	Group string
 	// Problem says why the row could not be read as the relay needs it (a
 	// created_at that is no time, say): it is dead-lettered with this reason
 	// instead of being published.

@@ -27,6 +27,8 @@ const (
 	DeferOutage   = "outage"   // broker unreachable: released without spending an attempt
 	DeferShutdown = "shutdown" // released at shutdown
 	DeferOrdering = "ordering" // behind a row of the same ordering key that was not stored
+	// An atomic group's rows, held while the stream takes no atomic batches.
+	DeferGroupsHeld = "atomic_groups_held"
 )
 
 // Why an atomic batch was published again one row at a time, the values

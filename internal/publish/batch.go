@@ -68,6 +68,9 @@ func (p *JetStream) EnableBatches(limit int) {
 	p.batchMu.Lock()
 	defer p.batchMu.Unlock()
 	p.batchLimit, p.batchesOff = min(max(limit, 0), MaxBatch), nil
+	if p.serverLimit == 0 {
+		p.serverLimit = MaxBatch
+	}
 }
 
 // BatchLimit returns how many messages an atomic batch holds at most; 0
@@ -121,9 +124,8 @@ func (p *JetStream) lowerBatchLimit(apiErr *jetstream.APIError, size int) {
 		}
 	}
 	p.batchMu.Lock()
-	if limit < p.batchLimit {
-		p.batchLimit = limit
-	}
+	p.batchLimit = min(p.batchLimit, limit)
+	p.serverLimit = min(p.serverLimit, limit)
 	p.batchMu.Unlock()
 	p.conn.log.Warn("the server's atomic batches are smaller; keeping to its limit", zap.Int("limit", limit), zap.String("reason", apiErr.Description))
 }
@@ -177,12 +179,22 @@ func (p *JetStream) PublishBatch(ctx context.Context, msgs []Message) []Ack {
 // runBatch publishes b's messages and fills its results.
 func (p *JetStream) runBatch(ctx context.Context, msgs []Message, b *batch) {
 	defer func() {
-		p.batchMu.Lock()
-		p.batchesOpen--
-		p.batchMu.Unlock()
+		p.endBatch()
 		close(b.done)
 	}()
 	p.publishAtomic(ctx, msgs, b.results)
+}
+
+// endBatch counts a batch in flight as ended, and wakes a group waiting
+// for room (see startGroup).
+func (p *JetStream) endBatch() {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	p.batchesOpen--
+	if p.batchRoom != nil {
+		close(p.batchRoom)
+		p.batchRoom = nil
+	}
 }
 
 // publishAtomic publishes msgs as one atomic batch, or as several in turn
@@ -192,16 +204,7 @@ func (p *JetStream) publishAtomic(ctx context.Context, msgs []Message, results [
 		p.inParts(ctx, msgs, results, limit)
 		return
 	}
-	nmsgs := make([]*nats.Msg, len(msgs))
-	for i, m := range msgs {
-		nmsgs[i] = NewMsg(m)
-		// The batch's own headers count towards a message's size: set as
-		// long as PublishMsgBatch sets them (a nuid is 22 characters), so
-		// that the size guard sees them.
-		nmsgs[i].Header.Set(jetstreamext.BatchIDHeader, batchIDPlaceholder)
-		nmsgs[i].Header.Set(jetstreamext.BatchSeqHeader, strconv.Itoa(i+1))
-	}
-	nmsgs[len(nmsgs)-1].Header.Set(jetstreamext.BatchCommitHeader, "1")
+	nmsgs := batchMsgs(msgs)
 	if len(msgs) < 2 {
 		p.oneByOne(ctx, msgs, results)
 		return
@@ -212,17 +215,9 @@ func (p *JetStream) publishAtomic(ctx context.Context, msgs []Message, results [
 		return
 	}
 	sent := time.Now()
-	ack, err := p.commit(ctx, nmsgs)
-	if err == nil && ack.BatchSize == uint64(len(msgs)) && ack.Sequence >= ack.BatchSize {
-		first := ack.Sequence - ack.BatchSize + 1
-		for i, m := range msgs {
-			p.conn.stored(m.Subject, sent)
-			results[i] = Result{Kind: Stored, Seq: first + uint64(i)}
-		}
-		return
-	}
+	err := p.commitAll(ctx, msgs, nmsgs, sent, results)
 	if err == nil {
-		err = fmt.Errorf("%w: the batch's acknowledgement counts %d messages ending at sequence %d, %d were sent", jetstream.ErrInvalidJSAck, ack.BatchSize, ack.Sequence, len(msgs))
+		return
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == batchTooLarge {
@@ -269,6 +264,40 @@ func (p *JetStream) inParts(ctx context.Context, msgs []Message, results []Resul
 		}
 		return
 	}
+}
+
+// batchMsgs returns msgs as the messages of one atomic batch.
+func batchMsgs(msgs []Message) []*nats.Msg {
+	nmsgs := make([]*nats.Msg, len(msgs))
+	for i, m := range msgs {
+		nmsgs[i] = NewMsg(m)
+		// The batch's own headers count towards a message's size: set as
+		// long as PublishMsgBatch sets them (a nuid is 22 characters), so
+		// that the size guard sees them.
+		nmsgs[i].Header.Set(jetstreamext.BatchIDHeader, batchIDPlaceholder)
+		nmsgs[i].Header.Set(jetstreamext.BatchSeqHeader, strconv.Itoa(i+1))
+	}
+	nmsgs[len(nmsgs)-1].Header.Set(jetstreamext.BatchCommitHeader, "1")
+	return nmsgs
+}
+
+// commitAll publishes nmsgs (msgs, as batchMsgs made them) as one atomic
+// batch sent at sent and, once it is stored, fills results with each
+// message's sequence; else it returns why not.
+func (p *JetStream) commitAll(ctx context.Context, msgs []Message, nmsgs []*nats.Msg, sent time.Time, results []Result) error {
+	ack, err := p.commit(ctx, nmsgs)
+	if err != nil {
+		return err
+	}
+	if ack.BatchSize != uint64(len(msgs)) || ack.Sequence < ack.BatchSize {
+		return fmt.Errorf("%w: the batch's acknowledgement counts %d messages ending at sequence %d, %d were sent", jetstream.ErrInvalidJSAck, ack.BatchSize, ack.Sequence, len(msgs))
+	}
+	first := ack.Sequence - ack.BatchSize + 1
+	for i, m := range msgs {
+		p.conn.stored(m.Subject, sent)
+		results[i] = Result{Kind: Stored, Seq: first + uint64(i)}
+	}
+	return nil
 }
 
 // commit sends msgs as one atomic batch and waits for its
@@ -364,4 +393,9 @@ type batchState struct {
 	batchLimit  int   // messages an atomic batch holds at most; 0: no batches
 	batchesOff  error // why batches were turned off after they were enabled
 	batchesOpen int   // batches in flight
+	// serverLimit is the server's batch limit as far as the publisher
+	// knows: MaxBatch, or less once a refusal said so (atomic groups may
+	// not be cut to batchLimit).
+	serverLimit int
+	batchRoom   chan struct{} // closed when a batch ends (nil: no one waits)
 }

@@ -6,6 +6,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -143,7 +144,21 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 	var now []publish.Message // sent in one go
 	var nowAt []int           // indexes in b.acks of now
 	var keyed []*laneAck      // of now, the rows with a key; nil for others
-	for _, row := range rows {
+	groups := map[string][]*laneAck{}
+	for i, row := range rows {
+		if row.Group != "" {
+			// The claim takes a group's rows together: given to lanes as
+			// one at its first row, each in its place in the batch.
+			g, ok := groups[row.Group]
+			if !ok {
+				g = r.addGroup(ctx, rows[i:], seq)
+				groups[row.Group] = g
+			}
+			b.msgs = append(b.msgs, g[0].msg)
+			b.acks = append(b.acks, g[0])
+			groups[row.Group] = g[1:]
+			continue
+		}
 		m, invalid := r.message(row)
 		if invalid != nil && row.OrderingKey == "" {
 			b.outcomes = append(b.outcomes, r.invalid(row, invalid))
@@ -176,6 +191,61 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 	}
 	return b
 }
+
+// addGroup gives lanes the atomic group of rows[0], whose other rows are
+// among rows, and sends it when it may go now; it returns the group's
+// acks, in id order.
+func (r *Relay) addGroup(ctx context.Context, rows []event.Row, seq uint64) []*laneAck {
+	name := rows[0].Group
+	var msgs []publish.Message
+	var barrier error
+	for _, row := range rows {
+		if row.Group != name {
+			continue
+		}
+		m, invalid := r.message(row)
+		if invalid != nil && barrier == nil {
+			barrier = fmt.Errorf("atomic group %q cannot be published: its row %d: %w", name, row.ID, invalid)
+		}
+		msgs = append(msgs, m)
+	}
+	acks, send := r.lanes.addGroup(msgs, barrier, seq)
+	r.sendGroup(ctx, send)
+	return acks
+}
+
+// sendGroup sends an atomic group's rows that lanes released (none: does
+// nothing). A publisher that takes no atomic batches holds them, unless
+// the group is one row.
+func (r *Relay) sendGroup(ctx context.Context, rows []*laneAck) {
+	if len(rows) == 0 {
+		return
+	}
+	msgs := make([]publish.Message, len(rows))
+	for i, a := range rows {
+		msgs[i] = a.msg
+	}
+	var acks []publish.Ack
+	switch {
+	case len(msgs) == 1: // all or none already
+		acks = r.pub.Publish(ctx, msgs)
+	case r.batcher != nil:
+		acks = r.batcher.PublishGroup(ctx, msgs)
+	default:
+		held := knownAck{Kind: publish.Withheld, Err: fmt.Errorf("atomic group %q: %w", msgs[0].Row.Group, publish.ErrGroupsHeld)}
+		for range msgs {
+			acks = append(acks, held)
+		}
+	}
+	for i, a := range rows {
+		r.lanes.sent(a, acks[i])
+	}
+}
+
+// knownAck is an outcome known without publishing.
+type knownAck publish.Result
+
+func (k knownAck) Wait(context.Context) publish.Result { return publish.Result(k) }
 
 // invalid returns the outcome of a row that can never be published as it
 // is, and logs it.

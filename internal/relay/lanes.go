@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -64,8 +65,42 @@ type lane struct {
 type laneAck struct {
 	msg     publish.Message
 	barrier error // not a message: why the row can never be published
+	group   *group
 	ack     publish.Ack
 	res     publish.Result // when ack is nil: why it was not sent
+}
+
+// group is an atomic group's rows given to lanes: sent together as one
+// atomic batch once it is the next of every ordering key it has rows of,
+// or resolved together without being sent. A key it has rows of sends
+// nothing else meanwhile. (A claim takes a group whole, and only when the
+// group's rows of each key follow one another in the key and come after
+// every other row of its keys before the group's first row: see
+// claim.Store.Claim. So groups wait for one another in id order, never in
+// a circle.)
+type group struct {
+	rows    []*laneAck // in id order, with an ordering key or not
+	barrier error      // why the group can never be published, or nil
+	waiting int        // keys where the group is not yet next
+	next    map[string]bool
+	over    bool // resolved without being sent
+}
+
+func (g *group) name() string { return g.rows[0].msg.Row.Group }
+
+// keys returns the ordering keys g has rows of, each with its count of
+// rows, in the order of their first row.
+func (g *group) keys() (keys []string, rows map[string]int) {
+	rows = map[string]int{}
+	for _, a := range g.rows {
+		if k := a.msg.Row.OrderingKey; k != "" {
+			if rows[k] == 0 {
+				keys = append(keys, k)
+			}
+			rows[k]++
+		}
+	}
+	return keys, rows
 }
 
 // Wait returns the row's outcome. The settler waits for rows in claim
@@ -91,16 +126,7 @@ func (l *lanes) add(m publish.Message, barrier error, seq uint64) (*laneAck, *pu
 	key := m.Row.OrderingKey
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ln := l.keys[key]
-	if ln == nil {
-		ln = &lane{}
-		l.keys[key] = ln
-	}
-	ln.unsettled++
-	if ln.blocked != nil && ln.clearAt != 0 && seq >= ln.clearAt {
-		ln.blocked, ln.clearAt = nil, 0
-		delete(l.blocked, key)
-	}
+	ln := l.lane(key, 1, seq)
 	switch {
 	case ln.blocked != nil:
 		a.res = withheld(key, ln.blocked)
@@ -117,6 +143,123 @@ func (l *lanes) add(m publish.Message, barrier error, seq uint64) (*laneAck, *pu
 		return a, &a.msg
 	}
 	return a, nil
+}
+
+// lane returns key's lane, counting n more rows of claim seq given to it,
+// and clears its block when seq is a claim that began after it. l.mu is
+// held.
+func (l *lanes) lane(key string, n int, seq uint64) *lane {
+	ln := l.keys[key]
+	if ln == nil {
+		ln = &lane{}
+		l.keys[key] = ln
+	}
+	ln.unsettled += n
+	if ln.blocked != nil && ln.clearAt != 0 && seq >= ln.clearAt {
+		ln.blocked, ln.clearAt = nil, 0
+		delete(l.blocked, key)
+	}
+	return ln
+}
+
+// addGroup gives lanes the rows of an atomic group of claim seq (msgs, in
+// id order; barrier: why the group can never be published, or nil) and
+// returns their acks, and the rows to send now as one atomic batch when
+// the group is the next of each of its keys (nil otherwise: the caller
+// sends them and passes their acks to sent). A group one of whose keys
+// is blocked is withheld whole, and blocks its other keys.
+func (l *lanes) addGroup(msgs []publish.Message, barrier error, seq uint64) (acks, send []*laneAck) {
+	g := &group{barrier: barrier, next: map[string]bool{}}
+	for _, m := range msgs {
+		g.rows = append(g.rows, &laneAck{msg: m, group: g})
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keys, rows := g.keys()
+	var why error
+	for _, k := range keys {
+		ln := l.lane(k, rows[k], seq)
+		if ln.blocked != nil {
+			why = withheld(k, ln.blocked).Err
+			ln.clearAt = 0 // as in add
+		}
+	}
+	if why != nil {
+		l.failGroup(g, publish.Withheld, why)
+		return g.rows, nil
+	}
+	for _, k := range keys {
+		ln := l.keys[k]
+		if ln.sending > 0 || len(ln.queue) > 0 {
+			for _, a := range g.rows {
+				if a.msg.Row.OrderingKey == k {
+					ln.queue = append(ln.queue, a)
+				}
+			}
+			g.waiting++
+			continue
+		}
+		ln.sending, g.next[k] = rows[k], true
+	}
+	if g.waiting > 0 {
+		return g.rows, nil
+	}
+	return g.rows, l.ready(g)
+}
+
+// arrive makes group g, whose rows of key head ln's queue, the key's
+// next: its rows of the key leave the queue as if sent, and once g is
+// the next of every key it has rows of, its rows are returned to send
+// (see ready). l.mu is held.
+func (l *lanes) arrive(key string, ln *lane, g *group) []*laneAck {
+	n := 0
+	for n < len(ln.queue) && ln.queue[n].group == g {
+		n++
+	}
+	ln.queue, ln.sending, g.next[key] = ln.queue[n:], n, true
+	if g.waiting--; g.waiting > 0 {
+		return nil
+	}
+	return l.ready(g)
+}
+
+// ready returns the rows of g, the next of each of its keys, to send; or
+// dead-letters them all, when g can never be published. l.mu is held.
+func (l *lanes) ready(g *group) []*laneAck {
+	if g.barrier != nil {
+		l.failGroup(g, publish.Invalid, g.barrier)
+		return nil
+	}
+	return g.rows
+}
+
+// failGroup resolves every row of g alike without sending it (Withheld,
+// or Invalid when it can never be published, for why), takes its rows
+// out of its keys' lanes, and blocks those keys: rows of a claim may
+// already wait behind it. l.mu is held.
+func (l *lanes) failGroup(g *group, kind publish.Kind, why error) {
+	if g.over {
+		return
+	}
+	g.over = true
+	res := publish.Result{Kind: kind, Err: why}
+	if kind == publish.Withheld {
+		res.Err = fmt.Errorf("atomic group %q waits: %w", g.name(), why)
+	}
+	for _, a := range g.rows {
+		a.res = res
+	}
+	keys, rows := g.keys()
+	for _, k := range keys {
+		ln := l.keys[k]
+		if g.next[k] {
+			ln.sending -= rows[k]
+		} else {
+			ln.queue = slices.DeleteFunc(ln.queue, func(a *laneAck) bool { return a.group == g })
+		}
+		first := g.rows[0].msg.Row.ID
+		l.block(k, ln, fmt.Errorf("row %d of atomic group %q was not stored (%s)", first, g.name(), kind))
+	}
 }
 
 // minBatch is the fewest rows of a key sent as one atomic batch. A batch
@@ -160,6 +303,8 @@ func (l *lanes) resolved(a *laneAck, res publish.Result, stop error, batch int) 
 	for len(ln.queue) > 0 {
 		next := ln.queue[0]
 		switch {
+		case next.group != nil:
+			return l.arrive(key, ln, next.group)
 		case next.barrier != nil:
 			ln.queue = ln.queue[1:]
 			l.deadLetter(key, ln, next)
@@ -174,11 +319,11 @@ func (l *lanes) resolved(a *laneAck, res publish.Result, stop error, batch int) 
 }
 
 // batchable returns how many rows at the head of queue go together: up to
-// limit of them, stopping before a barrier, when at least minBatch do;
-// else one.
+// limit of them, stopping before a barrier or a group, when at least
+// minBatch do; else one.
 func batchable(queue []*laneAck, limit int) int {
 	n := 0
-	for n < len(queue) && n < limit && queue[n].barrier == nil {
+	for n < len(queue) && n < limit && queue[n].barrier == nil && queue[n].group == nil {
 		n++
 	}
 	if n < minBatch {
@@ -201,10 +346,15 @@ func (l *lanes) block(key string, ln *lane, why error) {
 		ln.blocked = why
 		l.blocked[key] = ln
 	}
-	for _, a := range ln.queue {
+	queue := ln.queue
+	ln.queue = nil
+	for _, a := range queue {
+		if a.group != nil {
+			l.failGroup(a.group, publish.Withheld, withheld(key, why).Err)
+			continue
+		}
 		a.res = withheld(key, why)
 	}
-	ln.queue = nil
 }
 
 // deadLetter resolves the barrier a, its key's next row, as Invalid and

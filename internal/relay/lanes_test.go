@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -309,6 +310,7 @@ type scriptedBatcher struct {
 	*scriptedPublisher
 	limit   int
 	batches [][]int64
+	groups  int // of batches, the atomic groups
 }
 
 func (p *scriptedBatcher) BatchRoom() int { return p.limit }
@@ -401,5 +403,162 @@ func TestFewKeyRowsGoOneAtATime(t *testing.T) {
 	}
 	if b := pub.batchIDs(); len(b) != 0 {
 		t.Fatalf("batches %v of a key with %d rows waiting behind its first", b, minBatch-1)
+	}
+}
+
+func (p *scriptedBatcher) PublishGroup(ctx context.Context, msgs []publish.Message) []publish.Ack {
+	p.mu.Lock()
+	p.groups++
+	p.mu.Unlock()
+	return p.PublishBatch(ctx, msgs)
+}
+
+// groupRows adds rows to store: {key, group} each, ids from 1.
+func groupRows(store *testenv.MemStore, rows ...[2]string) {
+	for i, r := range rows {
+		store.Add(event.Row{ID: int64(i + 1), EventID: fmt.Sprint("e", i+1), EventType: "T", OrderingKey: r[0], Group: r[1]})
+	}
+}
+
+// outcomesByID waits until n rows are settled and returns their outcomes.
+func outcomesByID(t *testing.T, store *testenv.MemStore, n int) map[int64]event.Outcome {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("%d rows settled", n), func() bool { return len(store.Outcomes()) == n })
+	got := map[int64]event.Outcome{}
+	for _, o := range store.Outcomes() {
+		got[o.Row.ID] = o
+	}
+	return got
+}
+
+// TestGroupWaitsForEachOfItsKeys: an atomic group goes as one batch once
+// the rows before it of every key it has rows of are stored, and the rows
+// of those keys after it wait for it.
+func TestGroupWaitsForEachOfItsKeys(t *testing.T) {
+	store := &testenv.MemStore{}
+	groupRows(store, [2]string{"a", ""}, [2]string{"b", ""}, [2]string{"a", "g"}, [2]string{"b", "g"}, [2]string{"", "g"}, [2]string{"a", ""}, [2]string{"", ""})
+	pub := &scriptedBatcher{scriptedPublisher: &scriptedPublisher{answers: map[int64]chan publish.Result{}}, limit: 1000}
+	runRelay(t, store, pub)
+	sent := func(want ...int64) {
+		t.Helper()
+		testenv.Eventually(t, 5*time.Second, fmt.Sprintf("rows %v sent", want), func() bool {
+			got := pub.sentIDs()
+			slices.Sort(got)
+			return slices.Equal(got, want)
+		})
+	}
+	sent(1, 2, 7)
+	pub.answer(1, publish.Result{Kind: publish.Stored, Seq: 1})
+	time.Sleep(50 * time.Millisecond) // the group must still wait for row 2, of key b
+	sent(1, 2, 7)
+	pub.answer(2, publish.Result{Kind: publish.Stored, Seq: 2})
+	sent(1, 2, 3, 4, 5, 7)
+	if b := pub.batchIDs(); len(b) != 1 || !slices.Equal(b[0], []int64{3, 4, 5}) || pub.groups != 1 {
+		t.Fatalf("batches %v (%d groups), want the group's rows 3, 4, 5 as one", b, pub.groups)
+	}
+	for id := int64(3); id <= 5; id++ {
+		pub.answer(id, publish.Result{Kind: publish.Stored, Seq: uint64(id)})
+	}
+	sent(1, 2, 3, 4, 5, 6, 7)
+	pub.answer(6, publish.Result{Kind: publish.Stored, Seq: 6})
+	pub.answer(7, publish.Result{Kind: publish.Stored, Seq: 7})
+	for id, o := range outcomesByID(t, store, 7) {
+		if o.Settlement != event.Done {
+			t.Fatalf("row %d %v, want done", id, o.Settlement)
+		}
+	}
+}
+
+// TestRefusedGroupHoldsItsKeys: a group the broker refuses spends an
+// attempt on each of its rows alike, and the rows of its keys behind it
+// wait (released, no attempt spent).
+func TestRefusedGroupHoldsItsKeys(t *testing.T) {
+	store := &testenv.MemStore{}
+	groupRows(store, [2]string{"a", "g"}, [2]string{"", "g"}, [2]string{"b", "g"}, [2]string{"a", ""}, [2]string{"b", ""}, [2]string{"c", ""})
+	pub := &scriptedBatcher{scriptedPublisher: &scriptedPublisher{answers: map[int64]chan publish.Result{}}, limit: 1000}
+	runRelay(t, store, pub)
+	testenv.Eventually(t, 5*time.Second, "the group and row 6 sent", func() bool { return len(pub.sentIDs()) == 4 })
+	refused := publish.Result{Kind: publish.Rejected, Err: errors.New(`atomic group "g" was not stored: its row 3 was refused`)}
+	for _, id := range []int64{1, 2, 3} {
+		pub.answer(id, refused)
+	}
+	pub.answer(6, publish.Result{Kind: publish.Stored, Seq: 1})
+	got := outcomesByID(t, store, 6)
+	for id := int64(1); id <= 3; id++ {
+		if o := got[id]; o.Settlement != event.Retry || o.Attempts != 1 {
+			t.Errorf("group row %d: %v after %d attempts, want a retry after 1", id, o.Settlement, o.Attempts)
+		}
+	}
+	for _, id := range []int64{4, 5} {
+		if o := got[id]; o.Settlement != event.Release || o.Reason != metrics.DeferOrdering {
+			t.Errorf("row %d behind the group: %v (%s), want released for ordering", id, o.Settlement, o.Reason)
+		}
+	}
+	if slices.Contains(pub.sentIDs(), 4) || slices.Contains(pub.sentIDs(), 5) {
+		t.Fatalf("sent %v: a row behind the refused group went out", pub.sentIDs())
+	}
+}
+
+// TestGroupBehindAFailedRowIsWithheldWhole: a group one of whose keys
+// stops before it (a row refused) is withheld whole, and holds its other
+// keys too; an invalid row makes its group a dead letter as a whole.
+func TestGroupBehindAFailedRowIsWithheldWhole(t *testing.T) {
+	store := &testenv.MemStore{}
+	groupRows(store, [2]string{"a", ""}, [2]string{"a", "g"}, [2]string{"b", "g"}, [2]string{"b", ""}, [2]string{"", "bad"}, [2]string{"c", "bad"})
+	store.Add(event.Row{ID: 7, EventID: "e7", EventType: "no spaces allowed", Group: "bad"})
+	pub := &scriptedBatcher{scriptedPublisher: &scriptedPublisher{answers: map[int64]chan publish.Result{}}, limit: 1000}
+	runRelay(t, store, pub)
+	testenv.Eventually(t, 5*time.Second, "row 1 sent", func() bool { return len(pub.sentIDs()) == 1 })
+	pub.answer(1, publish.Result{Kind: publish.Rejected, Err: errors.New("permission denied")})
+	got := outcomesByID(t, store, 7)
+	if o := got[1]; o.Settlement != event.Retry {
+		t.Errorf("row 1 %v, want a retry", o.Settlement)
+	}
+	for _, id := range []int64{2, 3, 4} {
+		if o := got[id]; o.Settlement != event.Release || o.Attempts != 0 {
+			t.Errorf("row %d: %v after %d attempts, want released without an attempt", id, o.Settlement, o.Attempts)
+		}
+	}
+	for _, id := range []int64{5, 6, 7} {
+		o := got[id]
+		if o.Settlement != event.DeadLetter || !strings.Contains(o.Error, `atomic group "bad" cannot be published: its row 7`) {
+			t.Errorf("row %d: %v (%s), want dead-lettered with its group", id, o.Settlement, o.Error)
+		}
+	}
+	if s := pub.sentIDs(); len(s) != 1 {
+		t.Fatalf("sent %v, want row 1 only", s)
+	}
+}
+
+// TestGroupsHeldWithoutAtomicBatches: a publisher that takes no atomic
+// batches holds a group's rows (released for later, no attempt spent)
+// rather than publishing them in parts; a group of one row goes as any
+// row.
+func TestGroupsHeldWithoutAtomicBatches(t *testing.T) {
+	store := &testenv.MemStore{}
+	groupRows(store, [2]string{"", "g"}, [2]string{"a", "g"}, [2]string{"", ""}, [2]string{"a", ""}, [2]string{"", "one"})
+	pub := &scriptedPublisher{answers: map[int64]chan publish.Result{}}
+	m := metrics.New("", "")
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 100, MaxInFlight: 500, PollInterval: 20 * time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second, Metrics: m})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testenv.Eventually(t, 5*time.Second, "rows 3 and 5 sent", func() bool { return len(pub.sentIDs()) == 2 })
+	pub.answer(3, publish.Result{Kind: publish.Stored, Seq: 1})
+	pub.answer(5, publish.Result{Kind: publish.Stored, Seq: 2})
+	got := outcomesByID(t, store, 5)
+	for _, id := range []int64{1, 2} {
+		if o := got[id]; o.Settlement != event.Release || o.Reason != metrics.DeferGroupsHeld || !o.AvailableAt.After(time.Now().Add(10*time.Second)) {
+			t.Errorf("group row %d: %v (%s) until %v, want held for later", id, o.Settlement, o.Reason, o.AvailableAt)
+		}
+	}
+	if o := got[4]; o.Settlement != event.Release || o.Reason != metrics.DeferOrdering {
+		t.Errorf("row 4 behind the held group: %v (%s), want released for ordering", o.Settlement, o.Reason)
+	}
+	s := pub.sentIDs()
+	slices.Sort(s)
+	if !slices.Equal(s, []int64{3, 5}) {
+		t.Fatalf("sent %v, want rows 3 and 5 only", s)
 	}
 }

@@ -67,6 +67,9 @@ type Batcher interface {
 	BatchRoom() int
 	// PublishBatch starts publishing msgs as one batch, one Ack each.
 	PublishBatch(ctx context.Context, msgs []publish.Message) []publish.Ack
+	// PublishGroup starts publishing msgs, an atomic group's rows, as one
+	// batch or not at all, one Ack each (see publish.JetStream.PublishGroup).
+	PublishGroup(ctx context.Context, msgs []publish.Message) []publish.Ack
 }
 
 // Options tune the loop. Zero intervals disable the corresponding timer so
@@ -124,6 +127,7 @@ type Relay struct {
 	led      chan struct{} // this relay became the leader
 	leading  atomic.Bool
 	roleSaid atomic.Bool   // the role was logged once
+	heldSaid atomic.Bool   // held atomic groups were logged once
 	pipeline chan *batch   // claimer -> settler, in publish order
 	lanes    *lanes        // rows with an ordering key
 	claimSeq atomic.Uint64 // claims begun, for lanes

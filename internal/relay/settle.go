@@ -5,6 +5,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -120,6 +121,13 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 		case publish.Invalid:
 			outs = append(outs, r.invalid(row, res.Err))
 		case publish.Withheld:
+			if errors.Is(res.Err, publish.ErrGroupsHeld) {
+				// Looked at again now and then: the stream may take atomic
+				// batches once the relay restarts (see groupsHeld).
+				r.groupsHeld(res.Err)
+				outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(groupsHeldFor), Reason: metrics.DeferGroupsHeld})
+				continue
+			}
 			// It waits behind its key's row that was not stored; the claim
 			// takes it again once that row is published (or skipped).
 			r.log.Debug("row withheld", zap.Int64("row_id", row.ID), zap.Error(res.Err))
@@ -156,6 +164,10 @@ func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
 	}
 	next := r.lanes.resolved(a, res, ctx.Err(), limit)
 	if len(next) == 0 {
+		return
+	}
+	if next[0].group != nil {
+		r.sendGroup(ctx, next)
 		return
 	}
 	msgs := make([]publish.Message, len(next))
@@ -222,5 +234,17 @@ func (r *Relay) count(outs []event.Outcome, stale []int) {
 		case event.Release:
 			r.m.Deferred.WithLabelValues(o.Reason).Inc()
 		}
+	}
+}
+
+// groupsHeldFor is how long the rows of an atomic group held while the
+// stream takes no atomic batches wait before the relay looks again.
+const groupsHeldFor = 30 * time.Second
+
+// groupsHeld logs, once, that atomic groups are held (why).
+func (r *Relay) groupsHeld(why error) {
+	if r.heldSaid.CompareAndSwap(false, true) {
+		r.log.Warn("rows with an atomic_group are held, not published in parts: the stream takes no atomic batches (allow_atomic, nats-server 2.12 or later); they stay pending, no attempt spent",
+			zap.Error(why))
 	}
 }

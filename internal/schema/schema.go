@@ -52,6 +52,7 @@ var migrations = []migration{
 	{107, "instances_per_table", migrateInstancesPerTable},
 	{108, "done_records", migrateDoneRecords},
 	{109, "instances_batch_limit", migrateInstancesBatchLimit},
+	{110, "atomic_group", migrateAtomicGroup},
 }
 
 // DoneTable is the name of the table that keeps a compact record of each
@@ -173,6 +174,33 @@ func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
 	if err == nil {
 		err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_ordering ON %[1]s (ordering_key, id) WHERE ordering_key IS NOT NULL`, t))
+			return err
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", t, err)
+	}
+	return nil
+}
+
+// migrateAtomicGroup adds the optional atomic_group column (NULL: the row
+// is in no group; rows that share a value are stored all or none) and the
+// index a claim uses to take a group's rows whole. Rows without a group
+// are not in the index. Each step is a transaction of its own, like
+// migrateOrderingKey's.
+func migrateAtomicGroup(ctx context.Context, s *sqlitedb.DB) error {
+	t := s.Table()
+	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		cols, err := sqlitedb.Columns(ctx, tx, t)
+		if err != nil || cols["atomic_group"] {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN atomic_group TEXT`, t))
+		return err
+	})
+	if err == nil {
+		err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_atomic_group ON %[1]s (atomic_group, id) WHERE atomic_group IS NOT NULL`, t))
 			return err
 		})
 	}

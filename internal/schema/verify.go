@@ -11,8 +11,8 @@ import (
 
 // What the relay needs of the schema, for Verify and Usable.
 var (
-	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by", "ordering_key", "headers", "stream_seq"}
-	requiredIndexes = []string{"_pending", "_processing", "_dead_lettered", "_ordering"}
+	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by", "ordering_key", "headers", "stream_seq", "atomic_group"}
+	requiredIndexes = []string{"_pending", "_processing", "_dead_lettered", "_ordering", "_atomic_group"}
 	requiredTables  = []string{"processed_events", InstancesTable, ExhaustedTable}
 )
 

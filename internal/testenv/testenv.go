@@ -364,6 +364,7 @@ type Event struct {
 	Payload     []byte
 	OrderingKey string // empty: NULL
 	Headers     string // the headers column; empty: NULL
+	AtomicGroup string // empty: NULL
 }
 
 // NewEvent returns an event with a fresh id.
@@ -407,6 +408,9 @@ func insert(db *sql.DB, evs []Event) ([]int64, error) {
 		}
 		if e.Headers != "" {
 			cols, args = cols+", headers", append(args, e.Headers)
+		}
+		if e.AtomicGroup != "" {
+			cols, args = cols+", atomic_group", append(args, e.AtomicGroup)
 		}
 		q := `INSERT INTO event_queue (` + cols + `) VALUES (?` + strings.Repeat(", ?", len(args)-1) + `)`
 		res, err := tx.Exec(q, args...)

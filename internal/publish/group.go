@@ -1,0 +1,177 @@
+package publish
+
+// Atomic groups: the rows of one application transaction (an
+// atomic_group), published as one atomic batch or not at all. Unlike a
+// key's batch (PublishBatch), a group is never cut into parts and never
+// published one message at a time, which would store a part of it should
+// a later message fail: a message that fails fails the whole group.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+)
+
+// ErrGroupsHeld marks the rows of an atomic group that the publisher held
+// back because the stream takes no atomic batches: they stay pending, no
+// attempt spent, until it does.
+var ErrGroupsHeld = errors.New("the stream takes no atomic batches, so the rows of an atomic group are held rather than published in parts")
+
+// groupHeldWait is how long the relay waits for room for a group while
+// as many batches are in flight as it allows, at most: past it the group
+// goes anyway (the server allows more than the relay does).
+const groupHeldWait = time.Second
+
+// GroupLimit returns how many rows an atomic group may hold: the server's
+// batch limit as far as the publisher knows it; 0 while the stream takes
+// no atomic batches.
+func (p *JetStream) GroupLimit() int {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	if p.batchLimit == 0 {
+		return 0
+	}
+	return p.serverLimit
+}
+
+// PublishGroup starts publishing msgs, the rows of one atomic group in id
+// order, as one atomic batch, and returns one Ack each. Every row gets
+// the same outcome: all stored, or all not (see publishGroup).
+func (p *JetStream) PublishGroup(ctx context.Context, msgs []Message) []Ack {
+	b := &batch{done: make(chan struct{}), results: make([]Result, len(msgs))}
+	acks := make([]Ack, len(msgs))
+	for i := range msgs {
+		acks[i] = batchAck{b, i}
+	}
+	go func() {
+		defer close(b.done)
+		p.publishGroup(context.WithoutCancel(ctx), msgs, b.results)
+	}()
+	return acks
+}
+
+// publishGroup publishes msgs as one atomic batch and fills results:
+//   - a group of one row is published as any row;
+//   - while the stream takes no atomic batches, every row is Withheld
+//     (ErrGroupsHeld);
+//   - a group that can never be stored whole (more rows than the server's
+//     limit, a row too large) is Invalid, row by row, saying why;
+//   - a refused row (a denied subject) makes every row Rejected;
+//   - a duplicate id (a group stored whole before a crash) is published
+//     again one row at a time, so that each row gets its sequence;
+//   - anything else (the connection, back-pressure) is a Transport
+//     failure of every row.
+func (p *JetStream) publishGroup(ctx context.Context, msgs []Message, results []Result) {
+	all := func(res Result) {
+		for i := range results {
+			results[i] = res
+		}
+	}
+	group := msgs[0].Row.Group
+	if len(msgs) == 1 {
+		p.oneByOne(ctx, msgs, results)
+		return
+	}
+	limit := p.GroupLimit()
+	if limit == 0 {
+		all(Result{Kind: Withheld, Err: fmt.Errorf("atomic group %q: %w", group, ErrGroupsHeld)})
+		return
+	}
+	if len(msgs) > limit {
+		all(Result{Kind: Invalid, Err: fmt.Errorf("atomic group %q has %d rows, more than the %d the server stores in one atomic batch: it can never be stored whole", group, len(msgs), limit)})
+		return
+	}
+	nmsgs := batchMsgs(msgs)
+	for i, m := range nmsgs {
+		if err := p.fits(ctx, m); err != nil {
+			all(Result{Kind: Invalid, Err: fmt.Errorf("atomic group %q cannot be stored whole: its row %d: %w", group, msgs[i].Row.ID, err)})
+			return
+		}
+	}
+	p.startGroup(ctx)
+	defer p.endBatch()
+	sent := time.Now()
+	err := p.commitAll(ctx, msgs, nmsgs, sent, results)
+	if err == nil {
+		return
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case batchTooLarge:
+			p.lowerBatchLimit(apiErr, len(msgs))
+			all(Result{Kind: Invalid, Err: fmt.Errorf("atomic group %q has %d rows, more than the server stores in one atomic batch: it can never be stored whole (%w)", group, len(msgs), err)})
+			return
+		case batchDisabled:
+			p.refuseBatches(err)
+			all(Result{Kind: Withheld, Err: fmt.Errorf("atomic group %q: %w", group, ErrGroupsHeld)})
+			return
+		case batchDuplicate:
+			p.fellBack(metrics.FallbackDuplicate)
+			p.oneByOne(ctx, msgs, results)
+			return
+		}
+	}
+	if i := p.refusedRow(msgs, sent); i >= 0 || Classify(err) == Rejected {
+		why := err
+		if i >= 0 {
+			why = fmt.Errorf("its row %d was refused: %w", msgs[i].Row.ID, deniedErr(msgs[i].Subject))
+		}
+		all(Result{Kind: Rejected, Err: fmt.Errorf("atomic group %q was not stored: %w", group, why)})
+		return
+	}
+	all(Result{Kind: Transport, Err: err})
+}
+
+// refusedRow returns the index of the first of msgs whose subject the
+// server refused since sent, waiting up to refusalGrace for the refusal
+// (the server reports it to the connection's error handler, which may run
+// after the batch's answer), or -1.
+func (p *JetStream) refusedRow(msgs []Message, sent time.Time) int {
+	deadline := time.Now().Add(refusalGrace)
+	for {
+		for i, m := range msgs {
+			if p.conn.deniedSince(m.Subject, sent) {
+				return i
+			}
+		}
+		if time.Now().After(deadline) {
+			return -1
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startGroup counts a group's batch in flight, waiting up to groupHeldWait
+// while as many are as the publisher allows.
+func (p *JetStream) startGroup(ctx context.Context) {
+	deadline := time.NewTimer(groupHeldWait)
+	defer deadline.Stop()
+	for {
+		p.batchMu.Lock()
+		if p.batchesOpen < maxBatchesInFlight {
+			p.batchesOpen++
+			p.batchMu.Unlock()
+			return
+		}
+		if p.batchRoom == nil {
+			p.batchRoom = make(chan struct{})
+		}
+		room := p.batchRoom
+		p.batchMu.Unlock()
+		select {
+		case <-room:
+		case <-deadline.C:
+			p.batchMu.Lock()
+			p.batchesOpen++
+			p.batchMu.Unlock()
+			return
+		case <-ctx.Done():
+		}
+	}
+}

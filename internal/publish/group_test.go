@@ -1,0 +1,103 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// groupOf returns an atomic group's messages (see batchOf).
+func groupOf(name string, first int64, types ...string) []Message {
+	msgs := batchOf(first, types...)
+	for i := range msgs {
+		msgs[i].Row.Group = name
+	}
+	return msgs
+}
+
+// TestGroupStoredWhole: a group lands in consecutive sequences as one
+// batch; published again after a crash (its ids stored), each row gets
+// its original sequence, nothing stored twice.
+func TestGroupStoredWhole(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch)
+	ctx := context.Background()
+	g := groupOf("g", 1, "A", "B", "A")
+	got := waitAll(t, p.PublishGroup(ctx, g))
+	for i, r := range got {
+		if r.Kind != Stored || r.Seq != uint64(1+i) {
+			t.Fatalf("row %d: %v at %d, want stored at %d", i+1, r.Kind, r.Seq, 1+i)
+		}
+	}
+	again := waitAll(t, p.PublishGroup(ctx, g))
+	if kinds(again) != "duplicate duplicate duplicate" || again[0].Seq != 1 || again[2].Seq != 3 {
+		t.Fatalf("the group again: %s at %d..%d, want duplicates of 1..3", kinds(again), again[0].Seq, again[2].Seq)
+	}
+	rows, batches := streamRows(t, js)
+	if strings.Join(rows, ",") != "1,2,3" || batches[0] == "" || batches[0] != batches[2] {
+		t.Fatalf("stream rows %v, batch ids %q: want rows 1 to 3 in one batch, once", rows, batches)
+	}
+}
+
+// TestGroupNeverStoredInParts: a group with a refused row is refused
+// whole (every row rejected, naming the refused one); a group larger than
+// the server's batch limit, or with a row too large, can never be stored
+// whole and is invalid, every row; none of them stores anything. The
+// server's lower limit is not a reason to cut a group, as it is a key's
+// batch.
+func TestGroupNeverStoredInParts(t *testing.T) {
+	_, js, p := batchEnv(t, 5, func(o *server.Options) {
+		o.JetStreamLimits.MaxBatchSize = 3
+		o.MaxPayload = 4096
+	})
+	ctx := context.Background()
+	got := waitAll(t, p.PublishGroup(ctx, groupOf("denied", 1, "A", "Denied", "A")))
+	for _, r := range got {
+		if r.Kind != Rejected || !strings.Contains(r.Err.Error(), `atomic group "denied" was not stored: its row 2 was refused`) || !PermissionDenied(r.Err) {
+			t.Fatalf("group with a refused row: %v %v", r.Kind, r.Err)
+		}
+	}
+	got = waitAll(t, p.PublishGroup(ctx, groupOf("big", 4, "A", "A", "A", "A")))
+	for _, r := range got {
+		if r.Kind != Invalid || !strings.Contains(r.Err.Error(), "can never be stored whole") {
+			t.Fatalf("group over the server's limit: %v %v", r.Kind, r.Err)
+		}
+	}
+	if p.GroupLimit() != 3 {
+		t.Fatalf("group limit %d after the server said 3", p.GroupLimit())
+	}
+	large := groupOf("large", 8, "A", "A")
+	large[1].Row.Payload = make([]byte, 5000)
+	for _, r := range waitAll(t, p.PublishGroup(ctx, large)) {
+		if r.Kind != Invalid || !errors.Is(r.Err, ErrTooLarge) || !strings.Contains(r.Err.Error(), "its row 9") {
+			t.Fatalf("group with a row too large: %v %v", r.Kind, r.Err)
+		}
+	}
+	if rows, _ := streamRows(t, js); len(rows) != 0 {
+		t.Fatalf("stream holds rows %v, want none", rows)
+	}
+	if got := kinds(waitAll(t, p.PublishGroup(ctx, groupOf("ok", 10, "A", "A", "A")))); got != "stored stored stored" {
+		t.Fatalf("group at the server's limit: %s", got)
+	}
+}
+
+// TestGroupsHeldWithoutAtomicBatches: while the stream takes no atomic
+// batches a group is withheld (ErrGroupsHeld), not published in parts; a
+// group of one row is published as any row.
+func TestGroupsHeldWithoutAtomicBatches(t *testing.T) {
+	_, js, p := batchEnv(t, 0)
+	ctx := context.Background()
+	for _, r := range waitAll(t, p.PublishGroup(ctx, groupOf("g", 1, "A", "A"))) {
+		if r.Kind != Withheld || !errors.Is(r.Err, ErrGroupsHeld) {
+			t.Fatalf("group without atomic batches: %v %v", r.Kind, r.Err)
+		}
+	}
+	if got := kinds(waitAll(t, p.PublishGroup(ctx, groupOf("one", 3, "A")))); got != "stored" {
+		t.Fatalf("group of one row: %s", got)
+	}
+	if rows, _ := streamRows(t, js); strings.Join(rows, ",") != "3" {
+		t.Fatalf("stream holds rows %v, want row 3 only", rows)
+	}
+}
