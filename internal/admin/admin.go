@@ -102,6 +102,9 @@ type Status struct {
 	// (0: none recorded): compare it with the stream's last sequence, or
 	// run audit.
 	LastStreamSeq uint64 `json:"last_stream_seq"`
+	// PendingGrouped counts the pending rows that have an atomic_group
+	// (0 also on a table without the column).
+	PendingGrouped int64 `json:"pending_in_atomic_groups"`
 }
 
 // StatusOptions say what ReadStatus lists besides the counts.
@@ -204,6 +207,13 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 		}
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+schema.ExhaustedTable).Scan(&st.ConsumerExhausted); err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
+	cols, err := sqlitedb.Columns(ctx, tx, s.Table())
+	if err == nil && cols["atomic_group"] {
+		err = tx.QueryRowContext(ctx, `SELECT count(*) FROM `+s.Table()+` WHERE atomic_group IS NOT NULL AND status = 'pending'`).Scan(&st.PendingGrouped)
+	}
+	if err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	return st, nil

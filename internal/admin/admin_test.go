@@ -221,3 +221,32 @@ func TestParkedKeysReadTheOrderingIndex(t *testing.T) {
 		t.Errorf("parked keys plan %q: want the waiting rows counted on the ordering index", plan)
 	}
 }
+
+// TestStatusSaysGroupsAreHeld: status counts the pending rows of atomic
+// groups, and says they are held while the leading relay publishes no
+// atomic batches.
+func TestStatusSaysGroupsAreHeld(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MigratedDB(t)
+	app := testenv.AppDB(t, db.Path())
+	evs := []testenv.Event{testenv.NewEvent("T", []byte("x")), testenv.NewEvent("T", []byte("x")), testenv.NewEvent("T", []byte("x"))}
+	evs[0].AtomicGroup, evs[1].AtomicGroup = "g", "g"
+	testenv.InsertIDs(t, app, evs...)
+	l := lead.New(db)
+	for _, limit := range []int{0, 1000} {
+		l.ReportBatches(func() int { return limit })
+		if _, err := l.Heartbeat(ctx, "test", 0, time.Hour, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		st, err := ReadStatus(ctx, db, StatusOptions{})
+		if err != nil || st.PendingGrouped != 2 {
+			t.Fatalf("pending rows in groups %d (%v), want 2", st.PendingGrouped, err)
+		}
+		var out strings.Builder
+		StatusReport{Status: st}.Print(&out, time.Now())
+		held := strings.Contains(out.String(), "2 rows of atomic groups held: the leading relay publishes no atomic batches")
+		if held != (limit == 0) || !strings.Contains(out.String(), "atomic groups") {
+			t.Fatalf("batch limit %d, status says:\n%s", limit, out.String())
+		}
+	}
+}

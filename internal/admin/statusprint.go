@@ -51,6 +51,9 @@ func (r StatusReport) Print(out io.Writer, now time.Time) {
 	}
 	fmt.Fprintf(w, "relays\t%d\n", len(st.Relays))
 	printRelays(w, st.Relays, now)
+	if st.PendingGrouped > 0 {
+		fmt.Fprintf(w, "atomic groups\t%s\n", groupState(st))
+	}
 	fmt.Fprintf(w, "consumer exhausted\t%d message(s) (dead-letters list --consumer)\n", st.ConsumerExhausted)
 	if st.LastStreamSeq > 0 {
 		fmt.Fprintf(w, "stream sequence\t%d on the latest done row (audit checks each row's)\n", st.LastStreamSeq)
@@ -106,6 +109,17 @@ func printRelays(w io.Writer, relays []Instance, now time.Time) {
 		fmt.Fprintf(w, "\t%s on %s (pid %d, %s), started %s, %s\n", Shown(r.ID), Shown(r.Hostname), r.PID, Shown(r.Version),
 			r.StartedAt.UTC().Format(time.RFC3339), state)
 	}
+}
+
+// groupState says what becomes of the pending rows of atomic groups: held
+// while the leading relay takes no atomic batches, else published.
+func groupState(st Status) string {
+	for _, r := range st.Relays {
+		if r.Leader && !r.PresumedDead && (r.AtomicBatchLimit == nil || *r.AtomicBatchLimit == 0) {
+			return fmt.Sprintf("%d rows of atomic groups held: the leading relay publishes no atomic batches (the stream's allow_atomic, nats-server 2.12 or later; see the relay's log); they stay pending, whole, no attempt spent", st.PendingGrouped)
+		}
+	}
+	return fmt.Sprintf("%d pending rows in atomic groups", st.PendingGrouped)
 }
 
 // rowCounts lists the rows per status in lifecycle order, then the rows
