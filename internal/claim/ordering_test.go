@@ -459,3 +459,22 @@ func TestIntegerOrderingKeyColumn(t *testing.T) {
 		}
 	}
 }
+
+// TestRowLeftOutKeepsTheOthersIDs: a claim that leaves out a row without
+// an event_id (its key waits) still gives the rows it takes after it
+// theirs.
+func TestRowLeftOutKeepsTheOthersIDs(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertKeyed(t, db, "a")
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil || len(rows) != 1 {
+		t.Fatal(rows, err)
+	}
+	settleAll(t, s, rows, map[int64]event.Outcome{ids[0]: {Settlement: event.Retry, Attempts: 1, Error: "refused", AvailableAt: time.Now().Add(time.Hour)}})
+	testenv.InsertIDs(t, db, testenv.Event{EventType: "T", Payload: []byte("x"), OrderingKey: "a"}, testenv.Event{EventType: "T", Payload: []byte("x")})
+	rows, err = s.Claim(context.Background(), 100, 0)
+	if err != nil || len(rows) != 1 || rows[0].ID != ids[0]+2 || rows[0].EventID == "" {
+		t.Fatalf("claimed %+v (%v): want the row without a key, with an event id", rows, err)
+	}
+}
