@@ -193,11 +193,11 @@ func (a *App) noteAtomic(allowed bool) {
 		log.Info("atomic batches on: an ordering key's due rows go as one batch, all or none", zap.Int("limit", a.js.BatchLimit()))
 	case !a.cfg.Stream.AllowAtomic:
 		a.js.EnableBatches(0)
-		log.Info("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time")
+		log.Info("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time, and rows of atomic groups are held, pending")
 	default:
 		a.js.EnableBatches(0)
 		log.Warn("atomic batches off: the stream does not allow atomic publish (nats-server older than 2.12, or a stream that refuses it); " +
-			"an ordering key's rows go one at a time")
+			"an ordering key's rows go one at a time, and rows of atomic groups are held, pending")
 	}
 	a.metrics.AtomicBatchLimit.Set(float64(a.js.BatchLimit()))
 }
