@@ -56,6 +56,16 @@ func (p *scriptedPublisher) sentIDs() []int64 {
 	return slices.Clone(p.sent)
 }
 
+// waitSent waits until the rows sent are want, in any order.
+func (p *scriptedPublisher) waitSent(t *testing.T, want ...int64) {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("rows %v sent", want), func() bool {
+		got := p.sentIDs()
+		slices.Sort(got)
+		return slices.Equal(got, want)
+	})
+}
+
 func (p *scriptedPublisher) answer(id int64, r publish.Result) {
 	p.mu.Lock()
 	ch := p.answers[id]
@@ -86,11 +96,7 @@ func TestKeyRowsGoOneAtATime(t *testing.T) {
 	}()
 	sent := func(want ...int64) {
 		t.Helper()
-		testenv.Eventually(t, 5*time.Second, fmt.Sprintf("rows %v sent", want), func() bool {
-			got := pub.sentIDs()
-			slices.Sort(got)
-			return slices.Equal(got, want)
-		})
+		pub.waitSent(t, want...)
 	}
 	sent(1, 2, 5)
 	time.Sleep(50 * time.Millisecond) // row 3 must wait for row 1's ack
@@ -441,11 +447,7 @@ func TestGroupWaitsForEachOfItsKeys(t *testing.T) {
 	runRelay(t, store, pub)
 	sent := func(want ...int64) {
 		t.Helper()
-		testenv.Eventually(t, 5*time.Second, fmt.Sprintf("rows %v sent", want), func() bool {
-			got := pub.sentIDs()
-			slices.Sort(got)
-			return slices.Equal(got, want)
-		})
+		pub.waitSent(t, want...)
 	}
 	sent(1, 2, 7)
 	pub.answer(1, publish.Result{Kind: publish.Stored, Seq: 1})

@@ -158,22 +158,28 @@ func migrateMetadata(ctx context.Context, s *sqlitedb.DB) error {
 // key, the row of the same key before it. Rows without a key are not in
 // the index, and a row's settlement does not change it (status is not in
 // it): it costs one entry per keyed row, written by the application's
-// INSERT. Each step is
-// a transaction of its own: the index is built by reading the whole table
-// under the lock.
+// INSERT.
 func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
+	return addIndexedColumn(ctx, s, "ordering_key", "_ordering")
+}
+
+// addIndexedColumn adds the optional TEXT column col to the outbox table
+// and the partial index <table><suffix> on (col, id) of the rows that have
+// it. Each step is a transaction of its own: the index is built by reading
+// the whole table under the lock.
+func addIndexedColumn(ctx context.Context, s *sqlitedb.DB, col, suffix string) error {
 	t := s.Table()
 	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 		cols, err := sqlitedb.Columns(ctx, tx, t)
-		if err != nil || cols["ordering_key"] {
+		if err != nil || cols[col] {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN ordering_key TEXT`, t))
+		_, err = tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s TEXT`, t, col))
 		return err
 	})
 	if err == nil {
 		err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_ordering ON %[1]s (ordering_key, id) WHERE ordering_key IS NOT NULL`, t))
+			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s%[2]s ON %[1]s (%[3]s, id) WHERE %[3]s IS NOT NULL`, t, suffix, col))
 			return err
 		})
 	}
@@ -186,28 +192,9 @@ func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
 // migrateAtomicGroup adds the optional atomic_group column (NULL: the row
 // is in no group; rows that share a value are stored all or none) and the
 // index a claim uses to take a group's rows whole. Rows without a group
-// are not in the index. Each step is a transaction of its own, like
-// migrateOrderingKey's.
+// are not in the index.
 func migrateAtomicGroup(ctx context.Context, s *sqlitedb.DB) error {
-	t := s.Table()
-	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
-		cols, err := sqlitedb.Columns(ctx, tx, t)
-		if err != nil || cols["atomic_group"] {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, fmt.Sprintf(`ALTER TABLE %s ADD COLUMN atomic_group TEXT`, t))
-		return err
-	})
-	if err == nil {
-		err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s_atomic_group ON %[1]s (atomic_group, id) WHERE atomic_group IS NOT NULL`, t))
-			return err
-		})
-	}
-	if err != nil {
-		return fmt.Errorf("migrate %s: %w", t, err)
-	}
-	return nil
+	return addIndexedColumn(ctx, s, "atomic_group", "_atomic_group")
 }
 
 // migrateInFlight adds the count of rows a relay holds in flight to its
