@@ -310,7 +310,7 @@ func TestBatchStoredBeforeACrash(t *testing.T) {
 func TestNoAtomicBatches(t *testing.T) {
 	n, js, path, app, evs, _ := oneKeyBacklog(t)
 	d := startDaemon(t, []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_STREAM_ALLOW_ATOMIC=false"}, "run", "--database-path", path)
-	d.waitFor("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time")
+	d.waitFor("atomic batches off (stream.allow_atomic is false): an ordering key's rows go one at a time, and rows of atomic groups are held, pending")
 	testenv.Eventually(t, 30*time.Second, "every row done", func() bool { return testenv.Counts(t, app)["done"] == len(evs) })
 	statusSays(t, path, "an ordering key's rows go one at a time: the stream takes no atomic batches")
 	d.stop()
