@@ -101,7 +101,7 @@ func New(db *sqlitedb.DB, opts Options) *Store {
 
 // queries are the statements on the outbox table, built once for its name.
 type queries struct {
-	due, takeAfter, takeRescan, groupRest, assignID, settledAt, retry, deadLetter, release, deadLetters, nextDue string
+	due, takeAfter, takeRescan, groupRest, groupHeld, assignID, settledAt, retry, deadLetter, release, deadLetters, nextDue string
 	// done are the statements that settle rows as done, in order: the
 	// rows they change, added up, are the rows settled.
 	done []string
@@ -154,6 +154,12 @@ func newQueries(t string, deleteDone bool) queries {
 		// The pending rows of the atomic groups ?1 (a JSON array) that are
 		// not among the ids ?2, due or not (see takeGroups).
 		groupRest: rowsSQL(t, `r.atomic_group IN (SELECT value FROM json_each(?1)) AND r.status = 'pending' AND r.id NOT IN (SELECT value FROM json_each(?2))`),
+		// Of the atomic groups ?1, the first row that holds its group
+		// back (see takeGroup): neither done nor pending, or pending and
+		// not due at ?2.
+		groupHeld: fmt.Sprintf(`SELECT atomic_group, min(id), coalesce(CAST(status AS TEXT), '') FROM %s
+WHERE atomic_group IN (SELECT value FROM json_each(?1)) AND status IS NOT 'done' AND (status IS NOT 'pending' OR NOT %s)
+GROUP BY atomic_group`, t, schema.DueSQL("?2")),
 		assignID:  fmt.Sprintf(`UPDATE %s SET event_id = coalesce(event_id, ?) WHERE id = ? RETURNING event_id`, t),
 		settledAt: fmt.Sprintf(`SELECT id FROM %s WHERE id IN (SELECT value FROM json_each(?1)) AND status = 'done' AND processed_at = ?2`, t),
 		// ?1: [[id, stream_seq], ...]; a stream_seq of 0 is none.
@@ -316,10 +322,11 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		// More may be due when the read was cut by the row limit or by the
 		// byte budget.
 		full := len(read) == readLimit || event.PayloadBytes(read) >= maxBytes
-		if read, prev, readNoID, err = s.withGroups(ctx, read, prev, readNoID); err != nil {
+		var held map[string]heldBy
+		if read, prev, readNoID, held, err = s.withGroups(ctx, read, prev, readNoID, now); err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
-		out, noID = s.order(read, prev, readNoID, limit)
+		out, noID = s.order(read, prev, readNoID, limit, held)
 		// Every row read was of a key that waits, and more may be due:
 		// read again past those keys (order set them aside), and further,
 		// so that keys that wait cannot hide due rows from a small claim
@@ -410,7 +417,7 @@ func joinJSON(a, b string) string {
 // them again once the key has room (see letGo). It keeps limit rows at
 // most, and returns the rows kept, and the indexes among them of those
 // without event_id.
-func (s *Store) order(rows []event.Row, prev []prevRow, noID []int, limit int) ([]event.Row, []int) {
+func (s *Store) order(rows []event.Row, prev []prevRow, noID []int, limit int, held map[string]heldBy) ([]event.Row, []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	taken := map[string]int{}
@@ -429,7 +436,7 @@ func (s *Store) order(rows []event.Row, prev []prevRow, noID []int, limit int) (
 				// A group is taken whole or not at all (see takeGroup);
 				// it may take the claim past limit.
 				if len(kept) < limit {
-					take = s.takeGroup(rows, prev, groups[g], keptIDs, stopped)
+					take = s.takeGroup(rows, prev, groups[g], held[g], keptIDs, stopped)
 				} else {
 					stopKeys(rows, groups[g], stopped)
 				}

@@ -16,11 +16,11 @@ import (
 
 // withGroups adds to the rows read (in id order, with prev and noID as
 // readRows returns them) the pending rows of their atomic groups that the
-// read left out: cut by its row limit or byte budget, or not due (a
-// group's rows come due together unless an operator split them), so that
-// order sees every group whole. Rows in flight, or let go since the claim
-// began, are left out.
-func (s *Store) withGroups(ctx context.Context, read []event.Row, prev []prevRow, noID []int) ([]event.Row, []prevRow, []int, error) {
+// read left out (cut by its row limit or byte budget, or not due), so
+// that order sees every group whole, and returns, of those groups, the
+// ones a row holds back (see takeGroup). Rows in flight, or let go since
+// the claim began, are left out. now is the due clock (Unix ms).
+func (s *Store) withGroups(ctx context.Context, read []event.Row, prev []prevRow, noID []int, now int64) ([]event.Row, []prevRow, []int, map[string]heldBy, error) {
 	groups := map[string]bool{}
 	for _, r := range read {
 		if r.Group != "" {
@@ -28,7 +28,7 @@ func (s *Store) withGroups(ctx context.Context, read []event.Row, prev []prevRow
 		}
 	}
 	if len(groups) == 0 {
-		return read, prev, noID, nil
+		return read, prev, noID, nil, nil
 	}
 	s.mu.Lock()
 	known := jsonIDs(func(yield func(int64) bool) {
@@ -47,13 +47,17 @@ func (s *Store) withGroups(ctx context.Context, read []event.Row, prev []prevRow
 	})
 	s.mu.Unlock()
 	names, _ := json.Marshal(slices.Collect(maps.Keys(groups)))
+	held, err := s.groupsHeld(ctx, string(names), now)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
 	rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), s.q.groupRest, string(names), known)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	rest, restPrev, restNoID, err := readRows(rows, sqlitedb.NowMs())
 	if err != nil || len(rest) == 0 {
-		return read, prev, noID, err
+		return read, prev, noID, held, err
 	}
 	// Merge the two id-ordered lists.
 	n := len(read) + len(rest)
@@ -74,7 +78,35 @@ func (s *Store) withGroups(ctx context.Context, read []event.Row, prev []prevRow
 		rows2, prev2 = append(rows2, rest[j]), append(prev2, restPrev[j])
 		j++
 	}
-	return rows2, prev2, noID2, nil
+	return rows2, prev2, noID2, held, nil
+}
+
+// heldBy is the first row of an atomic group that holds it back: neither
+// done nor pending (a dead letter, a processing row), or not due.
+type heldBy struct {
+	id     int64
+	status event.Status
+}
+
+// groupsHeld returns, of the atomic groups names (a JSON array), those a
+// row holds back at now (due clock, Unix ms), each with the first such
+// row.
+func (s *Store) groupsHeld(ctx context.Context, names string, now int64) (map[string]heldBy, error) {
+	rows, err := s.db.Reader().QueryContext(ctx, s.q.groupHeld, names, now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	held := map[string]heldBy{}
+	for rows.Next() {
+		var g string
+		var h heldBy
+		if err := rows.Scan(&g, &h.id, &h.status); err != nil {
+			return nil, err
+		}
+		held[g] = h
+	}
+	return held, rows.Err()
 }
 
 // members returns the indexes in rows of each atomic group's rows.
@@ -96,6 +128,10 @@ func members(rows []event.Row) map[string][]int {
 // order): whole, when every row of it that has an ordering key may follow
 // the row before it of its key (mayFollow) or follows a row of the group;
 // else not at all, and its keys are stopped for the rest of the claim.
+// held is the group's first row that holds it back, if any (see
+// groupsHeld): a row not due yet or in another claimer's hands makes the
+// group wait; a dead letter (some of its rows retried, not all) makes the
+// rest dead letters too.
 //
 // A group whose rows of one ordering key have another row of that key
 // between them (or after its first row: rows another transaction wrote
@@ -104,8 +140,25 @@ func members(rows []event.Row) map[string][]int {
 // two such groups would each wait for the other: it is no group. Its rows
 // are handed back as rows of no group, each to be dead-lettered at its
 // turn with a reason that says why. s.mu is held.
-func (s *Store) takeGroup(rows []event.Row, prev []prevRow, group []int, kept map[int64]bool, stopped map[string]bool) bool {
+func (s *Store) takeGroup(rows []event.Row, prev []prevRow, group []int, held heldBy, kept map[int64]bool, stopped map[string]bool) bool {
 	first := rows[group[0]]
+	switch held.status {
+	case "":
+	case event.StatusDeadLettered:
+		// Part of the group is a dead letter (an operator retried only
+		// some of its rows): the rest can never be stored with it.
+		why := fmt.Sprintf("atomic group %q: its row %d is dead-lettered, so the group can no longer be stored whole (retry the group's dead letters together)", first.Group, held.id)
+		for _, i := range group {
+			if rows[i].Problem == "" {
+				rows[i].Problem = why
+			}
+		}
+	default:
+		// A row not due yet, or one another claimer holds: the group
+		// waits for it.
+		stopKeys(rows, group, stopped)
+		return false
+	}
 	in := make(map[int64]bool, len(group))
 	for _, i := range group {
 		in[rows[i].ID] = true

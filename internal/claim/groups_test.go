@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +112,65 @@ func TestInterleavedGroupIsDeadLettered(t *testing.T) {
 	if r := got[11]; r.Group != "g2" || got[12].Group != "g2" {
 		t.Fatalf("claimed %v, want g2 whole", rows)
 	}
+}
+
+// TestPartlyRetriedGroupIsNotClaimedInPart: a group dead-lettered whole
+// (too large for a batch, say), of which an operator puts back one row
+// (`dead-letters retry ID`, admin.Requeue's statement), is not claimed as
+// a group of that one row, which would be published alone: the row comes
+// with a reason to be dead-lettered again.
+func TestPartlyRetriedGroupIsNotClaimedInPart(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertGrouped(t, db, [2]string{"", "g"}, [2]string{"", "g"}, [2]string{"", "g"})
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil || len(rows) != 3 {
+		t.Fatal(rows, err)
+	}
+	dead := map[int64]event.Outcome{}
+	for _, id := range ids {
+		dead[id] = event.Outcome{Settlement: event.DeadLetter, Attempts: 1, Error: `atomic group "g" has 3 rows, more than the 2 the server stores in one atomic batch`}
+	}
+	settleAll(t, s, rows, dead)
+	// The operator retries the first row only (admin.Requeue).
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'pending', attempts = 0, available_at = ?, processed_at = NULL WHERE id = ? AND status = 'dead_lettered'`,
+		time.Now().UnixMilli(), ids[0])
+	s.Rescan()
+	got, err := s.Claim(context.Background(), 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range got {
+		if r.Group == "g" && r.Problem == "" {
+			t.Fatalf("claimed row %d of group %q alone (its rows %d and %d are dead letters): the relay would publish part of the group", r.ID, r.Group, ids[1], ids[2])
+		}
+		if r.Group == "g" && !strings.Contains(r.Problem, fmt.Sprintf("its row %d is dead-lettered", ids[1])) {
+			t.Fatalf("row %d: problem %q", r.ID, r.Problem)
+		}
+	}
+}
+
+// TestGroupRowNotDueIsNotPublishedEarly: available_at is "do not publish
+// before": a group one of whose rows the application scheduled for later
+// waits for it.
+func TestGroupRowNotDueIsNotPublishedEarly(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	later := time.Now().Add(time.Hour).UnixMilli()
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, atomic_group) VALUES (1, 'e1', 'T', x'', 'g')`)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, atomic_group, available_at) VALUES (2, 'e2', 'T', x'', 'g', ?)`, later)
+	for _, r := range claimRows(t, s) {
+		if r.ID == 2 {
+			t.Fatalf("row 2 (available_at in an hour) claimed now with its group: published before its available_at")
+		}
+	}
+}
+
+func claimRows(t *testing.T, s *Store) []event.Row {
+	t.Helper()
+	rows, err := s.Claim(context.Background(), 100, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
 }

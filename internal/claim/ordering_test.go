@@ -81,7 +81,7 @@ func TestRowSettledDuringTheReadIsInFlight(t *testing.T) {
 	settleAll(t, s, rows, nil) // committed after the read below began
 	next := []event.Row{{ID: ids[0] + 1, OrderingKey: "a"}}
 	asRead := []prevRow{{ID: sql.NullInt64{Int64: ids[0], Valid: true}, Status: sql.NullString{String: "pending", Valid: true}}}
-	if kept, _ := s.order(next, asRead, nil, len(next)); len(kept) != 1 {
+	if kept, _ := s.order(next, asRead, nil, len(next), nil); len(kept) != 1 {
 		t.Fatalf("the row after one settled during the read waits: kept %v", kept)
 	}
 	// The next claim begins: a row the table shows pending and no claim
@@ -89,7 +89,7 @@ func TestRowSettledDuringTheReadIsInFlight(t *testing.T) {
 	if _, err := s.Claim(context.Background(), 100, 0); err != nil {
 		t.Fatal(err)
 	}
-	if kept, _ := s.order(next, asRead, nil, len(next)); len(kept) != 0 {
+	if kept, _ := s.order(next, asRead, nil, len(next), nil); len(kept) != 0 {
 		t.Fatalf("the row after a pending row nobody holds is kept: %v", kept)
 	}
 }

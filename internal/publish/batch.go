@@ -68,9 +68,6 @@ func (p *JetStream) EnableBatches(limit int) {
 	p.batchMu.Lock()
 	defer p.batchMu.Unlock()
 	p.batchLimit, p.batchesOff = min(max(limit, 0), MaxBatch), nil
-	if p.serverLimit == 0 {
-		p.serverLimit = MaxBatch
-	}
 }
 
 // BatchLimit returns how many messages an atomic batch holds at most; 0
@@ -117,15 +114,17 @@ func (p *JetStream) refuseBatches(err error) {
 // lowerBatchLimit keeps to the server's batch limit, read from its
 // refusal of a larger batch.
 func (p *JetStream) lowerBatchLimit(apiErr *jetstream.APIError, size int) {
-	limit := size / 2
+	limit, said := size/2, 0
 	if m := batchLimitRe.FindStringSubmatch(apiErr.Description); m != nil {
 		if n, err := strconv.Atoi(m[1]); err == nil && n < size {
-			limit = n
+			limit, said = n, n
 		}
 	}
 	p.batchMu.Lock()
 	p.batchLimit = min(p.batchLimit, limit)
-	p.serverLimit = min(p.serverLimit, limit)
+	if said > 0 {
+		p.serverLimit = said
+	}
 	p.batchMu.Unlock()
 	p.conn.log.Warn("the server's atomic batches are smaller; keeping to its limit", zap.Int("limit", limit), zap.String("reason", apiErr.Description))
 }
@@ -393,9 +392,9 @@ type batchState struct {
 	batchLimit  int   // messages an atomic batch holds at most; 0: no batches
 	batchesOff  error // why batches were turned off after they were enabled
 	batchesOpen int   // batches in flight
-	// serverLimit is the server's batch limit as far as the publisher
-	// knows: MaxBatch, or less once a refusal said so (atomic groups may
-	// not be cut to batchLimit).
+	// serverLimit is the server's batch limit once a refusal said it (0:
+	// not known). Atomic groups are held to it, never to batchLimit: a
+	// group is not cut.
 	serverLimit int
 	batchRoom   chan struct{} // closed when a batch ends (nil: no one waits)
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
@@ -27,15 +28,12 @@ var ErrGroupsHeld = errors.New("the stream takes no atomic batches, so the rows 
 // goes anyway (the server allows more than the relay does).
 const groupHeldWait = time.Second
 
-// GroupLimit returns how many rows an atomic group may hold: the server's
-// batch limit as far as the publisher knows it; 0 while the stream takes
-// no atomic batches.
+// GroupLimit returns how many rows an atomic group may hold: the
+// server's batch limit, once a refusal said it; 0 while it is not known
+// (a group is then sent and the server answers).
 func (p *JetStream) GroupLimit() int {
 	p.batchMu.Lock()
 	defer p.batchMu.Unlock()
-	if p.batchLimit == 0 {
-		return 0
-	}
 	return p.serverLimit
 }
 
@@ -64,8 +62,9 @@ func (p *JetStream) PublishGroup(ctx context.Context, msgs []Message) []Ack {
 //   - a refused row (a denied subject) makes every row Rejected;
 //   - a duplicate id (a group stored whole before a crash) is published
 //     again one row at a time, so that each row gets its sequence;
-//   - anything else (the connection, back-pressure) is a Transport
-//     failure of every row.
+//   - anything else (the connection, back-pressure, a message the stream
+//     dropped for no refusal) is a Transport failure of every row: no
+//     attempt spent.
 func (p *JetStream) publishGroup(ctx context.Context, msgs []Message, results []Result) {
 	all := func(res Result) {
 		for i := range results {
@@ -77,21 +76,18 @@ func (p *JetStream) publishGroup(ctx context.Context, msgs []Message, results []
 		p.oneByOne(ctx, msgs, results)
 		return
 	}
-	limit := p.GroupLimit()
-	if limit == 0 {
+	if p.BatchLimit() == 0 {
 		all(Result{Kind: Withheld, Err: fmt.Errorf("atomic group %q: %w", group, ErrGroupsHeld)})
 		return
 	}
-	if len(msgs) > limit {
+	if limit := p.GroupLimit(); limit > 0 && len(msgs) > limit {
 		all(Result{Kind: Invalid, Err: fmt.Errorf("atomic group %q has %d rows, more than the %d the server stores in one atomic batch: it can never be stored whole", group, len(msgs), limit)})
 		return
 	}
 	nmsgs := batchMsgs(msgs)
-	for i, m := range nmsgs {
-		if err := p.fits(ctx, m); err != nil {
-			all(Result{Kind: Invalid, Err: fmt.Errorf("atomic group %q cannot be stored whole: its row %d: %w", group, msgs[i].Row.ID, err)})
-			return
-		}
+	if res, ok := p.groupFits(ctx, msgs, nmsgs); !ok {
+		all(res)
+		return
 	}
 	p.startGroup(ctx)
 	defer p.endBatch()
@@ -117,15 +113,41 @@ func (p *JetStream) publishGroup(ctx context.Context, msgs []Message, results []
 			return
 		}
 	}
-	if i := p.refusedRow(msgs, sent); i >= 0 || Classify(err) == Rejected {
-		why := err
-		if i >= 0 {
-			why = fmt.Errorf("its row %d was refused: %w", msgs[i].Row.ID, deniedErr(msgs[i].Subject))
-		}
+	if i := p.refusedRow(msgs, sent); i >= 0 {
+		why := fmt.Errorf("its row %d was refused: %w", msgs[i].Row.ID, deniedErr(msgs[i].Subject))
 		all(Result{Kind: Rejected, Err: fmt.Errorf("atomic group %q was not stored: %w", group, why)})
 		return
 	}
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == batchIncomplete || apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum) {
+		// The stream dropped a message of the batch and no row was
+		// refused: a row larger than a limit lowered since it was read
+		// (read again now), or else too many batches in flight
+		// (back-pressure).
+		p.sizeRefused()
+		if res, ok := p.groupFits(ctx, msgs, nmsgs); !ok {
+			all(res)
+			return
+		}
+		all(Result{Kind: Transport, Err: err})
+		return
+	}
+	if Classify(err) == Rejected {
+		all(Result{Kind: Rejected, Err: fmt.Errorf("atomic group %q was not stored: %w", group, err)})
+		return
+	}
 	all(Result{Kind: Transport, Err: err})
+}
+
+// groupFits reports whether every message of a group (nmsgs, msgs as
+// batchMsgs made them) fits the server's and the stream's size limits;
+// if not, the result of every row.
+func (p *JetStream) groupFits(ctx context.Context, msgs []Message, nmsgs []*nats.Msg) (Result, bool) {
+	for i, m := range nmsgs {
+		if err := p.fits(ctx, m); err != nil {
+			return Result{Kind: Invalid, Err: fmt.Errorf("atomic group %q cannot be stored whole: its row %d: %w", msgs[0].Row.Group, msgs[i].Row.ID, err)}, false
+		}
+	}
+	return Result{}, true
 }
 
 // refusedRow returns the index of the first of msgs whose subject the

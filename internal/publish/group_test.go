@@ -5,8 +5,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 )
 
 // groupOf returns an atomic group's messages (see batchOf).
@@ -99,5 +102,74 @@ func TestGroupsHeldWithoutAtomicBatches(t *testing.T) {
 	}
 	if rows, _ := streamRows(t, js); strings.Join(rows, ",") != "3" {
 		t.Fatalf("stream holds rows %v, want row 3 only", rows)
+	}
+}
+
+// TestGroupTooManyInFlightSpendsNoAttempt: a server that holds as many
+// atomic batches in flight as it allows (another publisher's, left open)
+// drops the group's first message and answers "batch is incomplete": no
+// row is at fault, so no attempt is spent (a transport failure), and
+// nothing of the group is stored.
+func TestGroupTooManyInFlightSpendsNoAttempt(t *testing.T) {
+	n, js, p := batchEnv(t, MaxBatch, func(o *server.Options) { o.JetStreamLimits.MaxBatchInflightPerStream = 1 })
+	other := nats.NewMsg("events.Other")
+	other.Header.Set(jetstreamext.BatchIDHeader, "another-publisher")
+	other.Header.Set(jetstreamext.BatchSeqHeader, "1")
+	if _, err := n.Conn(t).RequestMsg(other, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range waitAll(t, p.PublishGroup(context.Background(), groupOf("g", 1, "A", "A", "A"))) {
+		if r.Kind != Transport {
+			t.Fatalf("row %d of a group refused for too many batches in flight: %v (%v); want a transport failure", i+1, r.Kind, r.Err)
+		}
+	}
+	if rows, _ := streamRows(t, js); len(rows) != 0 {
+		t.Fatalf("stream holds rows %v of the group", rows)
+	}
+}
+
+// TestGroupRowTooLargeAfterTheStreamShrank: once the stream's
+// max_msg_size is lowered below a row of a group, the group can never be
+// stored whole: the stream's refusal makes the publisher read the limit
+// again, and every row is invalid as too large.
+func TestGroupRowTooLargeAfterTheStreamShrank(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch)
+	ctx := context.Background()
+	if got := kinds(waitAll(t, p.PublishGroup(ctx, groupOf("first", 1, "A", "A")))); got != "stored stored" {
+		t.Fatalf("first group: %s", got)
+	}
+	info, err := js.Stream(ctx, "EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.CachedInfo().Config
+	cfg.MaxMsgSize = 1000
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	g := groupOf("big", 3, "A", "A")
+	g[0].Row.Payload = make([]byte, 2000)
+	for i, r := range waitAll(t, p.PublishGroup(ctx, g)) {
+		if r.Kind != Invalid || !errors.Is(r.Err, ErrTooLarge) {
+			t.Fatalf("row %d of a group with a row over the stream's new max_msg_size: %v (%v); want invalid, too large", i+1, r.Kind, r.Err)
+		}
+	}
+}
+
+// TestGroupWithinTheServersRaisedLimitIsStored: a server may store more
+// than 1,000 messages in one atomic batch (jetstream { limits { batch {
+// max_msgs } } }): a group is held only to a limit the server said.
+func TestGroupWithinTheServersRaisedLimitIsStored(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch, func(o *server.Options) { o.JetStreamLimits.MaxBatchSize = 2000 })
+	types := make([]string, MaxBatch+1)
+	for i := range types {
+		types[i] = "A"
+	}
+	got := waitAll(t, p.PublishGroup(context.Background(), groupOf("g", 1, types...)))
+	if got[0].Kind != Stored {
+		t.Fatalf("group of %d rows on a server that takes 2000 in a batch: %v (%v)", len(types), got[0].Kind, got[0].Err)
+	}
+	if rows, _ := streamRows(t, js); len(rows) != len(types) {
+		t.Fatalf("stream holds %d rows", len(rows))
 	}
 }

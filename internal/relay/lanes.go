@@ -84,6 +84,9 @@ type group struct {
 	waiting int        // keys where the group is not yet next
 	next    map[string]bool
 	over    bool // resolved without being sent
+	// failed is the outcome of its first row the settler found not
+	// stored (see laneAck.Wait; only the settler reads or writes it).
+	failed *publish.Result
 }
 
 func (g *group) name() string { return g.rows[0].msg.Row.Group }
@@ -106,11 +109,24 @@ func (g *group) keys() (keys []string, rows map[string]int) {
 // Wait returns the row's outcome. The settler waits for rows in claim
 // order, so by the time it waits for a row the one before it of the same
 // key is resolved, and the row was sent (ack) or withheld (res).
+//
+// The rows of an atomic group end alike: once one of them was not stored
+// (a wait that ended at shutdown before the group's answer, say), the
+// rows after it get that outcome too, so that they keep the same attempts
+// and come back together.
 func (a *laneAck) Wait(ctx context.Context) publish.Result {
-	if a.ack != nil {
-		return a.ack.Wait(ctx)
+	if a.ack == nil {
+		return a.res
 	}
-	return a.res
+	g := a.group
+	if g != nil && g.failed != nil {
+		return *g.failed
+	}
+	res := a.ack.Wait(ctx)
+	if g != nil && res.Kind != publish.Stored && res.Kind != publish.Duplicate {
+		g.failed = &res
+	}
+	return res
 }
 
 func newLanes() *lanes {

@@ -564,3 +564,27 @@ func TestGroupsHeldWithoutAtomicBatches(t *testing.T) {
 		t.Fatalf("sent %v, want rows 3 and 5 only", s)
 	}
 }
+
+// TestGroupRowsEndAlike: the rows of an atomic group settle alike even
+// when the wait for the first ends (at shutdown) before the group's
+// answer, which then comes for the second: both are released, no attempt
+// spent on either.
+func TestGroupRowsEndAlike(t *testing.T) {
+	l := newLanes()
+	acks, send := l.addGroup([]publish.Message{{Row: event.Row{ID: 1, Group: "g"}}, {Row: event.Row{ID: 2, Group: "g"}}}, nil, 1)
+	if len(send) != 2 {
+		t.Fatalf("a group of no key is sent at once; got %d rows to send", len(send))
+	}
+	answer := make(chan publish.Result, 2)
+	for _, a := range acks {
+		l.sent(a, scriptedAck(answer))
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	first := acks[0].Wait(ended)
+	answer <- publish.Result{Kind: publish.Rejected, Err: errors.New("refused")}
+	answer <- publish.Result{Kind: publish.Rejected, Err: errors.New("refused")}
+	if second := acks[1].Wait(context.Background()); first.Kind != publish.Transport || second.Kind != first.Kind {
+		t.Fatalf("rows of one group: %v and %v; want both the first's (transport)", first.Kind, second.Kind)
+	}
+}

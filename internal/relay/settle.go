@@ -244,7 +244,7 @@ const groupsHeldFor = 30 * time.Second
 // groupsHeld logs, once, that atomic groups are held (why).
 func (r *Relay) groupsHeld(why error) {
 	if r.heldSaid.CompareAndSwap(false, true) {
-		r.log.Warn("rows with an atomic_group are held, not published in parts: the stream takes no atomic batches (allow_atomic, nats-server 2.12 or later); they stay pending, no attempt spent",
+		r.log.Warn("rows with an atomic_group are held, not published in parts: no atomic batches (core NATS, or a stream without allow_atomic, nats-server 2.12 or later); they stay pending, no attempt spent",
 			zap.Error(why))
 	}
 }
