@@ -35,6 +35,11 @@ func (c *cli) benchCommand() *cobra.Command {
     standard client (nats.go) publishing min(--rows, 20000) such messages
     alone, one at a time, awaiting each PubAck, in a process of its own:
     msgs/s, and the keyed drain's rate over it;
+  with --group N: the same drain again, on a fresh table and stream, with
+    every N consecutive rows in one atomic group (seeded by one INSERT):
+    rows/s and the ratio to the unordered drain; the stream is read back,
+    and the bench fails unless each group is whole in it, in consecutive
+    sequences of one atomic batch (one Nats-Batch-Id);
   settle writes: the same drain of min(--rows, 2000) rows, on a fresh table
     and stream, while the bench holds a read transaction open on the file
     (so that no checkpoint can copy or restart the WAL): the bytes the WAL
@@ -54,12 +59,16 @@ same file (credentials, TLS, and the children's relay settings). With
 the --done-rows are seeded as records in the table's records table.`,
 		Example: `  outbox-relay bench --rows 50000 --ceiling-in-flight 1000
   outbox-relay bench --done-rows 1000000 --rate 1000 --duration 30s --idle 60s
+  outbox-relay bench --rows 20000 --group 10 --json
   outbox-relay bench --keys 1000 --nats-url nats://nats:4222 --config /etc/outbox-relay.yaml --json
   outbox-relay bench --rows 3000 --size 65536 --delete-done`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if o.Rows < 1 || o.Size < 0 || o.Rate < 0 || o.DoneRows < 0 || o.Keys < 0 || o.WriterCheckpoint < 0 {
 				return usagef("bench: --rows must be positive; --size, --rate, --done-rows, --keys, --writer-autocheckpoint not negative")
+			}
+			if o.Group < 0 || o.Group > publish.MaxBatch {
+				return usagef("bench: --group must be between 0 and %d (the most rows an atomic batch holds)", publish.MaxBatch)
 			}
 			cfg, err := c.loadConfig()
 			if err != nil {
@@ -88,6 +97,7 @@ func benchFlags(f *pflag.FlagSet, o *bench.Options) {
 	f.IntVar(&o.DoneRows, "done-rows", 0, "also drain with this many done rows in the table, and compare")
 	f.BoolVar(&o.DeleteDone, "delete-done", false, "run the relay children with retention.done_rows: delete (settled rows deleted, recorded in the table's records table)")
 	f.IntVar(&o.Keys, "keys", 0, "also drain with this many ordering keys round robin, check each key's order, and compare (0: not)")
+	f.IntVar(&o.Group, "group", 0, "also drain with every this many consecutive rows in one atomic group, check each group is stored whole, and compare (0: not)")
 	f.IntVar(&o.Rate, "rate", 0, "also measure lag with a writer inserting this many rows/s")
 	f.DurationVar(&o.Duration, "duration", 30*time.Second, "how long the --rate writer writes")
 	f.IntVar(&o.WriterCheckpoint, "writer-autocheckpoint", 1000, "the --rate writer's PRAGMA wal_autocheckpoint (SQLite's default 1000; 0 leaves checkpoints to the relay)")

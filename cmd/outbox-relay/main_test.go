@@ -61,6 +61,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{args: []string{"run"}, env: map[string]string{"NATS_MODE": "kafka"}, want: "nats.mode"},
 		{args: []string{"bench", "--rows", "0"}, want: "--rows must be positive"},
 		{args: []string{"bench", "--keys", "-1"}, want: "--keys"},
+		{args: []string{"bench", "--group", "1001"}, want: "--group must be between 0 and 1000"},
 		{args: []string{"bench-client", "--messages", "-1"}, want: "--messages"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
@@ -41,7 +43,10 @@ type Options struct {
 	Rows, Size, DoneRows, Rate int
 	// Keys > 0 drains the --rows again with that many ordering keys, round
 	// robin, and checks each key's order in the stream.
-	Keys             int
+	Keys int
+	// Group > 0 drains the --rows again with every Group consecutive rows
+	// in one atomic group, and checks that each group is stored whole.
+	Group            int
 	WriterCheckpoint int // the rate writer's PRAGMA wal_autocheckpoint
 	Duration, Idle   time.Duration
 	NATSURL, Dir     string
@@ -94,10 +99,19 @@ type RelayRun struct {
 	// stream held, of how many keys, each key's in row id order.
 	OrderCheckedMessages int `json:"order_checked_messages,omitempty"`
 	OrderCheckedKeys     int `json:"order_checked_keys,omitempty"`
+	// The check of a drain with atomic groups: how many messages the
+	// stream held, of how many groups, each group's in consecutive
+	// sequences of one atomic batch.
+	GroupCheckedMessages int `json:"group_checked_messages,omitempty"`
+	GroupCheckedGroups   int `json:"group_checked_groups,omitempty"`
 	// The drain with the WAL pinned (see drain.pinWAL): how many bytes
 	// the WAL grew by, in frames of the page size + 24 bytes.
 	WALBytes    int64 `json:"wal_bytes,omitempty"`
 	WALPageSize int   `json:"wal_page_size,omitempty"`
+
+	// groups is the atomic_group of each seeded row, by id, read before
+	// the relay started (the records of deleted rows keep none).
+	groups map[int64]string
 }
 
 // WriterRun is the --rate writer alone, with no relay running: the
@@ -133,6 +147,11 @@ type Report struct {
 	SyncClientRun *ClientRun `json:"sync_client,omitempty"`
 	SyncClient    float64    `json:"sync_client_msgs_per_second,omitempty"`
 	KeyedToSync   float64    `json:"keyed_to_sync_publish,omitempty"`
+	// With --group N: the same drain with every N consecutive rows in one
+	// atomic group, and its rate over the unordered drain's.
+	Group        int       `json:"group,omitempty"`
+	GroupedDrain *RelayRun `json:"grouped_drain,omitempty"`
+	GroupedRatio float64   `json:"grouped_to_unordered,omitempty"`
 	// What the relay's writes add to the WAL per settled row, measured
 	// on a drain of min(--rows, walRows) rows with a reader pinning the
 	// WAL (SettleWAL, whose rate and lag are not comparable to the
@@ -155,7 +174,12 @@ type Report struct {
 
 // Run measures what o asks for and returns the report.
 func Run(o Options) (*Report, error) {
-	b := &bench{o: o}
+	return (&bench{o: o}).run()
+}
+
+// run measures what b.o asks for and returns the report.
+func (b *bench) run() (*Report, error) {
+	o := b.o
 	ctx := context.Background()
 	log := zap.NewNop()
 	dir := o.Dir
@@ -219,18 +243,18 @@ func Run(o Options) (*Report, error) {
 		}
 	}
 
-	for _, b := range o.CeilingBatches {
-		if _, err := stream(fmt.Sprintf("ceiling-%d", b), prefix+"_ceiling.>"); err != nil {
+	for _, inFlight := range o.CeilingBatches {
+		if _, err := stream(fmt.Sprintf("ceiling-%d", inFlight), prefix+"_ceiling.>"); err != nil {
 			return nil, err
 		}
-		d, err := benchkit.Ceiling(ctx, conn.NC, prefix+"_ceiling.BenchEvent", o.Rows, o.Size, b)
+		d, err := benchkit.Ceiling(ctx, conn.NC, prefix+"_ceiling.BenchEvent", o.Rows, o.Size, inFlight)
 		if err != nil {
-			return nil, fmt.Errorf("ceiling with %d in flight: %w", b, err)
+			return nil, fmt.Errorf("ceiling with %d in flight: %w", inFlight, err)
 		}
 		r := float64(o.Rows) / d.Seconds()
-		rep.CeilingByBatch[strconv.Itoa(b)] = r
+		rep.CeilingByBatch[strconv.Itoa(inFlight)] = r
 		rep.Ceiling = max(rep.Ceiling, r)
-		progress("ceiling, %d in flight: %.0f msgs/s", b, r)
+		progress("ceiling, %d in flight: %.0f msgs/s", inFlight, r)
 	}
 
 	run := func(name string, d drain) (*RelayRun, error) {
@@ -253,6 +277,13 @@ func Run(o Options) (*Report, error) {
 				err = fmt.Errorf("%s: %w", name, err)
 			} else {
 				progress("%s: each key's messages in row id order (%d messages, %d keys)", name, r.OrderCheckedMessages, r.OrderCheckedKeys)
+			}
+		}
+		if err == nil && d.group > 0 {
+			if r.GroupCheckedMessages, r.GroupCheckedGroups, err = checkGroups(ctx, js.API(), names.stream, path, r.groups); err != nil {
+				err = fmt.Errorf("%s: %w", name, err)
+			} else {
+				progress("%s: each group whole, in consecutive sequences of one atomic batch (%d messages, %d groups)", name, r.GroupCheckedMessages, r.GroupCheckedGroups)
 			}
 		}
 		if err == nil {
@@ -283,6 +314,13 @@ func Run(o Options) (*Report, error) {
 		rep.KeyedToSync = rep.KeyedDrain.RowsPerSec / rep.SyncClient
 		progress("standard client, one PubAck awaited at a time: %.0f msgs/s (%d messages), CPU %.1f%% of one core; keyed / sync %.2f",
 			rep.SyncClient, rep.SyncClientRun.Messages, rep.SyncClientRun.CPUPercent, rep.KeyedToSync)
+	}
+	if o.Group > 0 {
+		rep.Group = o.Group
+		if rep.GroupedDrain, err = run("drain-grouped", drain{rows: o.Rows, group: o.Group}); err != nil {
+			return nil, err
+		}
+		rep.GroupedRatio = rep.GroupedDrain.RowsPerSec / rep.Drain.RowsPerSec
 	}
 	if rep.SettleWAL, err = run("settle-wal", drain{rows: min(o.Rows, walRows), pinWAL: true}); err != nil {
 		return nil, err
@@ -430,13 +468,13 @@ func procHWM(pid int) (float64, error) {
 
 // drain is what one relay run prepares: rows pending (with rate > 0, a
 // writer inserting rate rows/s for --duration instead), after done rows
-// that are done already, with keys ordering keys round robin (0: none).
-// With pinWAL a reader holds the WAL (benchkit.PinWAL) from before the
+// that are done already, with keys ordering keys round robin (0: none),
+// every group consecutive rows in one atomic group (0: none). With pinWAL a reader holds the WAL (benchkit.PinWAL) from before the
 // relay starts until it has stopped, and the run measures how much the WAL
 // grew by until the rows were settled.
 type drain struct {
-	rows, done, rate, keys int
-	pinWAL                 bool
+	rows, done, rate, keys, group int
+	pinWAL                        bool
 }
 
 // syncMessages is the most messages the standard client publishes one
@@ -463,6 +501,12 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 	if err := b.seed(ctx, db, d); err != nil {
 		return nil, err
 	}
+	var groups map[int64]string
+	if d.group > 0 {
+		if groups, err = benchkit.AtomicGroups(ctx, db, "event_queue"); err != nil {
+			return nil, err
+		}
+	}
 	pending, rate := d.rows, d.rate
 	if rate > 0 {
 		pending = 0
@@ -480,7 +524,7 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 	if err != nil {
 		return nil, err
 	}
-	res := &RelayRun{Rows: pending, DoneRows: d.done, OfferedRate: rate}
+	res := &RelayRun{Rows: pending, DoneRows: d.done, OfferedRate: rate, groups: groups}
 	if rate > 0 {
 		res.WriterAutocheckpoint = &o.WriterCheckpoint
 		cpuBefore, err := procCPU(ch.Pid())
@@ -565,7 +609,7 @@ func (b *bench) seed(ctx context.Context, db *sql.DB, d drain) error {
 	if d.rate > 0 {
 		return nil
 	}
-	return benchkit.Seed(ctx, db, "event_queue", d.rows, b.o.Size, "pending", benchkit.Keys(d.keys))
+	return benchkit.Seed(ctx, db, "event_queue", d.rows, b.o.Size, "pending", benchkit.Keys(d.keys), benchkit.GroupsOf(d.group))
 }
 
 // storedLags reads every message of stream and returns the milliseconds
@@ -645,6 +689,104 @@ func checkKeyOrder(ctx context.Context, js jetstream.JetStream, stream, path str
 		return 0, 0, fmt.Errorf("check each key's order in the stream: %w", err)
 	}
 	return len(seen), len(last), nil
+}
+
+// checkGroups reads back the stream a drain with atomic groups filled and
+// the table at path it drained, and returns an error unless every row is
+// done, the stream holds each row once, and each group of groups (the
+// atomic_group of each row in one, by id) is whole in it: its rows in id
+// order, in consecutive stream sequences, sharing one Nats-Batch-Id that
+// no other message carries (a group of one row is published as any row,
+// and may have none). It returns how many messages and groups it checked.
+func checkGroups(ctx context.Context, js jetstream.JetStream, stream, path string, groups map[int64]string) (msgs, ngroups int, err error) {
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer db.Close()
+	done, notDone, err := benchkit.DoneKeys(ctx, db, "event_queue")
+	if err != nil {
+		return 0, 0, err
+	}
+	if notDone > 0 {
+		return 0, 0, fmt.Errorf("check each atomic group: %d of %d rows are not done", notDone, notDone+len(done))
+	}
+	size := map[string]int{}
+	for _, g := range groups {
+		size[g]++
+	}
+	// got is, per group, what the stream held of it so far.
+	type stored struct {
+		batch         string
+		rows          int
+		lastRow       int64
+		firstSeq, seq uint64
+	}
+	got := map[string]*stored{}
+	batchGroup := map[string]string{} // the group each batch id was seen with ("" none)
+	seen := make(map[int64]bool, len(done))
+	err = readStream(ctx, js, stream, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) error {
+		seq := meta.Sequence.Stream
+		row, err := strconv.ParseInt(msg.Headers().Get(publish.HeaderRowID), 10, 64)
+		if err != nil {
+			return fmt.Errorf("message %d: %s: %w", seq, publish.HeaderRowID, err)
+		}
+		if _, ok := done[row]; !ok {
+			return fmt.Errorf("message %d is row %d, which is not done in the table", seq, row)
+		}
+		if seen[row] {
+			return fmt.Errorf("message %d is row %d, stored before", seq, row)
+		}
+		seen[row] = true
+		g, batch := groups[row], msg.Headers().Get(jetstreamext.BatchIDHeader)
+		if batch != "" {
+			if other, ok := batchGroup[batch]; ok && other != g {
+				return fmt.Errorf("message %d (row %d, atomic group %q) has %s %s, as a message of atomic group %q", seq, row, g, jetstreamext.BatchIDHeader, batch, other)
+			}
+			batchGroup[batch] = g
+		}
+		if g == "" {
+			return nil
+		}
+		st := got[g]
+		if st == nil {
+			if batch == "" && size[g] > 1 {
+				return fmt.Errorf("message %d (row %d, the first of atomic group %q, of %d rows) was not stored in an atomic batch (no %s)", seq, row, g, size[g], jetstreamext.BatchIDHeader)
+			}
+			got[g] = &stored{batch: batch, rows: 1, lastRow: row, firstSeq: seq, seq: seq}
+			return nil
+		}
+		switch {
+		case batch != st.batch:
+			return fmt.Errorf("atomic group %q in two batches: row %d at sequence %d has %s %q, row %d at sequence %d had %q", g, row, seq, jetstreamext.BatchIDHeader, batch, st.lastRow, st.seq, st.batch)
+		case seq != st.seq+1:
+			return fmt.Errorf("atomic group %q not in consecutive sequences: row %d at sequence %d, its row %d before at sequence %d", g, row, seq, st.lastRow, st.seq)
+		case row < st.lastRow:
+			return fmt.Errorf("atomic group %q out of row id order: row %d at sequence %d, after row %d", g, row, seq, st.lastRow)
+		}
+		st.rows, st.lastRow, st.seq = st.rows+1, row, seq
+		return nil
+	})
+	if err == nil && len(seen) != len(done) {
+		err = fmt.Errorf("the stream holds %d of the %d rows", len(seen), len(done))
+	}
+	if err == nil {
+		for _, g := range slices.Sorted(maps.Keys(size)) {
+			st := got[g]
+			if st == nil {
+				err = fmt.Errorf("atomic group %q (%d rows) is not in the stream", g, size[g])
+				break
+			}
+			if st.rows != size[g] {
+				err = fmt.Errorf("atomic group %q has %d of its %d rows in the stream, at sequences %d to %d", g, st.rows, size[g], st.firstSeq, st.seq)
+				break
+			}
+		}
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("check each atomic group in the stream: %w", err)
+	}
+	return len(seen), len(got), nil
 }
 
 // readStream calls fn with every message of stream, in sequence order,
@@ -838,6 +980,11 @@ func Print(w io.Writer, r *Report) {
 			fmt.Fprintf(w, "  %-27s %9.0f msgs/s  one PubAck awaited at a time (%d messages)  CPU %.1f %% of one core\n", "standard client, sync", r.SyncClient, s.Messages, s.CPUPercent)
 			fmt.Fprintf(w, "  keyed / sync client         %9.2f\n", r.KeyedToSync)
 		}
+	}
+	if g := r.GroupedDrain; g != nil {
+		line(fmt.Sprintf("relay drain, groups of %d", r.Group), g)
+		fmt.Fprintf(w, "  grouped / unordered         %9.2f\n", r.GroupedRatio)
+		fmt.Fprintf(w, "  %-27s %9d messages of %d groups, each whole in one atomic batch\n", "  groups checked", g.GroupCheckedMessages, g.GroupCheckedGroups)
 	}
 	if x := r.SettleWAL; x != nil {
 		fmt.Fprintf(w, "  %-27s %9s B of WAL per row (%d rows of %d B; read pinned)\n", "settle writes", thousands(r.WALBytesPerRow), x.Rows, r.PayloadBytes)

@@ -27,24 +27,32 @@ import (
 // payloads of size random bytes and random event ids, in the given status
 // (done rows get processed_at = now), in transactions of 50,000 rows. With
 // the option Keys(k), row i of the n (0 the first, in id order) gets the
-// ordering_key OrderingKey(i % k); without it, none.
+// ordering_key OrderingKey(i % k); without it, none. With GroupsOf(g), row
+// i gets the atomic_group GroupName(i / g), and each group's rows are
+// written by one INSERT (the transactions hold a whole number of groups);
+// without it, none.
 func Seed(ctx context.Context, db *sql.DB, table string, n, size int, status string, opts ...SeedOption) error {
 	var so seedOptions
 	for _, o := range opts {
 		o(&so)
 	}
-	const chunk = 50_000
+	chunk := 50_000
+	if so.group > 0 {
+		chunk = max(so.group, chunk-chunk%so.group) // whole groups
+	}
 	processed := "NULL"
 	if status == "done" {
 		processed = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 	}
-	// ?1 rows from row ?4 of the n on, ?5 keys (0: none).
+	// ?1 rows from row ?4 of the n on, ?5 keys (0: none), ?6 rows a group
+	// (0: none).
 	q := fmt.Sprintf(`WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?1)
-INSERT INTO %s (event_id, event_type, payload, status, processed_at, ordering_key)
+INSERT INTO %s (event_id, event_type, payload, status, processed_at, ordering_key, atomic_group)
 SELECT 'bench-' || lower(hex(randomblob(16))), 'BenchEvent', randomblob(?2), ?3, %s,
-	CASE WHEN ?5 > 0 THEN '%s' || ((?4 + i) %% ?5) END FROM n ORDER BY i`, table, processed, keyPrefix)
+	CASE WHEN ?5 > 0 THEN '%s' || ((?4 + i) %% ?5) END,
+	CASE WHEN ?6 > 0 THEN '%s' || ((?4 + i) / ?6) END FROM n ORDER BY i`, table, processed, keyPrefix, groupPrefix)
 	for done := 0; done < n; done += chunk {
-		if _, err := db.ExecContext(ctx, q, min(n-done, chunk), size, status, done, so.keys); err != nil {
+		if _, err := db.ExecContext(ctx, q, min(n-done, chunk), size, status, done, so.keys, so.group); err != nil {
 			return fmt.Errorf("seed rows: %w", err)
 		}
 	}
@@ -54,16 +62,27 @@ SELECT 'bench-' || lower(hex(randomblob(16))), 'BenchEvent', randomblob(?2), ?3,
 // SeedOption changes what Seed writes.
 type SeedOption func(*seedOptions)
 
-type seedOptions struct{ keys int }
+type seedOptions struct{ keys, group int }
 
 // Keys gives the seeded rows k ordering keys round robin (0: none).
 func Keys(k int) SeedOption { return func(o *seedOptions) { o.keys = k } }
 
-// keyPrefix begins every ordering key Seed writes.
-const keyPrefix = "bench-key-"
+// GroupsOf puts every g consecutive seeded rows in one atomic group (0:
+// none); the last group holds the rows left over.
+func GroupsOf(g int) SeedOption { return func(o *seedOptions) { o.group = g } }
+
+// keyPrefix begins every ordering key Seed writes; groupPrefix every
+// atomic group.
+const (
+	keyPrefix   = "bench-key-"
+	groupPrefix = "bench-group-"
+)
 
 // OrderingKey is the ordering key Seed gives the rows of key number i.
 func OrderingKey(i int) string { return keyPrefix + strconv.Itoa(i) }
+
+// GroupName is the atomic_group Seed gives the rows of group number i.
+func GroupName(i int) string { return groupPrefix + strconv.Itoa(i) }
 
 // Drained reports whether no row of table is pending or processing.
 func Drained(ctx context.Context, db *sql.DB, table string) (bool, error) {
@@ -151,6 +170,30 @@ func DoneKeys(ctx context.Context, db *sql.DB, table string) (keys map[int64]str
 		return nil, 0, fmt.Errorf("read ordering keys: %w", err)
 	}
 	return keys, notDone, nil
+}
+
+// AtomicGroups returns the atomic_group of every row of table that has
+// one, by id. The records of its done table keep no group (see
+// schema.DoneTable): read them before the relay settles the rows.
+func AtomicGroups(ctx context.Context, db *sql.DB, table string) (map[int64]string, error) {
+	rows, err := db.QueryContext(ctx, `SELECT id, atomic_group FROM `+table+` WHERE atomic_group IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("read atomic groups: %w", err)
+	}
+	defer rows.Close()
+	groups := map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var g string
+		if err := rows.Scan(&id, &g); err != nil {
+			return nil, fmt.Errorf("read atomic groups: %w", err)
+		}
+		groups[id] = g
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read atomic groups: %w", err)
+	}
+	return groups, nil
 }
 
 // HasDoneTable reports whether table's done table (schema.DoneTable) exists. The

@@ -109,3 +109,38 @@ func TestSeedKeys(t *testing.T) {
 		t.Fatalf("DoneKeys after row 10 is done: %v, %d not done (%v)", done, notDone, err)
 	}
 }
+
+// TestSeedGroups: with GroupsOf(g), every g consecutive rows of a Seed (in
+// id order, across its transactions) share an atomic group, the last one
+// holding the rows left over; AtomicGroups reads them back, and rows
+// seeded without it have none.
+func TestSeedGroups(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.AppDB(t, testenv.NewDB(t))
+	if err := Seed(ctx, db, "event_queue", 2, 0, "done"); err != nil {
+		t.Fatal(err)
+	}
+	const n, g = 50_000 + 10, 7
+	if err := Seed(ctx, db, "event_queue", n, 0, "pending", GroupsOf(g), Keys(3)); err != nil {
+		t.Fatal(err)
+	}
+	groups, err := AtomicGroups(ctx, db, "event_queue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(groups) != n || groups[1] != "" || groups[2] != "" {
+		t.Fatalf("%d rows in groups, the unseeded ones in %q and %q; want %d, none", len(groups), groups[1], groups[2], n)
+	}
+	for i := range n {
+		if got, want := groups[int64(3+i)], GroupName(i/g); got != want {
+			t.Fatalf("seeded row %d is in group %q, want %q", i, got, want)
+		}
+	}
+	// The keys still go round robin, across the groups.
+	if got := testenv.Strings(t, db, `SELECT ordering_key FROM event_queue WHERE id = 3 + 4`); got[0] != OrderingKey(1) {
+		t.Fatalf("seeded row 4 has key %q, want %q", got[0], OrderingKey(1))
+	}
+	if last := groups[int64(2+n)]; last != GroupName((n-1)/g) {
+		t.Fatalf("last row in group %q", last)
+	}
+}
