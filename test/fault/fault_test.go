@@ -351,6 +351,7 @@ type writerSummary struct {
 	MaxWaitMs  float64 `json:"max_commit_wait_ms"`
 	Keyed      int     `json:"keyed"`
 	Restricted int     `json:"restricted"`
+	Groups     int     `json:"groups"`
 }
 
 func (e *env) waitWriter(w *writer) writerSummary {

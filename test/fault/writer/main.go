@@ -1,8 +1,9 @@
 // Command writer is the fault-injection suite's application: it inserts
 // outbox rows the way an application does (its own data and the event in
 // one transaction) at a steady rate, and on request holds the write lock
-// for seconds at random moments or mixes in poison rows or rows on a
-// subject the relay may not publish to.
+// for seconds at random moments, mixes in poison rows or rows on a
+// subject the relay may not publish to, or writes each transaction's rows
+// as one atomic group.
 package main
 
 import (
@@ -26,6 +27,7 @@ type options struct {
 	poisonBig, bigSize int
 	poisonType         int
 	keys               int
+	groupMax           int
 	restrictedPercent  int
 	seed               uint64
 }
@@ -41,11 +43,16 @@ func main() {
 	flag.IntVar(&o.bigSize, "big-size", 64<<10, "size of a big poison payload")
 	flag.IntVar(&o.poisonType, "poison-type", 0, "rows with an invalid event type")
 	flag.IntVar(&o.keys, "keys", 0, "give 70% of the rows one of this many ordering keys (0: none)")
+	flag.IntVar(&o.groupMax, "group-max", 0, "write each transaction's rows, 2 to this many, as one atomic group; with -keys, 70% of a group's rows get one of 2 or 3 keys drawn for the group (0: no groups)")
 	flag.IntVar(&o.restrictedPercent, "restricted-percent", 0, "give this percentage of the rows the event type "+restrictedType)
 	flag.Uint64Var(&o.seed, "seed", 1, "random seed")
 	flag.Parse()
 	if o.restrictedPercent < 0 || o.restrictedPercent > 100 {
 		fmt.Fprintf(os.Stderr, "writer: -restricted-percent %d: must be between 0 and 100\n", o.restrictedPercent)
+		os.Exit(2)
+	}
+	if o.groupMax == 1 || o.groupMax < 0 {
+		fmt.Fprintf(os.Stderr, "writer: -group-max %d: a group holds 2 rows or more\n", o.groupMax)
 		os.Exit(2)
 	}
 	if err := run(o); err != nil {
@@ -63,6 +70,7 @@ type summary struct {
 	MaxWaitMs  float64 `json:"max_commit_wait_ms"`
 	Keyed      int     `json:"keyed"`
 	Restricted int     `json:"restricted"`
+	Groups     int     `json:"groups"` // atomic groups written (-group-max)
 }
 
 var types = []string{"ReviewLogged", "ReviewEdited", "WatchlistItemAdded", "MovieDiscovered", "movie.deleted"}
@@ -86,6 +94,9 @@ type rowMaker struct {
 	rng    *rand.Rand
 	poison map[int]string // row number -> "big" or "type"
 	s      *summary
+	// groupKeys are the keys the rows of the atomic group being written
+	// draw from (nil: any of the -keys).
+	groupKeys []string
 }
 
 func (m *rowMaker) make(n int) row {
@@ -105,10 +116,26 @@ func (m *rowMaker) make(n int) row {
 		m.s.Restricted++
 	}
 	if m.o.keys > 0 && m.rng.IntN(10) < 7 {
-		r.key = fmt.Sprintf("key-%d", m.rng.IntN(m.o.keys))
+		if m.groupKeys != nil {
+			r.key = m.groupKeys[m.rng.IntN(len(m.groupKeys))]
+		} else {
+			r.key = fmt.Sprintf("key-%d", m.rng.IntN(m.o.keys))
+		}
 		m.s.Keyed++
 	}
 	return r
+}
+
+// startGroup draws the keys of the next atomic group's rows: 2 or 3 of
+// the -keys (all of them when there are fewer).
+func (m *rowMaker) startGroup() {
+	m.groupKeys = nil
+	if m.o.keys == 0 {
+		return
+	}
+	for _, k := range m.rng.Perm(m.o.keys)[:min(m.o.keys, 2+m.rng.IntN(2))] {
+		m.groupKeys = append(m.groupKeys, fmt.Sprintf("key-%d", k))
+	}
 }
 
 func run(o options) error {
@@ -147,8 +174,17 @@ func run(o options) error {
 			continue
 		}
 		n := min(due, 1+rng.IntN(10), o.rows-s.Written)
+		group := ""
+		if o.groupMax > 0 {
+			// A group of 2 to -group-max rows (the last one may have
+			// fewer), written once due, a little ahead of the rate.
+			n = min(2+rng.IntN(o.groupMax-1), o.rows-s.Written)
+			group = event.NewID()
+			m.startGroup()
+			s.Groups++
+		}
 		t0 := time.Now()
-		if err := insert(db, m, s.Written, n); err != nil {
+		if err := insert(db, m, s.Written, n, group); err != nil {
 			return err
 		}
 		s.MaxWaitMs = max(s.MaxWaitMs, float64(time.Since(t0).Microseconds())/1000)
@@ -158,8 +194,13 @@ func run(o options) error {
 }
 
 // insert writes rows first..first+n-1 in one transaction, each beside a
-// row of the application's own data.
-func insert(db *sql.DB, m *rowMaker, first, n int) error {
+// row of the application's own data, all in the atomic group group ("":
+// none).
+func insert(db *sql.DB, m *rowMaker, first, n int, group string) error {
+	var g any // NULL: no group
+	if group != "" {
+		g = group
+	}
 	tx, err := db.Begin()
 	if err != nil {
 		return err
@@ -170,7 +211,7 @@ func insert(db *sql.DB, m *rowMaker, first, n int) error {
 			tx.Rollback()
 			return err
 		}
-		if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, ?, ?, ?)`, event.NewID(), r.typ, r.payload, r.key); err != nil {
+		if _, err := tx.Exec(`INSERT INTO event_queue (event_id, event_type, payload, ordering_key, atomic_group) VALUES (?, ?, ?, ?, ?)`, event.NewID(), r.typ, r.payload, r.key, g); err != nil {
 			tx.Rollback()
 			return err
 		}
