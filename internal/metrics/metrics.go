@@ -82,7 +82,7 @@ func New(version, commit string) *Metrics {
 	m := &Metrics{Registry: r}
 	m.Published = counter("published_total", "Rows acknowledged by the broker and marked done (duplicates included).")
 	m.Duplicates = counter("duplicates_total", "Publishes the stream acknowledged as duplicates of an earlier Nats-Msg-Id.")
-	m.AtomicBatches = counter("atomic_batches_total", "Runs of an ordering key's rows sent as atomic batches, stored all or none and in order (those published again one row at a time count in atomic_batch_fallbacks_total too).")
+	m.AtomicBatches = counter("atomic_batches_total", "Runs of an ordering key's rows, and atomic groups, sent as atomic batches, stored all or none and in order (those published again one row at a time count in atomic_batch_fallbacks_total too).")
 	m.AtomicBatchLimit = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "atomic_batch_limit",
 		Help: "Rows of one ordering key the relay sends as one atomic batch at most; 0 while the stream takes no atomic batches (rows go one at a time)."})
 	m.AtomicBatchFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "atomic_batch_fallbacks_total",

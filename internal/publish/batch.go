@@ -190,9 +190,8 @@ func (p *JetStream) endBatch() {
 	p.batchMu.Lock()
 	defer p.batchMu.Unlock()
 	p.batchesOpen--
-	if p.batchRoom != nil {
-		close(p.batchRoom)
-		p.batchRoom = nil
+	if p.batchEnded != nil {
+		p.batchEnded.Signal()
 	}
 }
 
@@ -396,5 +395,5 @@ type batchState struct {
 	// not known). Atomic groups are held to it, never to batchLimit: a
 	// group is not cut.
 	serverLimit int
-	batchRoom   chan struct{} // closed when a batch ends (nil: no one waits)
+	batchEnded  *sync.Cond // signalled when a batch ends (nil: no group ever waited)
 }

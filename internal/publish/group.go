@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,11 +23,6 @@ import (
 // back because the stream takes no atomic batches: they stay pending, no
 // attempt spent, until it does.
 var ErrGroupsHeld = errors.New("the stream takes no atomic batches, so the rows of an atomic group are held rather than published in parts")
-
-// groupHeldWait is how long the relay waits for room for a group while
-// as many batches are in flight as it allows, at most: past it the group
-// goes anyway (the server allows more than the relay does).
-const groupHeldWait = time.Second
 
 // GroupLimit returns how many rows an atomic group may hold: the
 // server's batch limit, once a refusal said it; 0 while it is not known
@@ -89,7 +85,7 @@ func (p *JetStream) publishGroup(ctx context.Context, msgs []Message, results []
 		all(res)
 		return
 	}
-	p.startGroup(ctx)
+	p.startGroup()
 	defer p.endBatch()
 	sent := time.Now()
 	err := p.commitAll(ctx, msgs, nmsgs, sent, results)
@@ -169,31 +165,18 @@ func (p *JetStream) refusedRow(msgs []Message, sent time.Time) int {
 	}
 }
 
-// startGroup counts a group's batch in flight, waiting up to groupHeldWait
-// while as many are as the publisher allows.
-func (p *JetStream) startGroup(ctx context.Context) {
-	deadline := time.NewTimer(groupHeldWait)
-	defer deadline.Stop()
-	for {
-		p.batchMu.Lock()
-		if p.batchesOpen < maxBatchesInFlight {
-			p.batchesOpen++
-			p.batchMu.Unlock()
-			return
-		}
-		if p.batchRoom == nil {
-			p.batchRoom = make(chan struct{})
-		}
-		room := p.batchRoom
-		p.batchMu.Unlock()
-		select {
-		case <-room:
-		case <-deadline.C:
-			p.batchMu.Lock()
-			p.batchesOpen++
-			p.batchMu.Unlock()
-			return
-		case <-ctx.Done():
-		}
+// startGroup counts a group's batch in flight, waiting while as many are
+// as the publisher allows: past that the server turns batches away
+// (too many in flight), and a group cannot go one row at a time as a
+// key's batch does. A batch that ends wakes one waiter (endBatch).
+func (p *JetStream) startGroup() {
+	p.batchMu.Lock()
+	defer p.batchMu.Unlock()
+	if p.batchEnded == nil {
+		p.batchEnded = sync.NewCond(&p.batchMu)
 	}
+	for p.batchesOpen >= maxBatchesInFlight {
+		p.batchEnded.Wait()
+	}
+	p.batchesOpen++
 }

@@ -3,6 +3,7 @@ package publish
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +172,27 @@ func TestGroupWithinTheServersRaisedLimitIsStored(t *testing.T) {
 	}
 	if rows, _ := streamRows(t, js); len(rows) != len(types) {
 		t.Fatalf("stream holds %d rows", len(rows))
+	}
+}
+
+// TestManyGroupsKeepToTheBatchesInFlight: groups handed over together
+// wait for room rather than go past the batches the publisher keeps in
+// flight, which a server allowing no more would turn away: all are stored.
+func TestManyGroupsKeepToTheBatchesInFlight(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch, func(o *server.Options) { o.JetStreamLimits.MaxBatchInflightPerStream = maxBatchesInFlight })
+	var acks [][]Ack
+	for i := range 100 {
+		acks = append(acks, p.PublishGroup(context.Background(), groupOf(fmt.Sprint("g", i), int64(1+2*i), "A", "A")))
+	}
+	for i, a := range acks {
+		if got := kinds(waitAll(t, a)); got != "stored stored" {
+			t.Fatalf("group %d: %s", i, got)
+		}
+	}
+	if rows, _ := streamRows(t, js); len(rows) != 200 {
+		t.Fatalf("stream holds %d rows, want 200", len(rows))
+	}
+	if room := p.BatchRoom(); room != MaxBatch {
+		t.Fatalf("BatchRoom %d once every group ended", room)
 	}
 }

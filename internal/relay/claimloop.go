@@ -231,6 +231,7 @@ func (r *Relay) sendGroup(ctx context.Context, rows []*laneAck) {
 		acks = r.pub.Publish(ctx, msgs)
 	case r.batcher != nil:
 		acks = r.batcher.PublishGroup(ctx, msgs)
+		r.m.AtomicBatches.Inc()
 	default:
 		held := knownAck{Kind: publish.Withheld, Err: fmt.Errorf("atomic group %q: %w", msgs[0].Row.Group, publish.ErrGroupsHeld)}
 		for range msgs {
