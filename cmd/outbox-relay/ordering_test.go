@@ -54,6 +54,28 @@ func checkKeyOrder(t *testing.T, js jetstream.JetStream, want int) map[string]in
 	return perKey
 }
 
+// relayUser sets up the server's users: "relay" (password "pw"), which
+// may not publish to the subjects deny, and "admin", the user of
+// connections without credentials (the test's own), which may do
+// anything. Passed to testenv.NATS.Reload, it changes the relay's
+// permissions in place.
+func relayUser(deny ...string) func(*server.Options) {
+	return func(o *server.Options) {
+		o.Users = []*server.User{{Username: "admin", Password: "admin"},
+			{Username: "relay", Password: "pw", Permissions: &server.Permissions{Publish: &server.SubjectPermission{Deny: deny}}}}
+		o.NoAuthUser = "admin"
+	}
+}
+
+// chaosEnv is the environment of a relay run through kills, an outage and
+// refusals on n, as relayUser's user "relay": refused rows are retried
+// (100 attempts), an unanswered publish is a transport failure within 2 s,
+// and the table is polled every 200 ms; then extra.
+func chaosEnv(n *testenv.NATS, extra ...string) []string {
+	return append([]string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_NATS_USER=relay", "OUTBOX_RELAY_NATS_PASSWORD=pw", "OUTBOX_RELAY_LOG_LEVEL=info",
+		"OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_RELAY_MAX_ATTEMPTS=100", "OUTBOX_RELAY_RELAY_ACK_TIMEOUT=2s", "OUTBOX_RELAY_RELAY_POLL_INTERVAL=200ms"}, extra...)
+}
+
 // TestOrderedKeysSurviveChaos: 20,000 rows, most of them over 50 ordering
 // keys, the rest unordered, written while the relay is killed (kill -9)
 // twice, the first time under a standby that takes over, the broker goes
@@ -69,15 +91,7 @@ func TestOrderedKeysSurviveChaos(t *testing.T) {
 		batches = 100
 	)
 	// The relay's user may not publish events.Restricted until that is
-	// granted, late in the test; connections without credentials (the
-	// test's own) are an unrestricted user's.
-	relayUser := func(deny ...string) func(*server.Options) {
-		return func(o *server.Options) {
-			o.Users = []*server.User{{Username: "admin", Password: "admin"},
-				{Username: "relay", Password: "pw", Permissions: &server.Permissions{Publish: &server.SubjectPermission{Deny: deny}}}}
-			o.NoAuthUser = "admin"
-		}
-	}
+	// granted, late in the test.
 	// Batches of at most 100: the relay learns the server's limit from its
 	// first refusal of a larger batch.
 	lowBatches := func(o *server.Options) { o.JetStreamLimits.MaxBatchSize = 100 }
@@ -86,8 +100,7 @@ func TestOrderedKeysSurviveChaos(t *testing.T) {
 	testenv.EventsStream(t, js, 0)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
-	env := []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_NATS_USER=relay", "OUTBOX_RELAY_NATS_PASSWORD=pw", "OUTBOX_RELAY_LOG_LEVEL=info",
-		"OUTBOX_RELAY_METRICS_LISTEN=", "OUTBOX_RELAY_RELAY_MAX_ATTEMPTS=100", "OUTBOX_RELAY_RELAY_ACK_TIMEOUT=2s", "OUTBOX_RELAY_RELAY_POLL_INTERVAL=200ms"}
+	env := chaosEnv(n)
 	relay := func() *process {
 		return startDaemon(t, env, "run", "--database-path", path)
 	}
@@ -271,11 +284,7 @@ func TestBatchStoredBeforeACrash(t *testing.T) {
 	n, js, path, app, evs, ids := oneKeyBacklog(t)
 	seqs := map[int64]uint64{}
 	for i, id := range ids[:200] {
-		msg := nats.NewMsg("events.Thing")
-		msg.Header.Set(publish.HeaderMsgID, *evs[i].EventID)
-		msg.Header.Set(publish.HeaderRowID, strconv.FormatInt(id, 10))
-		msg.Header.Set(publish.HeaderOrderingKey, "k")
-		ack, err := js.PublishMsg(context.Background(), msg)
+		ack, err := js.PublishMsg(context.Background(), relayMsg(evs[i], id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -302,6 +311,19 @@ func TestBatchStoredBeforeACrash(t *testing.T) {
 			t.Fatalf("row %d done at stream sequence %d, its event was stored at %d", id, seq, want)
 		}
 	}
+}
+
+// relayMsg is the message the relay publishes for ev, at row id: as a
+// relay that died between the PubAck and the settle stored it.
+func relayMsg(ev testenv.Event, id int64) *nats.Msg {
+	msg := nats.NewMsg("events." + ev.EventType)
+	msg.Data = ev.Payload
+	msg.Header.Set(publish.HeaderMsgID, *ev.EventID)
+	msg.Header.Set(publish.HeaderRowID, strconv.FormatInt(id, 10))
+	if ev.OrderingKey != "" {
+		msg.Header.Set(publish.HeaderOrderingKey, ev.OrderingKey)
+	}
+	return msg
 }
 
 // TestNoAtomicBatches: with stream.allow_atomic false the relay leaves the

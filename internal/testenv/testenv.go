@@ -6,6 +6,7 @@ package testenv
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -170,24 +171,41 @@ func ConsumeOne(t testing.TB, js jetstream.JetStream, stream, filter string) jet
 // StreamMessages reads every message of a stream in sequence order.
 func StreamMessages(t testing.TB, js jetstream.JetStream, stream string) []*jetstream.RawStreamMsg {
 	t.Helper()
-	ctx := context.Background()
-	s, err := js.Stream(ctx, stream)
+	msgs, err := ReadStream(context.Background(), js, stream)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return msgs
+}
+
+// ReadStream reads every message of a stream in sequence order, up to the
+// last one stored when the read ends, or returns why it could not: for
+// goroutines other than the test's, which may not end the test, and reads
+// during an outage. It reads on past the last sequence the stream's info
+// gave until a sequence holds no message: the server may answer an info
+// request while it stores an atomic batch, whose last sequence is then
+// that of a part of the batch, but answers a message request only before
+// or after storing a whole batch.
+func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]*jetstream.RawStreamMsg, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	var out []*jetstream.RawStreamMsg
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+	for seq := max(info.State.FirstSeq, 1); ; seq++ {
 		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) && seq > info.State.LastSeq {
+			return out, nil
+		}
 		if err != nil {
-			t.Fatalf("get message %d: %v", seq, err)
+			return nil, fmt.Errorf("get message %d: %w", seq, err)
 		}
 		out = append(out, m)
 	}
-	return out
 }
 
 // NewDB creates a migrated outbox database and returns its path.
