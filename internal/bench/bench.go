@@ -723,7 +723,9 @@ func checkGroups(ctx context.Context, js jetstream.JetStream, stream, path strin
 		firstSeq, seq uint64
 	}
 	got := map[string]*stored{}
-	batchGroup := map[string]string{} // the group each batch id was seen with ("" none)
+	// The group each batch id was first seen with ("" none): a batch holds
+	// whole groups (several may share one) or rows of no group, not both.
+	batchGroup := map[string]string{}
 	seen := make(map[int64]bool, len(done))
 	err = readStream(ctx, js, stream, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		seq := meta.Sequence.Stream
@@ -740,7 +742,7 @@ func checkGroups(ctx context.Context, js jetstream.JetStream, stream, path strin
 		seen[row] = true
 		g, batch := groups[row], msg.Headers().Get(jetstreamext.BatchIDHeader)
 		if batch != "" {
-			if other, ok := batchGroup[batch]; ok && other != g {
+			if other, ok := batchGroup[batch]; ok && (other == "") != (g == "") {
 				return fmt.Errorf("message %d (row %d, atomic group %q) has %s %s, as a message of atomic group %q", seq, row, g, jetstreamext.BatchIDHeader, batch, other)
 			}
 			batchGroup[batch] = g

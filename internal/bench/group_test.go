@@ -56,7 +56,7 @@ func TestBenchGroups(t *testing.T) {
 // stream that holds every row once, each group's rows in one atomic batch
 // (a group of one row in none); and fails, naming what is wrong, on a
 // stream where a group is cut into two batches, has another message
-// between its rows, is missing a row, shares its batch with another
+// between its rows, is missing a row, shares its batch with a row of no
 // group, or went one message at a time, or where a row is stored twice
 // or a row of the table is not done.
 func TestCheckGroups(t *testing.T) {
@@ -104,6 +104,10 @@ func TestCheckGroups(t *testing.T) {
 	if err != nil || msgs != rows+1 || ngroups != 3 {
 		t.Fatalf("every group whole: %d messages, %d groups, %v; want %d, 3, no error", msgs, ngroups, err, rows+1)
 	}
+	// Several whole groups may share a batch.
+	if _, _, err := checkGroups(ctx, js, publishParts("TOGETHER", []int64{1, 2, 3, 4, 5, 6, 7, 8}, []int64{11}, []int64{9, 10}), path, groups); err != nil {
+		t.Fatalf("two groups in one batch: %v", err)
+	}
 	// A group of one row is published as any row.
 	one := map[int64]string{1: "alone", 2: "g", 3: "g", 4: "g", 5: "h", 6: "h", 7: "h", 8: "h", 9: "i", 10: "i"}
 	if _, _, err := checkGroups(ctx, js, publishParts("ONE", []int64{1}, []int64{2, 3, 4}, []int64{11}, []int64{5, 6, 7, 8}, []int64{9, 10}), path, one); err != nil {
@@ -119,7 +123,7 @@ func TestCheckGroups(t *testing.T) {
 		"BETWEEN":      {[][]int64{{1, 2}, {11}, {3, 4}, {5, 6, 7, 8}, {9, 10}}, fmt.Sprintf("atomic group %q in two batches", g0)},
 		"MISSING":      {[][]int64{{1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10}}, fmt.Sprintf("the stream holds %d of the %d rows", rows, rows+1)},
 		"PART":         {[][]int64{{1, 2, 3}, {11}, {5, 6, 7, 8}, {9, 10}}, fmt.Sprintf("the stream holds %d of the %d rows", rows, rows+1)},
-		"SHARED":       {[][]int64{{1, 2, 3, 4}, {11}, {5, 6, 7, 8, 9, 10}}, fmt.Sprintf("(row 9, atomic group %q) has Nats-Batch-Id", g2)},
+		"SHARED":       {[][]int64{{1, 2, 3, 4}, {5, 6, 7, 8, 11}, {9, 10}}, `(row 11, atomic group "") has Nats-Batch-Id`},
 		"ONE_BY_ONE":   {[][]int64{{1, 2, 3, 4}, {11}, {5, 6, 7, 8}, {9}, {10}}, fmt.Sprintf("row 9, the first of atomic group %q, of 2 rows) was not stored in an atomic batch", g2)},
 		"TWICE":        {[][]int64{{1, 2, 3, 4}, {11}, {5, 6, 7, 8}, {9, 10}, {11}}, "message 12 is row 11, stored before"},
 		"OUT_OF_ORDER": {[][]int64{{1, 2, 4, 3}, {11}, {5, 6, 7, 8}, {9, 10}}, fmt.Sprintf("atomic group %q out of row id order: row 3 at sequence 4, after row 4", g0)},

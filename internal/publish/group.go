@@ -34,8 +34,10 @@ func (p *JetStream) GroupLimit() int {
 }
 
 // PublishGroup starts publishing msgs, the rows of one atomic group in id
-// order, as one atomic batch, and returns one Ack each. Every row gets
-// the same outcome: all stored, or all not (see publishGroup).
+// order or of several (each group's rows together, in id order), and
+// returns one Ack each. Each group goes whole in one atomic batch, and
+// every row of a group gets the same outcome: all stored, or all not (see
+// publishGroups).
 func (p *JetStream) PublishGroup(ctx context.Context, msgs []Message) []Ack {
 	b := &batch{done: make(chan struct{}), results: make([]Result, len(msgs))}
 	acks := make([]Ack, len(msgs))
@@ -44,9 +46,69 @@ func (p *JetStream) PublishGroup(ctx context.Context, msgs []Message) []Ack {
 	}
 	go func() {
 		defer close(b.done)
-		p.publishGroup(context.WithoutCancel(ctx), msgs, b.results)
+		p.publishGroups(context.WithoutCancel(ctx), msgs, b.results)
 	}()
 	return acks
+}
+
+// publishGroups publishes msgs, the rows of one or more atomic groups
+// (each group's rows together), and fills results. Several groups share a
+// batch, as many whole groups as the batch limit allows: a batch costs the
+// server about the same whatever its size. A shared batch that fails
+// because of one of its messages (the server names none) is published
+// again one group a batch (publishGroup), so that each group gets its own
+// outcome; one that fails on the connection fails every row alike.
+func (p *JetStream) publishGroups(ctx context.Context, msgs []Message, results []Result) {
+	var starts []int // where each group begins in msgs
+	for i, m := range msgs {
+		if i == 0 || m.Row.Group != msgs[i-1].Row.Group {
+			starts = append(starts, i)
+		}
+	}
+	starts = append(starts, len(msgs))
+	limit := p.BatchLimit()
+	for g := 0; g < len(starts)-1; {
+		// Groups g..end-1 go together: the first whatever its size.
+		end := g + 1
+		for end < len(starts)-1 && starts[end+1]-starts[g] <= limit {
+			end++
+		}
+		lo, hi := starts[g], starts[end]
+		if end-g == 1 {
+			p.publishGroup(ctx, msgs[lo:hi], results[lo:hi])
+		} else {
+			p.together(ctx, msgs[lo:hi], results[lo:hi], starts[g:end+1])
+		}
+		g = end
+	}
+}
+
+// together publishes msgs, the rows of several groups (starts: where each
+// begins, offset by starts[0], and where the last ends), as one atomic
+// batch; see publishGroups.
+func (p *JetStream) together(ctx context.Context, msgs []Message, results []Result, starts []int) {
+	nmsgs := batchMsgs(msgs)
+	var err error
+	sent := time.Now()
+	if p.allFit(ctx, nmsgs) {
+		p.startGroup()
+		err = p.commitAll(ctx, msgs, nmsgs, sent, results)
+		p.endBatch()
+		if err == nil {
+			return
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) && p.refusedRow(msgs, sent) < 0 {
+			for i := range results {
+				results[i] = Result{Kind: Transport, Err: err}
+			}
+			return
+		}
+	}
+	for g := 0; g < len(starts)-1; g++ {
+		lo, hi := starts[g]-starts[0], starts[g+1]-starts[0]
+		p.publishGroup(ctx, msgs[lo:hi], results[lo:hi])
+	}
 }
 
 // publishGroup publishes msgs as one atomic batch and fills results:

@@ -196,3 +196,28 @@ func TestManyGroupsKeepToTheBatchesInFlight(t *testing.T) {
 		t.Fatalf("BatchRoom %d once every group ended", room)
 	}
 }
+
+// TestGroupsShareABatch: several groups handed over together go in one
+// atomic batch; when it fails because of one group's row, each group is
+// published again in a batch of its own and gets its own outcome.
+func TestGroupsShareABatch(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch)
+	ctx := context.Background()
+	three := append(append(groupOf("a", 1, "A", "A"), groupOf("b", 3, "A", "A", "A")...), groupOf("c", 6, "A")...)
+	if got := kinds(waitAll(t, p.PublishGroup(ctx, three))); got != "stored stored stored stored stored stored" {
+		t.Fatalf("three groups together: %s", got)
+	}
+	rows, batches := streamRows(t, js)
+	if strings.Join(rows, ",") != "1,2,3,4,5,6" || batches[0] == "" || batches[0] != batches[5] {
+		t.Fatalf("stream rows %v, batch ids %q: want the three groups in one batch", rows, batches)
+	}
+	refused := append(append(groupOf("d", 7, "A", "A"), groupOf("e", 9, "A", "Denied")...), groupOf("f", 11, "A", "A")...)
+	got := waitAll(t, p.PublishGroup(ctx, refused))
+	if kinds(got) != "stored stored rejected rejected stored stored" || !PermissionDenied(got[2].Err) {
+		t.Fatalf("groups together, one with a refused row: %s (%v)", kinds(got), got[2].Err)
+	}
+	rows, batches = streamRows(t, js)
+	if strings.Join(rows[6:], ",") != "7,8,11,12" || batches[6] != batches[7] || batches[8] != batches[9] || batches[6] == batches[8] {
+		t.Fatalf("stream rows %v, batch ids %q: want groups d and f whole, each in a batch of its own", rows[6:], batches[6:])
+	}
+}

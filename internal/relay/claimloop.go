@@ -145,14 +145,17 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 	var nowAt []int           // indexes in b.acks of now
 	var keyed []*laneAck      // of now, the rows with a key; nil for others
 	groups := map[string][]*laneAck{}
+	var ready []*laneAck // the rows of the groups that may go now
 	for i, row := range rows {
 		if row.Group != "" {
 			// The claim takes a group's rows together: given to lanes as
 			// one at its first row, each in its place in the batch.
 			g, ok := groups[row.Group]
 			if !ok {
-				g = r.addGroup(ctx, rows[i:], seq)
+				var send []*laneAck
+				g, send = r.addGroup(rows[i:], seq)
 				groups[row.Group] = g
+				ready = append(ready, send...)
 			}
 			b.msgs = append(b.msgs, g[0].msg)
 			b.acks = append(b.acks, g[0])
@@ -180,6 +183,7 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 		keyed = append(keyed, lane)
 		b.acks = append(b.acks, lane)
 	}
+	r.sendGroup(ctx, ready) // together: a batch costs about the same whatever its size
 	if len(now) > 0 {
 		for i, a := range r.pub.Publish(ctx, now) {
 			if keyed[i] != nil {
@@ -193,9 +197,9 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 }
 
 // addGroup gives lanes the atomic group of rows[0], whose other rows are
-// among rows, and sends it when it may go now; it returns the group's
-// acks, in id order.
-func (r *Relay) addGroup(ctx context.Context, rows []event.Row, seq uint64) []*laneAck {
+// among rows, and returns the group's acks, in id order, and its rows to
+// send now if it may go now (see lanes.addGroup).
+func (r *Relay) addGroup(rows []event.Row, seq uint64) (acks, send []*laneAck) {
 	name := rows[0].Group
 	var msgs []publish.Message
 	var barrier error
@@ -209,14 +213,13 @@ func (r *Relay) addGroup(ctx context.Context, rows []event.Row, seq uint64) []*l
 		}
 		msgs = append(msgs, m)
 	}
-	acks, send := r.lanes.addGroup(msgs, barrier, seq)
-	r.sendGroup(ctx, send)
-	return acks
+	return r.lanes.addGroup(msgs, barrier, seq)
 }
 
-// sendGroup sends an atomic group's rows that lanes released (none: does
-// nothing). A publisher that takes no atomic batches holds them, unless
-// the group is one row.
+// sendGroup sends the rows of atomic groups that lanes released (each
+// group's rows together; none: does nothing), several groups in one
+// batch where the publisher takes them. A publisher that takes no atomic
+// batches holds each group, unless it is one row.
 func (r *Relay) sendGroup(ctx context.Context, rows []*laneAck) {
 	if len(rows) == 0 {
 		return
@@ -233,9 +236,12 @@ func (r *Relay) sendGroup(ctx context.Context, rows []*laneAck) {
 		acks = r.batcher.PublishGroup(ctx, msgs)
 		r.m.AtomicBatches.Inc()
 	default:
-		held := knownAck{Kind: publish.Withheld, Err: fmt.Errorf("atomic group %q: %w", msgs[0].Row.Group, publish.ErrGroupsHeld)}
-		for range msgs {
-			acks = append(acks, held)
+		for i, m := range msgs {
+			if i+1 < len(msgs) && msgs[i+1].Row.Group == m.Row.Group || i > 0 && msgs[i-1].Row.Group == m.Row.Group {
+				acks = append(acks, knownAck{Kind: publish.Withheld, Err: fmt.Errorf("atomic group %q: %w", m.Row.Group, publish.ErrGroupsHeld)})
+				continue
+			}
+			acks = append(acks, r.pub.Publish(ctx, msgs[i:i+1])[0]) // a group of one row
 		}
 	}
 	for i, a := range rows {

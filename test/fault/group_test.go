@@ -216,7 +216,9 @@ func (e *env) checkGroupsWhole(db *sql.DB) (msgs, groups int) {
 		first, at int
 	}
 	got := map[string]*stored{}
-	batchGroup := map[string]string{} // the group of each batch id seen ("": none)
+	// The group each batch id was first seen with ("": none): a batch
+	// holds whole groups (several may share one) or rows of no group.
+	batchGroup := map[string]string{}
 	var problems int
 	fail := func(format string, args ...any) {
 		if problems++; problems <= 10 {
@@ -229,7 +231,7 @@ func (e *env) checkGroupsWhole(db *sql.DB) (msgs, groups int) {
 		row, _ := strconv.ParseInt(h.Get("Outbox-Row-Id"), 10, 64)
 		g, batch := groupOf[row], h.Get("Nats-Batch-Id")
 		if batch != "" {
-			if other, ok := batchGroup[batch]; ok && other != g {
+			if other, ok := batchGroup[batch]; ok && (other == "") != (g == "") {
 				fail("message %d (row %d, atomic group %q) is in batch %s with a message of atomic group %q", seq, row, g, batch, other)
 			}
 			batchGroup[batch] = g
