@@ -127,15 +127,20 @@ func partialGroup(msgs []*jetstream.RawStreamMsg, groups map[string][]int64) str
 // size, stored or not.
 func checkGroupsWhole(t *testing.T, rows []groupRow, msgs map[int64]*jetstream.RawStreamMsg, limit int) map[int]int {
 	t.Helper()
-	batchSize := map[string]int{}
-	for _, m := range msgs {
-		if b := m.Header.Get(jetstreamext.BatchIDHeader); b != "" {
-			batchSize[b]++
-		}
-	}
 	byID := map[int64]groupRow{}
 	for _, r := range rows {
 		byID[r.id] = r
+	}
+	// A batch holds whole groups (several may share one) or rows of no
+	// group, never both.
+	batchSize, ungrouped := map[string]int{}, map[string]bool{}
+	for id, m := range msgs {
+		if b := m.Header.Get(jetstreamext.BatchIDHeader); b != "" {
+			batchSize[b]++
+			if byID[id].group == "" {
+				ungrouped[b] = true
+			}
+		}
 	}
 	sizes := map[int]int{}
 	for name, ids := range groupsOf(rows) {
@@ -173,6 +178,8 @@ func checkGroupsWhole(t *testing.T, rows []groupRow, msgs map[int64]*jetstream.R
 			switch {
 			case m.Sequence != start.Sequence+uint64(i):
 				t.Errorf("atomic group %q (rows %v): row %d at sequence %d, its first row at %d", name, ids, id, m.Sequence, start.Sequence)
+			case got != "" && ungrouped[got]:
+				t.Errorf("atomic group %q (rows %v): row %d in atomic batch %s, which holds rows of no group too", name, ids, id, got)
 			case len(ids) == 1 && got != "" && batchSize[got] < 2:
 				t.Errorf("atomic group %q of one row stored alone in atomic batch %s", name, got)
 			case len(ids) > 1 && (got == "" || got != batch):

@@ -85,26 +85,68 @@ func (p *JetStream) publishGroups(ctx context.Context, msgs []Message, results [
 
 // together publishes msgs, the rows of several groups (starts: where each
 // begins, offset by starts[0], and where the last ends), as one atomic
-// batch; see publishGroups.
+// batch; see publishGroups. Only a failure one of the messages causes (a
+// refused subject, a duplicate id, a row too large, a batch over the
+// server's limit, a stream that refuses batches) sends the groups again a
+// batch each; any other fails every row alike, at once.
 func (p *JetStream) together(ctx context.Context, msgs []Message, results []Result, starts []int) {
 	nmsgs := batchMsgs(msgs)
-	var err error
+	if !p.allFit(ctx, nmsgs) {
+		p.eachGroup(ctx, msgs, results, starts, metrics.FallbackTooLarge)
+		return
+	}
+	p.startGroup()
 	sent := time.Now()
-	if p.allFit(ctx, nmsgs) {
-		p.startGroup()
-		err = p.commitAll(ctx, msgs, nmsgs, sent, results)
-		p.endBatch()
-		if err == nil {
-			return
-		}
-		var apiErr *jetstream.APIError
-		if !errors.As(err, &apiErr) && p.refusedRow(msgs, sent) < 0 {
-			for i := range results {
-				results[i] = Result{Kind: Transport, Err: err}
-			}
-			return
+	err := p.commitAll(ctx, msgs, nmsgs, sent, results)
+	p.endBatch()
+	if err == nil {
+		return
+	}
+	var apiErr *jetstream.APIError
+	code := jetstream.ErrorCode(0)
+	if errors.As(err, &apiErr) {
+		code = apiErr.ErrorCode
+	}
+	reason := ""
+	switch {
+	case code == batchTooLarge:
+		// Kept to from now on; publishGroups cuts the groups again.
+		p.lowerBatchLimit(apiErr, len(msgs))
+		p.fellBack(metrics.FallbackTooLarge)
+		p.publishGroups(ctx, msgs, results)
+		return
+	case code == batchDisabled:
+		p.refuseBatches(err)
+		reason = metrics.FallbackDisabled
+	case code == batchDuplicate:
+		reason = metrics.FallbackDuplicate
+	case p.refusedRow(msgs, sent) >= 0:
+		reason = metrics.FallbackRefused
+	case code == batchIncomplete || code == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		// No row refused: a row over a size limit lowered since it was
+		// read (read again now), or else back-pressure.
+		p.sizeRefused()
+		if !p.allFit(ctx, nmsgs) {
+			reason = metrics.FallbackTooLarge
 		}
 	}
+	if reason != "" {
+		p.eachGroup(ctx, msgs, results, starts, reason)
+		return
+	}
+	res := Result{Kind: Transport, Err: err}
+	if Classify(err) == Rejected && code != batchIncomplete && code != jetstream.JSErrCodeStreamMessageExceedsMaximum {
+		res.Kind = Rejected
+	}
+	for i := range results {
+		results[i] = res
+	}
+}
+
+// eachGroup publishes the groups of msgs (see together) a batch each,
+// counted as a fallback for reason.
+func (p *JetStream) eachGroup(ctx context.Context, msgs []Message, results []Result, starts []int, reason string) {
+	p.fellBack(reason)
 	for g := 0; g < len(starts)-1; g++ {
 		lo, hi := starts[g]-starts[0], starts[g+1]-starts[0]
 		p.publishGroup(ctx, msgs[lo:hi], results[lo:hi])

@@ -211,13 +211,68 @@ func TestGroupsShareABatch(t *testing.T) {
 	if strings.Join(rows, ",") != "1,2,3,4,5,6" || batches[0] == "" || batches[0] != batches[5] {
 		t.Fatalf("stream rows %v, batch ids %q: want the three groups in one batch", rows, batches)
 	}
+	var fallbacks []string
+	p.OnFallback = func(reason string) { fallbacks = append(fallbacks, reason) }
 	refused := append(append(groupOf("d", 7, "A", "A"), groupOf("e", 9, "A", "Denied")...), groupOf("f", 11, "A", "A")...)
 	got := waitAll(t, p.PublishGroup(ctx, refused))
 	if kinds(got) != "stored stored rejected rejected stored stored" || !PermissionDenied(got[2].Err) {
 		t.Fatalf("groups together, one with a refused row: %s (%v)", kinds(got), got[2].Err)
 	}
+	if strings.Join(fallbacks, " ") != "refused" {
+		t.Fatalf("fallbacks counted as %v, want one, refused", fallbacks)
+	}
 	rows, batches = streamRows(t, js)
 	if strings.Join(rows[6:], ",") != "7,8,11,12" || batches[6] != batches[7] || batches[8] != batches[9] || batches[6] == batches[8] {
 		t.Fatalf("stream rows %v, batch ids %q: want groups d and f whole, each in a batch of its own", rows[6:], batches[6:])
+	}
+}
+
+// TestSharedBatchTooLargeKeepsToTheServersLimit: a server whose atomic
+// batches hold fewer messages than the relay's limit refuses a shared
+// batch as too large and says its limit: the publisher keeps to it from
+// then on, and publishes the groups again in batches within it.
+func TestSharedBatchTooLargeKeepsToTheServersLimit(t *testing.T) {
+	_, js, p := batchEnv(t, MaxBatch, func(o *server.Options) { o.JetStreamLimits.MaxBatchSize = 3 })
+	ctx := context.Background()
+	two := append(groupOf("a", 1, "A", "A"), groupOf("b", 3, "A", "A")...)
+	if got := kinds(waitAll(t, p.PublishGroup(ctx, two))); got != "stored stored stored stored" {
+		t.Fatalf("two groups of two rows, server limit 3: %s", got)
+	}
+	if rows, _ := streamRows(t, js); strings.Join(rows, ",") != "1,2,3,4" {
+		t.Fatalf("stream rows %v", rows)
+	}
+	if l, g := p.BatchLimit(), p.GroupLimit(); l > 3 || g != 3 {
+		t.Fatalf("after the server refused a shared batch as too large (its limit 3): BatchLimit %d, GroupLimit %d; want at most 3, and 3", l, g)
+	}
+}
+
+// TestSharedBatchBackPressureFailsAtOnce: a shared batch the server turns
+// away for too many batches in flight, which no row caused, fails every
+// row alike as a transport failure, at once: its groups are not published
+// again one by one.
+func TestSharedBatchBackPressureFailsAtOnce(t *testing.T) {
+	n, js, p := batchEnv(t, MaxBatch, func(o *server.Options) { o.JetStreamLimits.MaxBatchInflightPerStream = 1 })
+	var fallbacks []string
+	p.OnFallback = func(reason string) { fallbacks = append(fallbacks, reason) }
+	other := nats.NewMsg("events.Other")
+	other.Header.Set(jetstreamext.BatchIDHeader, "another-publisher")
+	other.Header.Set(jetstreamext.BatchSeqHeader, "1")
+	if _, err := n.Conn(t).RequestMsg(other, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []Message
+	for i := range 24 {
+		msgs = append(msgs, groupOf(fmt.Sprint("g", i), int64(1+2*i), "A", "A")...)
+	}
+	for i, r := range waitAll(t, p.PublishGroup(context.Background(), msgs)) {
+		if r.Kind != Transport {
+			t.Fatalf("row %d of 24 groups sharing a batch under back-pressure: %v (%v); want transport", i, r.Kind, r.Err)
+		}
+	}
+	if len(fallbacks) != 0 {
+		t.Fatalf("the groups were published again one by one (%v): no row was at fault", fallbacks)
+	}
+	if rows, _ := streamRows(t, js); len(rows) != 0 {
+		t.Fatalf("stream holds %v", rows)
 	}
 }
