@@ -101,26 +101,8 @@ func TestBatchedKeys(t *testing.T) {
 		t.Logf("kill %d: %d rows pending, all published %v after the restart", kills, len(held), rec.Round(time.Millisecond))
 		maxRecovery = max(maxRecovery, rec)
 	}
-	for _, step := range []string{"kill", "kill holding stored batches", "outage", "kill under a frozen broker", "kill holding stored batches"} {
-		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
-		switch step {
-		case "outage":
-			e.stopNATS()
-			stopped := time.Now()
-			time.Sleep(10 * time.Second)
-			e.startNATS()
-			outage = time.Since(stopped)
-		case "kill":
-			e.waitInFlight(1)
-			restart(kill(e.batchCounts()))
-		case "kill under a frozen broker":
-			// The relay dies holding many rows, sent and not stored.
-			e.nats.Signal(syscall.SIGSTOP)
-			e.waitInFlight(100)
-			held := kill(e.batchCounts())
-			e.nats.Signal(syscall.SIGCONT)
-			restart(held)
-		case "kill holding stored batches":
+	outage = e.chaosSteps(rng, []string{"kill", "kill holding stored batches", "outage", "kill under a frozen broker", "kill holding stored batches"}, 10*time.Second,
+		func() []int64 { return kill(e.batchCounts()) }, restart, func(string) {
 			// A backlog of its own for the next relay, which sends it in
 			// batches, whether the application still writes or not; stop
 			// that relay (SIGSTOP) holding batches the stream has stored,
@@ -136,8 +118,7 @@ func TestBatchedKeys(t *testing.T) {
 			t.Logf("kill %d: the stream held %d of the %d rows pending at the kill, stored in batches it had not settled", kills, n, len(held))
 			stranded += n
 			restart(held)
-		}
-	}
+		})
 	var sofar int
 	db.QueryRow(`SELECT count(*) FROM event_queue`).Scan(&sofar)
 	t.Logf("kills and outage over after %v, with %d rows written", time.Since(e.started).Round(time.Second), sofar)

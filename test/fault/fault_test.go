@@ -984,3 +984,37 @@ func TestStoppedLeaderWritesNothing(t *testing.T) {
 	summaries = append(summaries, summary{name: "leader SIGSTOPped, standby takes over", rows: s.Written, lost: lost, duplicates: dups, deadLettered: dead, maxRecovery: tookOver, elapsed: time.Since(e.started),
 		notes: fmt.Sprintf("a held %v rows", held)})
 }
+
+// chaosSteps runs steps in turn, 1 to 2 s apart (rng): "outage" stops
+// the broker for outage; "kill" kills the relay once it holds a row in
+// flight and restarts it on the rows pending; "kill under a frozen
+// broker" freezes the broker (SIGSTOP), kills the relay once it holds 100
+// rows, sent and not stored, thaws the broker and restarts the relay; any
+// other step is other's. kill kills the relay and returns the rows
+// pending; restart starts the next relay and waits for them. It returns
+// how long the broker was stopped.
+func (e *env) chaosSteps(rng *rand.Rand, steps []string, outage time.Duration, kill func() []int64, restart func([]int64), other func(step string)) (stopped time.Duration) {
+	for _, step := range steps {
+		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
+		switch step {
+		case "outage":
+			e.stopNATS()
+			at := time.Now()
+			time.Sleep(outage)
+			e.startNATS()
+			stopped = time.Since(at)
+		case "kill":
+			e.waitInFlight(1)
+			restart(kill())
+		case "kill under a frozen broker":
+			e.nats.Signal(syscall.SIGSTOP)
+			e.waitInFlight(100)
+			held := kill()
+			e.nats.Signal(syscall.SIGCONT)
+			restart(held)
+		default:
+			other(step)
+		}
+	}
+	return stopped
+}

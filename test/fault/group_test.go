@@ -64,26 +64,8 @@ func TestAtomicGroups(t *testing.T) {
 		t.Logf("kill %d: %d rows pending, all published %v after the restart", kills, len(held), rec.Round(time.Millisecond))
 		maxRecovery = max(maxRecovery, rec)
 	}
-	for _, step := range []string{"kill", "kill holding stored groups", "outage", "kill under a frozen broker"} {
-		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
-		switch step {
-		case "outage":
-			e.stopNATS()
-			stopped := time.Now()
-			time.Sleep(5 * time.Second)
-			e.startNATS()
-			outage = time.Since(stopped)
-		case "kill":
-			e.waitInFlight(1)
-			restart(kill(e.groupCounts()))
-		case "kill under a frozen broker":
-			// The relay dies holding many rows, sent and not stored.
-			e.nats.Signal(syscall.SIGSTOP)
-			e.waitInFlight(100)
-			held := kill(e.groupCounts())
-			e.nats.Signal(syscall.SIGCONT)
-			restart(held)
-		case "kill holding stored groups":
+	outage = e.chaosSteps(rng, []string{"kill", "kill holding stored groups", "outage", "kill under a frozen broker"}, 5*time.Second,
+		func() []int64 { return kill(e.groupCounts()) }, restart, func(string) {
 			// A backlog of groups for the next relay, which it stops
 			// (SIGSTOP) holding groups the stream has stored, and kills.
 			e.waitInFlight(1)
@@ -97,8 +79,7 @@ func TestAtomicGroups(t *testing.T) {
 			t.Logf("kill %d: the stream held %d of the %d rows pending at the kill, stored in groups it had not settled", kills, n, len(held))
 			stranded += n
 			restart(held)
-		}
-	}
+		})
 	s := e.waitWriter(w)
 	written, groupsWritten = written+s.Written, groupsWritten+s.Groups
 	e.waitSettled(db, 60*time.Second)
