@@ -94,12 +94,7 @@ func TestBatchedKeys(t *testing.T) {
 	// take is mostly a drain, reported, and bounded only by the 30 s of
 	// waitRowsSettled.
 	restart := func(held []int64) {
-		time.Sleep(time.Duration(1000+rng.IntN(1000)) * time.Millisecond)
-		restarted := time.Now()
-		e.startRelay("relay")
-		rec := waitRowsSettled(t, db, held, restarted, 30*time.Second, fmt.Sprintf("rows held at kill %d", kills))
-		t.Logf("kill %d: %d rows pending, all published %v after the restart", kills, len(held), rec.Round(time.Millisecond))
-		maxRecovery = max(maxRecovery, rec)
+		maxRecovery = max(maxRecovery, e.restartOn(db, held, kills, time.Duration(1000+rng.IntN(1000))*time.Millisecond, 30*time.Second))
 	}
 	outage = e.chaosSteps(rng, []string{"kill", "kill holding stored batches", "outage", "kill under a frozen broker", "kill holding stored batches"}, 10*time.Second,
 		func() []int64 { return kill(e.batchCounts()) }, restart, func(string) {

@@ -1018,3 +1018,16 @@ func (e *env) chaosSteps(rng *rand.Rand, steps []string, outage time.Duration, k
 	}
 	return stopped
 }
+
+// restartOn starts the next relay pause after kill number kill, so that it
+// starts on a backlog, and waits up to limit for the rows held at the
+// kill (see waitRowsSettled); it logs and returns how long they took.
+func (e *env) restartOn(db *sql.DB, held []int64, kill int, pause, limit time.Duration) time.Duration {
+	e.t.Helper()
+	time.Sleep(pause)
+	restarted := time.Now()
+	e.startRelay("relay")
+	rec := waitRowsSettled(e.t, db, held, restarted, limit, fmt.Sprintf("rows held at kill %d", kill))
+	e.t.Logf("kill %d: %d rows pending, all published %v after the restart", kill, len(held), rec.Round(time.Millisecond))
+	return rec
+}

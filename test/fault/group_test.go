@@ -57,12 +57,7 @@ func TestAtomicGroups(t *testing.T) {
 		return pendingIDs(t, db)
 	}
 	restart := func(held []int64) {
-		time.Sleep(time.Duration(500+rng.IntN(1000)) * time.Millisecond)
-		restarted := time.Now()
-		e.startRelay("relay")
-		rec := waitRowsSettled(t, db, held, restarted, time.Minute, fmt.Sprintf("rows held at kill %d", kills))
-		t.Logf("kill %d: %d rows pending, all published %v after the restart", kills, len(held), rec.Round(time.Millisecond))
-		maxRecovery = max(maxRecovery, rec)
+		maxRecovery = max(maxRecovery, e.restartOn(db, held, kills, time.Duration(500+rng.IntN(1000))*time.Millisecond, time.Minute))
 	}
 	outage = e.chaosSteps(rng, []string{"kill", "kill holding stored groups", "outage", "kill under a frozen broker"}, 5*time.Second,
 		func() []int64 { return kill(e.groupCounts()) }, restart, func(string) {
