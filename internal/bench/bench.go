@@ -469,9 +469,10 @@ func procHWM(pid int) (float64, error) {
 // drain is what one relay run prepares: rows pending (with rate > 0, a
 // writer inserting rate rows/s for --duration instead), after done rows
 // that are done already, with keys ordering keys round robin (0: none),
-// every group consecutive rows in one atomic group (0: none). With pinWAL a reader holds the WAL (benchkit.PinWAL) from before the
-// relay starts until it has stopped, and the run measures how much the WAL
-// grew by until the rows were settled.
+// every group consecutive rows in one atomic group (0: none). With pinWAL
+// a reader holds the WAL (benchkit.PinWAL) from before the relay starts
+// until it has stopped, and the run measures how much the WAL grew by
+// until the rows were settled.
 type drain struct {
 	rows, done, rate, keys, group int
 	pinWAL                        bool
