@@ -712,18 +712,20 @@ func TestReadyzFollowsTheDatabase(t *testing.T) {
 	if err := os.Rename(restored, path); err != nil {
 		t.Fatal(err)
 	}
-	// The old file's -wal stays beside the restored one: the relay must
-	// not add to it (heartbeats, claims or checkpoints).
+	// The old file's -wal stays beside the restored one: once the relay
+	// sees the replacement it must not add to it (heartbeats, claims or
+	// checkpoints). A write it began before the rename may still commit
+	// until then.
+	line := d.waitFor("relay cannot go on; exiting without writing to the old file")
+	if msg := fmt.Sprint(line["error"]); !strings.Contains(msg, path) || !strings.Contains(msg, "database file replaced") {
+		t.Errorf("log line %v: want the path and the replacement", line)
+	}
 	before, err := os.ReadFile(path + "-wal")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if code := d.exitWithin(15 * time.Second); code != exitRuntime {
 		t.Fatalf("exit %d after the database was replaced; want %d", code, exitRuntime)
-	}
-	line := d.waitFor("relay cannot go on; exiting without writing to the old file")
-	if msg := fmt.Sprint(line["error"]); !strings.Contains(msg, path) || !strings.Contains(msg, "database file replaced") {
-		t.Errorf("log line %v: want the path and the replacement", line)
 	}
 	if after, err := os.ReadFile(path + "-wal"); err != nil || !bytes.Equal(after, before) {
 		t.Errorf("the relay wrote to the old file's WAL after it was replaced (%v)", err)
