@@ -51,6 +51,9 @@ type Options struct {
 	// this relay may write (*lead.Lease): one that lost the lead writes
 	// nothing. Without it the store writes whenever asked.
 	Fence Fence
+	// Stream is the stream whose scan_from (schema.PublishedTable) a
+	// settle with a scanFrom writes.
+	Stream string
 }
 
 // Fence says whether a settle may write, inside its transaction.
@@ -80,6 +83,7 @@ type Store struct {
 	keyDepth int           // rows of one ordering key held at most; 0: no limit
 	// skipDeadLetters: a dead letter does not keep its key's later rows.
 	skipDeadLetters bool
+	stream          string // Options.Stream
 
 	mu   sync.Mutex
 	held held // the rows in flight (see Claim)
@@ -91,7 +95,7 @@ type Store struct {
 // New returns a Store on db. It does not touch the schema; closing db is
 // the caller's.
 func New(db *sqlitedb.DB, opts Options) *Store {
-	s := &Store{db: db, q: newQueries(db.Table(), opts.DeleteDone), fence: opts.Fence, rescan: opts.Rescan, keyDepth: opts.KeyDepth, skipDeadLetters: opts.SkipDeadLetters}
+	s := &Store{db: db, q: newQueries(db.Table(), opts.DeleteDone), fence: opts.Fence, rescan: opts.Rescan, keyDepth: opts.KeyDepth, skipDeadLetters: opts.SkipDeadLetters, stream: opts.Stream}
 	s.held = newHeld()
 	if s.rescan <= 0 {
 		s.rescan = DefaultRescan
@@ -781,8 +785,13 @@ func blob(v any) []byte {
 // (SIGSTOP, a frozen VM) and lost the lead writes nothing, and every
 // outcome is stale. A release that makes a row due at once writes nothing
 // (the row is pending and due already).
-func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error) {
-	if len(outs) == 0 {
+//
+// A scanFrom above 0 is written, in the same transaction, as the stream
+// sequence from which the messages of rows not settled can begin
+// (schema.PublishedTable, for Options.Stream): every message this table's
+// rows were published to below it is settled once this commits.
+func (s *Store) Settle(ctx context.Context, outs []event.Outcome, scanFrom uint64) (stale []int, err error) {
+	if len(outs) == 0 && scanFrom == 0 {
 		return nil, nil
 	}
 	tx, err := s.db.Begin(ctx)
@@ -790,7 +799,7 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 		return nil, fmt.Errorf("settle rows: %w", err)
 	}
 	defer tx.Rollback()
-	if stale, err = s.settleTx(ctx, tx, outs); err != nil {
+	if stale, err = s.settleTx(ctx, tx, outs, scanFrom); err != nil {
 		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -800,8 +809,8 @@ func (s *Store) Settle(ctx context.Context, outs []event.Outcome) (stale []int, 
 	return stale, nil
 }
 
-// settleTx writes outs in tx (see Settle).
-func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) (stale []int, err error) {
+// settleTx writes outs and scanFrom in tx (see Settle).
+func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome, scanFrom uint64) (stale []int, err error) {
 	if leads, err := s.leadsIn(ctx, tx); err != nil {
 		return nil, fmt.Errorf("settle rows: %w", err)
 	} else if !leads {
@@ -811,6 +820,12 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome) 
 		return stale, nil
 	}
 	now, due := sqlitedb.NowMs(), s.db.DueMs()
+	if scanFrom > 0 {
+		if _, err := tx.ExecContext(ctx, `UPDATE `+schema.PublishedTable+` SET scan_from = ?1, updated_at = ?2 WHERE outbox_table = ?3 AND stream = ?4`,
+			int64(scanFrom), now, s.db.Table(), s.stream); err != nil {
+			return nil, fmt.Errorf("settle rows: record the stream position: %w", err)
+		}
+	}
 	stmts := map[event.Settlement]*sql.Stmt{}
 	defer func() {
 		for _, st := range stmts {

@@ -266,7 +266,7 @@ func BenchmarkClaimTrickle(b *testing.B) {
 			b.Fatal(len(rows), err)
 		}
 		b.StopTimer()
-		if stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done}}); err != nil || len(stale) > 0 {
+		if stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done}}, 0); err != nil || len(stale) > 0 {
 			b.Fatal(stale, err)
 		}
 		b.StartTimer()
@@ -300,7 +300,7 @@ func BenchmarkSettle(b *testing.B) {
 			outs[j] = event.Outcome{Row: r, Settlement: event.Done}
 		}
 		b.StartTimer()
-		if stale, err := s.Settle(ctx, outs); err != nil || len(stale) > 0 {
+		if stale, err := s.Settle(ctx, outs, 0); err != nil || len(stale) > 0 {
 			b.Fatal(stale, err)
 		}
 	}
@@ -308,7 +308,7 @@ func BenchmarkSettle(b *testing.B) {
 
 func settleOne(t *testing.T, s *Store, o event.Outcome) int {
 	t.Helper()
-	stale, err := s.Settle(context.Background(), []event.Outcome{o})
+	stale, err := s.Settle(context.Background(), []event.Outcome{o}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +343,7 @@ func TestSettleOutcomes(t *testing.T) {
 		event.Reject(rows[2], "still too large", 1, time.Now()),
 		{Row: rows[3], Settlement: event.Release, AvailableAt: later},
 	}
-	stale, err := s.Settle(ctx, outs)
+	stale, err := s.Settle(ctx, outs, 0)
 	if err != nil || len(stale) != 0 {
 		t.Fatal(stale, err)
 	}
@@ -392,7 +392,7 @@ func TestSettleIsFencedByTheLead(t *testing.T) {
 		t.Fatalf("b leads %v (%v) after a went silent", lb.Leads(), err)
 	}
 	// a resumes, still believing it leads: its settle writes nothing.
-	stale, err := a.Settle(ctx, []event.Outcome{{Row: old[0], Settlement: event.Done}, event.Reject(old[1], "refused", 5, time.Now())})
+	stale, err := a.Settle(ctx, []event.Outcome{{Row: old[0], Settlement: event.Done}, event.Reject(old[1], "refused", 5, time.Now())}, 0)
 	if err != nil || fmt.Sprint(stale) != "[0 1]" {
 		t.Fatalf("a paused leader settled: stale %v, %v; want [0 1]", stale, err)
 	}
@@ -445,7 +445,7 @@ func TestClaimsNeverRepeatRowsInFlight(t *testing.T) {
 			outs[i] = event.Outcome{Row: r, Settlement: event.Release, AvailableAt: time.Now()}
 		}
 	}
-	if stale, err := s.Settle(ctx, outs); err != nil || len(stale) != 0 {
+	if stale, err := s.Settle(ctx, outs, 0); err != nil || len(stale) != 0 {
 		t.Fatal(stale, err)
 	}
 	again, err := s.Claim(ctx, 5000, 0)
@@ -474,7 +474,7 @@ func TestRowIDReuseIsSeen(t *testing.T) {
 	for _, r := range rows[5:] {
 		outs = append(outs, event.Outcome{Row: r, Settlement: event.Done})
 	}
-	if stale, err := s.Settle(ctx, outs); err != nil || len(stale) != 0 {
+	if stale, err := s.Settle(ctx, outs, 0); err != nil || len(stale) != 0 {
 		t.Fatal(stale, err)
 	}
 	testenv.MustExec(t, db, `DELETE FROM event_queue WHERE status = 'done'`)
@@ -488,7 +488,7 @@ func TestRowIDReuseIsSeen(t *testing.T) {
 	for _, r := range append(rows[:5], got...) {
 		outs = append(outs, event.Outcome{Row: r, Settlement: event.Done})
 	}
-	if stale, err := s.Settle(ctx, outs); err != nil || len(stale) != 0 {
+	if stale, err := s.Settle(ctx, outs, 0); err != nil || len(stale) != 0 {
 		t.Fatal(stale, err)
 	}
 	testenv.MustExec(t, db, `DELETE FROM event_queue`)
@@ -555,7 +555,7 @@ func TestSettleInPartsAndLostRows(t *testing.T) {
 	s, db, rows := claimed(t, 5)
 	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'processing', claimed_by = 'other' WHERE id = ?`, rows[0].ID)
 	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'done' WHERE id = ?`, rows[3].ID)
-	stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done}, {Row: rows[1], Settlement: event.Done}})
+	stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done}, {Row: rows[1], Settlement: event.Done}}, 0)
 	if err != nil || fmt.Sprint(stale) != "[0]" {
 		t.Fatalf("stale %v, %v; want [0]", stale, err)
 	}
@@ -566,7 +566,7 @@ func TestSettleInPartsAndLostRows(t *testing.T) {
 		}
 	}
 	outs := []event.Outcome{event.Reject(rows[3], "late", 5, time.Now()), event.Reject(rows[2], "refused", 5, time.Now()), {Row: rows[4], Settlement: event.Done}}
-	stale, err = s.Settle(ctx, outs)
+	stale, err = s.Settle(ctx, outs, 0)
 	if err != nil || fmt.Sprint(stale) != "[0]" {
 		t.Fatalf("stale %v, %v; want [0]", stale, err)
 	}

@@ -34,7 +34,7 @@ func TestSettleDeletesDoneRows(t *testing.T) {
 		event.Reject(rows[2], "refused", 1, time.Now()),
 		{Row: rows[3], Settlement: event.Done, StreamSeq: 43},
 	}
-	stale, err := s.Settle(ctx, outs)
+	stale, err := s.Settle(ctx, outs, 0)
 	if err != nil || fmt.Sprint(stale) != "[3]" {
 		t.Fatalf("stale %v, %v; want [3]: row 4 was done already", stale, err)
 	}
@@ -99,7 +99,7 @@ func settleWALBytes(t *testing.T, deleteDone bool, n, size, batch int) int64 {
 		for _, r := range rows[i:min(i+batch, n)] {
 			outs = append(outs, event.Outcome{Row: r, Settlement: event.Done, StreamSeq: uint64(r.ID)})
 		}
-		if stale, err := s.Settle(ctx, outs); err != nil || len(stale) > 0 {
+		if stale, err := s.Settle(ctx, outs, 0); err != nil || len(stale) > 0 {
 			t.Fatal(stale, err)
 		}
 	}
@@ -133,7 +133,7 @@ func TestDeleteDoneKeepsARecordOfAnIDGivenAgain(t *testing.T) {
 		if err != nil || len(rows) != 1 {
 			t.Fatal(rows, err)
 		}
-		if stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done, StreamSeq: uint64(i + 1)}}); err != nil || len(stale) > 0 {
+		if stale, err := s.Settle(ctx, []event.Outcome{{Row: rows[0], Settlement: event.Done, StreamSeq: uint64(i + 1)}}, 0); err != nil || len(stale) > 0 {
 			t.Fatal(stale, err)
 		}
 	}

@@ -60,7 +60,7 @@ func settleAll(t *testing.T, s *Store, rows []event.Row, outs map[int64]event.Ou
 		o.Row = r
 		all = append(all, o)
 	}
-	if stale, err := s.Settle(context.Background(), all); err != nil || len(stale) > 0 {
+	if stale, err := s.Settle(context.Background(), all, 0); err != nil || len(stale) > 0 {
 		t.Fatalf("settle: stale %v, %v", stale, err)
 	}
 }

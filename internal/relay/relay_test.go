@@ -284,7 +284,7 @@ type lockedStore struct {
 	once   sync.Once
 }
 
-func (s *lockedStore) Settle(ctx context.Context, _ []event.Outcome) ([]int, error) {
+func (s *lockedStore) Settle(ctx context.Context, _ []event.Outcome, _ uint64) ([]int, error) {
 	<-ctx.Done()
 	s.once.Do(func() { close(s.gaveUp) })
 	return nil, fmt.Errorf("settle rows: %w", ctx.Err())
@@ -322,13 +322,13 @@ type gatedStore struct {
 	open chan struct{}
 }
 
-func (s *gatedStore) Settle(ctx context.Context, outs []event.Outcome) ([]int, error) {
+func (s *gatedStore) Settle(ctx context.Context, outs []event.Outcome, scanFrom uint64) ([]int, error) {
 	select {
 	case <-s.open:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return s.MemStore.Settle(ctx, outs)
+	return s.MemStore.Settle(ctx, outs, scanFrom)
 }
 
 // countingPublisher acknowledges every message at once and counts them.

@@ -53,6 +53,7 @@ var migrations = []migration{
 	{108, "done_records", migrateDoneRecords},
 	{109, "instances_batch_limit", migrateInstancesBatchLimit},
 	{110, "atomic_group", migrateAtomicGroup},
+	{111, "published", migratePublished},
 }
 
 // DoneTable is the name of the table that keeps a compact record of each
@@ -201,6 +202,31 @@ func migrateAtomicGroup(ctx context.Context, s *sqlitedb.DB) error {
 // heartbeat row: claims are not written to the outbox table.
 func migrateInFlight(ctx context.Context, s *sqlitedb.DB) error {
 	return addInstanceColumn(ctx, s, "in_flight", "INTEGER")
+}
+
+// PublishedTable holds one row per outbox table: the origin stamped on
+// its messages (Outbox-Origin), which a restored copy of the file keeps,
+// and where in the stream the messages of its unsettled rows can begin
+// (the stream, its creation time and a sequence): a relay that starts
+// leading reads the stream from there and settles the rows whose
+// messages it finds, publishing nothing twice.
+const PublishedTable = "outbox_relay_published"
+
+func migratePublished(ctx context.Context, s *sqlitedb.DB) error {
+	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+PublishedTable+` (
+	outbox_table   TEXT PRIMARY KEY COLLATE NOCASE,
+	origin         TEXT NOT NULL,
+	stream         TEXT,
+	stream_created INTEGER,
+	scan_from      INTEGER,
+	updated_at     INTEGER
+)`)
+		if err != nil {
+			return fmt.Errorf("create table %s: %w", PublishedTable, err)
+		}
+		return nil
+	})
 }
 
 // ExhaustedTable records messages a JetStream consumer gave up on after

@@ -21,7 +21,7 @@ import (
 
 // allMigrations are the versions of every migration, as a fresh file
 // records them.
-const allMigrations = "[101 102 103 104 105 106 107 108 109 110]"
+const allMigrations = "[101 102 103 104 105 106 107 108 109 110 111]"
 
 var uuidRe = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
@@ -478,7 +478,7 @@ func TestVerifyNamesEveryMissingPiece(t *testing.T) {
 	err := schema.Verify(context.Background(), s)
 	for _, want := range []string{"column event_queue.event_id", "column event_queue.claimed_at", "column event_queue.claimed_by",
 		"column event_queue.ordering_key", "column event_queue.headers", "column event_queue.stream_seq", "column event_queue.atomic_group", "index event_queue_event_id", "index event_queue_pending", "index event_queue_ordering", "index event_queue_atomic_group",
-		"table processed_events", "table " + schema.InstancesTable, "table " + schema.ExhaustedTable} {
+		"table processed_events", "table " + schema.InstancesTable, "table " + schema.ExhaustedTable, "table " + schema.PublishedTable} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Verify error %v does not name %s", err, want)
 		}

@@ -13,7 +13,7 @@ import (
 var (
 	requiredColumns = []string{"id", "event_id", "event_type", "payload", "status", "attempts", "available_at", "claimed_at", "created_at", "processed_at", "last_error", "claimed_by", "ordering_key", "headers", "stream_seq", "atomic_group"}
 	requiredIndexes = []string{"_pending", "_processing", "_dead_lettered", "_ordering", "_atomic_group"}
-	requiredTables  = []string{"processed_events", InstancesTable, ExhaustedTable}
+	requiredTables  = []string{"processed_events", InstancesTable, ExhaustedTable, PublishedTable}
 )
 
 // Verify checks the schema without changing it and returns an error naming

@@ -73,8 +73,8 @@ func (s *MemStore) Claim(_ context.Context, limit int, _ int64) ([]event.Row, er
 	return rows, nil
 }
 
-// Settle records outs, in one transaction.
-func (s *MemStore) Settle(_ context.Context, outs []event.Outcome) ([]int, error) {
+// Settle records outs, in one transaction; scanFrom is ignored.
+func (s *MemStore) Settle(_ context.Context, outs []event.Outcome, _ uint64) ([]int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.settled = append(s.settled, outs...)
