@@ -139,9 +139,10 @@ type Outcome struct {
 
 // Why rows are dead-lettered (the values of dead_lettered_total's label).
 const (
-	DeadLetterMaxAttempts = "max_attempts" // rejected relay.max_attempts times
-	DeadLetterInvalid     = "invalid"      // can never be published as it is
-	DeadLetterTooLarge    = "too_large"    // above the server's or the stream's size limit
+	DeadLetterMaxAttempts = "max_attempts"    // rejected relay.max_attempts times
+	DeadLetterInvalid     = "invalid"         // can never be published as it is
+	DeadLetterTooLarge    = "too_large"       // above the server's or the stream's size limit
+	DeadLetterReusedID    = "reused_event_id" // its event id is in the stream for another row
 )
 
 // Reject returns the outcome of a broker rejection of r at now: one attempt

@@ -65,6 +65,10 @@ type Metrics struct {
 	StreamConfigPatched   *prometheus.CounterVec
 	StreamDuplicateWindow prometheus.Gauge
 	ConsumerExhausted     prometheus.Counter
+	ReconcileRemaining    prometheus.Gauge
+	Reconciled            prometheus.Counter
+	ReconcileOrphans      prometheus.Counter
+	ReusedEventIDs        prometheus.Counter
 	PrunedRows            *prometheus.CounterVec
 	BuildInfo             *prometheus.GaugeVec
 }
@@ -89,9 +93,14 @@ func New(version, commit string) *Metrics {
 		Help: "Atomic batches published again one row at a time, by reason (disabled, incomplete, duplicate, refused, too_large)."}, []string{"reason"})
 	m.Retries = counter("retries_total", "Broker rejections that spent an attempt and scheduled a retry.")
 	m.DeadLettered = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "dead_lettered_total",
-		Help: "Rows marked dead_lettered, by reason (max_attempts, invalid, too_large)."}, []string{"reason"})
+		Help: "Rows marked dead_lettered, by reason (max_attempts, invalid, too_large, reused_event_id)."}, []string{"reason"})
 	m.LeasesReclaimed = counter("leases_reclaimed_total", "Claimed rows made claimable again because their lease expired or their relay died.")
 	m.ConsumerExhausted = counter("consumer_exhausted_total", "Messages the durable consumer gave up on after max_deliver deliveries.")
+	m.Reconciled = counter("reconciled_rows_total", "Pending rows found published already when the relay began to lead (a restore from backup, a crash between the PubAck and the settle) and settled done with their message's sequence, without publishing them again.")
+	m.ReconcileOrphans = counter("reconcile_orphans_total", "Messages of this outbox table found in the stream when the relay began to lead whose row is gone from the file (written after a restored backup's point in time); counted and reported, not re-created.")
+	m.ReusedEventIDs = counter("reused_event_ids_total", "Rows dead-lettered because the stream holds their event id for another row (an id reused, or written by another application): their own event is not in the stream.")
+	m.ReconcileRemaining = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "reconcile_remaining_messages",
+		Help: "Stream messages the running reconciliation has still to read before the relay publishes; 0 when none runs."})
 	m.Deferred = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "deferred_total",
 		Help: "Rows put back to pending without spending an attempt, by reason."}, []string{"reason"})
 	m.Backlog = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "backlog_rows",
@@ -121,7 +130,7 @@ func New(version, commit string) *Metrics {
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",
 		Help: "Always 1; labels carry the build."}, []string{"version", "commit", "goversion"})
 	for _, c := range []prometheus.Collector{m.Deferred, m.DeadLettered, m.Backlog, m.OldestPendingAge, m.ParkedKeys, m.AtomicBatchLimit, m.AtomicBatchFallbacks, m.BrokerConnected, m.Leader, m.InFlight,
-		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.StreamDuplicateWindow, m.PrunedRows, m.BuildInfo} {
+		m.PublishDuration, m.DeliveryLag, m.StreamConfigPatched, m.StreamDuplicateWindow, m.ReconcileRemaining, m.PrunedRows, m.BuildInfo} {
 		f(c)
 	}
 	f(collectors.NewGoCollector())
@@ -134,7 +143,7 @@ func New(version, commit string) *Metrics {
 	for _, reason := range []string{FallbackDisabled, FallbackIncomplete, FallbackDuplicate, FallbackRefused, FallbackTooLarge} {
 		m.AtomicBatchFallbacks.WithLabelValues(reason)
 	}
-	for _, reason := range []string{event.DeadLetterMaxAttempts, event.DeadLetterInvalid, event.DeadLetterTooLarge} {
+	for _, reason := range []string{event.DeadLetterMaxAttempts, event.DeadLetterInvalid, event.DeadLetterTooLarge, event.DeadLetterReusedID} {
 		m.DeadLettered.WithLabelValues(reason)
 	}
 	for _, table := range []string{event.PruneOutbox, event.PruneDoneRecords, event.PruneProcessedEvents} {

@@ -29,6 +29,9 @@ const (
 	HeaderCreatedAt = "Outbox-Created-At"
 	// HeaderOrderingKey is set when the row has an ordering key.
 	HeaderOrderingKey = "Outbox-Ordering-Key"
+	// HeaderOrigin is the outbox table's origin (Format.Origin): it tells
+	// one database's messages from another's in a shared stream.
+	HeaderOrigin = "Outbox-Origin"
 )
 
 // createdAtLayout is RFC 3339 in UTC with milliseconds.
@@ -53,6 +56,10 @@ type Format struct {
 	// content-type (ContentType).
 	CloudEvents         bool
 	Source, ContentType string
+	// Origin, when set, is sent as HeaderOrigin: the outbox table's
+	// origin, which a restored copy of its file keeps (see package
+	// reconcile).
+	Origin string
 }
 
 // The CloudEvents binary-mode headers the relay sets.
@@ -91,6 +98,9 @@ func NewMsg(m Message) *nats.Msg {
 	h[HeaderCreatedAt] = []string{time.UnixMilli(m.Row.CreatedAt).UTC().Format(createdAtLayout)}
 	if m.Row.OrderingKey != "" {
 		h[HeaderOrderingKey] = []string{m.Row.OrderingKey}
+	}
+	if m.Format.Origin != "" {
+		h[HeaderOrigin] = []string{m.Format.Origin}
 	}
 	if f := m.Format; f.CloudEvents {
 		h[HeaderCESpecVersion] = []string{"1.0"}
@@ -404,7 +414,7 @@ func (p *JetStream) send(m Message, msg *nats.Msg) *jsAck {
 	if err != nil {
 		p.forget(msg, false)
 	}
-	return &jsAck{p: p, subject: m.Subject, rowID: m.Row.ID, sent: sent, place: place, fut: fut, err: err}
+	return &jsAck{p: p, subject: m.Subject, rowID: m.Row.ID, origin: m.Format.Origin, sent: sent, place: place, fut: fut, err: err}
 }
 
 // forget drops msg's place once it is resolved; an acknowledgement raises
@@ -494,6 +504,7 @@ type jsAck struct {
 	p       *JetStream
 	subject string
 	rowID   int64
+	origin  string    // Format.Origin
 	sent    time.Time // when the message was handed to the connection
 	place   uint64    // its place in the order sent (see JetStream.answered)
 	fut     jetstream.PubAckFuture
@@ -562,7 +573,7 @@ func (a *jsAck) afterRefusal(ctx context.Context) Result {
 func (a *jsAck) stored(ctx context.Context, ack *jetstream.PubAck) Result {
 	a.p.conn.stored(a.subject, a.sent)
 	if ack.Duplicate {
-		return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, ack.Sequence), Seq: ack.Sequence}
+		return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, a.origin, ack.Sequence), Seq: ack.Sequence}
 	}
 	return Result{Kind: Stored, Seq: ack.Sequence}
 }
@@ -592,11 +603,41 @@ func (p *JetStream) classify(subject string, sent time.Time, err error) Result {
 	return Result{Kind: kind, Err: explain(err)}
 }
 
+// ReusedID says that the stream holds a row's event id for another row:
+// the row's own event is not in the stream. Gone: the message is no
+// longer in the stream (purged, or removed by the stream's limits), so
+// whose it was cannot be read.
+type ReusedID struct {
+	Stream string
+	Seq    uint64
+	// RowID and Origin are the message's Outbox-Row-Id and Outbox-Origin;
+	// Ours: its origin is the row's.
+	RowID, Origin string
+	Ours, Gone    bool
+}
+
+func (e *ReusedID) Error() string {
+	whose := "another publisher"
+	switch {
+	case e.Gone:
+		return fmt.Sprintf("event id already in stream %s's duplicate window, for sequence %d, which the stream no longer holds (purged, or removed by its limits): "+
+			"this row's event was not stored; if it is not another row's, it was this row's, stored by a relay stopped before its settle and then removed from the stream. "+
+			"Give the row a new event_id and retry it to publish it", e.Stream, e.Seq)
+	case e.Ours:
+		whose = "row " + e.RowID + " of this table"
+	case e.Origin != "":
+		whose = "row " + e.RowID + " of another database (Outbox-Origin " + e.Origin + ")"
+	case e.RowID != "":
+		whose = "row " + e.RowID + " of another database"
+	}
+	return fmt.Sprintf("event id already in stream %s at sequence %d, published for %s: this row's event is not in the stream; give it a new event_id and retry it", e.Stream, e.Seq, whose)
+}
+
 // conflict looks at the message the stream kept for a Nats-Msg-Id that a
-// PubAck reported as a duplicate, and returns an error when another row
-// published it: the row's own event is not in the stream. A message that
-// cannot be read (removed by the stream's limits, say) proves nothing.
-func (p *JetStream) conflict(ctx context.Context, rowID int64, seq uint64) error {
+// PubAck reported as a duplicate, and returns a *ReusedID when another
+// row published it, or when the stream no longer holds it. A message that
+// cannot be read for another reason proves nothing: nil.
+func (p *JetStream) conflict(ctx context.Context, rowID int64, origin string, seq uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	s, err := p.streamHandle(ctx)
@@ -604,13 +645,26 @@ func (p *JetStream) conflict(ctx context.Context, rowID int64, seq uint64) error
 		return nil
 	}
 	m, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return &ReusedID{Stream: p.stream, Seq: seq, Gone: true}
+	}
 	if err != nil {
 		return nil
 	}
-	if other := m.Header.Get(HeaderRowID); other != "" && other != strconv.FormatInt(rowID, 10) {
-		return fmt.Errorf("stream %s already holds this event id at sequence %d, published for row %s", p.stream, seq, other)
+	return Reused(p.stream, seq, m.Header.Get(HeaderRowID), m.Header.Get(HeaderOrigin), rowID, origin)
+}
+
+// Reused returns a *ReusedID when the message at seq, which carries
+// msgRow and msgOrigin (Outbox-Row-Id, Outbox-Origin), is not row rowID's
+// of the outbox table of origin; nil when it is. A message without an
+// origin (from a relay before Outbox-Origin) is the row's when it names
+// it.
+func Reused(stream string, seq uint64, msgRow, msgOrigin string, rowID int64, origin string) error {
+	ours := msgOrigin == origin
+	if (ours || msgOrigin == "") && msgRow == strconv.FormatInt(rowID, 10) {
+		return nil
 	}
-	return nil
+	return &ReusedID{Stream: stream, Seq: seq, RowID: msgRow, Origin: msgOrigin, Ours: ours}
 }
 
 // streamHandle returns the relay's stream for reading messages, looked up

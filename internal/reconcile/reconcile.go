@@ -1,0 +1,350 @@
+// Package reconcile settles, before a relay that starts leading an outbox
+// table publishes anything, the rows whose messages the stream holds
+// already: rows left pending by a relay killed between the PubAck and the
+// settle, and every row a restored backup brings back pending. JetStream
+// drops a republished event only within its duplicate window; this holds
+// past it.
+//
+// Each message carries its table's origin (Outbox-Origin, kept in the file,
+// so a restored copy has it), its row id and its event id. The table's
+// mark (schema.PublishedTable) says from which stream sequence the
+// messages of its unsettled rows can begin: every settle moves it, in the
+// settle's own transaction, so a backup holds the mark that goes with its
+// rows. Run reads the stream from the mark to its end, headers only, on
+// the relay's subjects, and settles what it finds batch by batch, each
+// batch's transaction moving the mark past it: a relay killed meanwhile
+// resumes where it stopped.
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
+)
+
+// Settler writes outcomes and the mark in one transaction, fenced by the
+// lead (*claim.Store).
+type Settler interface {
+	Settle(ctx context.Context, outs []event.Outcome, scanFrom uint64) (stale []int, err error)
+}
+
+// Options say what Run reconciles.
+type Options struct {
+	DB     *sqlitedb.DB
+	Store  Settler
+	JS     jetstream.JetStream
+	Stream string
+	// Subjects is the filter of the relay's subjects (prefix.>).
+	Subjects string
+	Origin   string
+	// Batch is how many messages are read, and settled, at a time
+	// (default 1000).
+	Batch int
+	// Progress, when set, is told the progress after each batch, and once
+	// before the first.
+	Progress func(Progress)
+}
+
+// Progress is how far a reconciliation got.
+type Progress struct {
+	From, To uint64 // the sequences it reads: from the mark to the stream's last
+	Next     uint64 // the sequence it reads next
+	Read     int    // messages read on the relay's subjects
+	Settled  int    // rows found published and settled done
+	Reused   int    // rows dead-lettered: the stream holds their event id for another row
+	// Orphans are messages of this table whose row is gone (written
+	// after a restored backup's point in time); Orphan is the first.
+	Orphans int
+	Orphan  string
+	Started time.Time
+}
+
+// Remaining is how many sequences are left to read.
+func (p Progress) Remaining() uint64 {
+	if p.Next > p.To {
+		return 0
+	}
+	return p.To - p.Next + 1
+}
+
+// Scans reports whether anything was to be read.
+func (p Progress) Scans() bool { return p.From <= p.To }
+
+// Run reconciles (see the package doc) and returns what it did; To in
+// the result is the stream's last sequence when it began: every message
+// published after Run returns is stored above it. A broker or database
+// error ends it; run it again to go on from where it stopped.
+func Run(ctx context.Context, o Options) (Progress, error) {
+	if o.Batch <= 0 {
+		o.Batch = 1000
+	}
+	p := Progress{Started: time.Now()}
+	s, err := o.JS.Stream(ctx, o.Stream)
+	if err != nil {
+		return p, fmt.Errorf("look up stream %s: %w", o.Stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
+	}
+	created, first, last := info.Created.UnixNano(), info.State.FirstSeq, info.State.LastSeq
+	from, at, err := start(ctx, o, created)
+	if err != nil {
+		return p, err
+	}
+	if from == 0 && at.IsZero() {
+		from = last + 1 // nothing to scan
+	}
+	p.From, p.To, p.Next = max(from, first), last, max(from, first)
+	if o.Progress != nil {
+		o.Progress(p)
+	}
+	if !p.Scans() {
+		return p, writeMark(ctx, o.DB, o.Stream, created, last+1)
+	}
+	// A scan that starts at a time records where it is from its first
+	// batch on; until then the next run starts at the same time.
+	mark := p.From
+	if !at.IsZero() {
+		mark = 0
+	}
+	if err := writeMark(ctx, o.DB, o.Stream, created, mark); err != nil {
+		return p, err
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{o.Subjects}, HeadersOnly: true,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: p.From}
+	if !at.IsZero() {
+		cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, 0, &at
+	}
+	c, err := s.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
+	}
+	defer func() {
+		if ci := c.CachedInfo(); ci != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			_ = s.DeleteConsumer(dctx, ci.Name) // else the server removes it when idle
+		}
+	}()
+	for p.Next <= p.To {
+		batch, more, err := fetch(c, o.Batch, p.To)
+		if err != nil {
+			return p, fmt.Errorf("read stream %s from sequence %d: %w", o.Stream, p.Next, err)
+		}
+		next := p.To + 1 // the last batch, read to the end of the filter's messages
+		if more {
+			next = batch[len(batch)-1].seq + 1
+		}
+		if !at.IsZero() && p.Read == 0 && len(batch) > 0 {
+			p.From = batch[0].seq
+		}
+		if err := p.settle(ctx, o, batch, next); err != nil {
+			return p, err
+		}
+		p.Next = next
+		if o.Progress != nil {
+			o.Progress(p)
+		}
+	}
+	return p, nil
+}
+
+// start returns where the scan starts: the mark, for the stream it was
+// written for; the stream's first sequence, for a stream of that name
+// created since (deleted and created again); past the highest sequence on
+// a done row, for a table no relay reconciled yet (from before
+// reconciliation). A table with no mark and no done row was never
+// published from, but by a relay stopped before its first settle: the
+// scan starts at the time its oldest pending row was written (less
+// clockSkew), and there is nothing to scan when it has none (at 0).
+func start(ctx context.Context, o Options, created int64) (seq uint64, at time.Time, err error) {
+	m, err := readMark(ctx, o.DB)
+	if err != nil {
+		return 0, at, err
+	}
+	switch {
+	case m.Stream == o.Stream && m.Created == created && m.ScanFrom > 0:
+		return m.ScanFrom, at, nil
+	case m.Stream == o.Stream && m.Created != created:
+		return 1, at, nil
+	}
+	if seq, err = highestDone(ctx, o.DB); err != nil || seq > 0 {
+		return seq + 1, at, err
+	}
+	oldest, err := oldestPending(ctx, o.DB)
+	if err != nil || oldest == 0 {
+		return 0, at, err
+	}
+	return 0, time.UnixMilli(oldest).Add(-clockSkew), nil
+}
+
+// clockSkew is how far the application's clock (created_at) may be ahead
+// of the broker's (a message's time) for a scan that starts at a time.
+const clockSkew = 5 * time.Minute
+
+// seen is what a message says of its row.
+type seen struct {
+	seq                  uint64
+	msgID, rowID, origin string
+}
+
+// fetch reads up to n messages past those read, none above last; more
+// says whether there may be more to read up to last.
+func fetch(c jetstream.Consumer, n int, last uint64) (out []seen, more bool, err error) {
+	b, err := c.FetchNoWait(n)
+	if err != nil {
+		return nil, false, err
+	}
+	var pending uint64
+	for m := range b.Messages() {
+		meta, err := m.Metadata()
+		if err != nil {
+			return nil, false, err
+		}
+		if meta.Sequence.Stream > last {
+			return out, false, nil
+		}
+		h := m.Headers()
+		out = append(out, seen{seq: meta.Sequence.Stream, msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin)})
+		pending = meta.NumPending
+	}
+	if err := b.Error(); err != nil {
+		return nil, false, err
+	}
+	return out, len(out) > 0 && pending > 0 && out[len(out)-1].seq < last, nil
+}
+
+// row is what the table holds for an event id.
+type row struct {
+	id       int64
+	status   string
+	attempts int
+}
+
+// settle settles the rows of batch's messages and moves the mark to next,
+// in one transaction.
+func (p *Progress) settle(ctx context.Context, o Options, batch []seen, next uint64) error {
+	p.Read += len(batch)
+	ids := make([]string, len(batch))
+	for i, m := range batch {
+		ids[i] = m.msgID
+	}
+	rows, err := rowsOf(ctx, o.DB, ids)
+	if err != nil {
+		return err
+	}
+	var outs []event.Outcome
+	taken := map[int64]bool{}
+	var gone []seen // messages of this table without a row of their event id
+	for _, m := range batch {
+		r, ok := rows[m.msgID]
+		ours := m.origin == o.Origin
+		if !ok {
+			if ours {
+				gone = append(gone, m)
+			}
+			continue
+		}
+		if r.status != string(event.StatusPending) || taken[r.id] {
+			continue
+		}
+		taken[r.id] = true
+		ev := event.Row{ID: r.id, EventID: m.msgID}
+		reused := publish.Reused(o.Stream, m.seq, m.rowID, m.origin, r.id, o.Origin)
+		if reused == nil {
+			outs = append(outs, event.Outcome{Row: ev, Settlement: event.Done, StreamSeq: m.seq})
+			continue
+		}
+		outs = append(outs, event.Outcome{Row: ev, Settlement: event.DeadLetter, Attempts: r.attempts,
+			Error: reused.Error(), Reason: event.DeadLetterReusedID})
+	}
+	orphans, err := orphaned(ctx, o.DB, gone)
+	if err != nil {
+		return err
+	}
+	stale, err := o.Store.Settle(ctx, outs, next)
+	if err != nil {
+		return err
+	}
+	for i, out := range outs {
+		if len(stale) > 0 && stale[0] == i {
+			stale = stale[1:]
+			continue
+		}
+		if out.Settlement == event.Done {
+			p.Settled++
+		} else {
+			p.Reused++
+		}
+	}
+	if p.Orphans == 0 && len(orphans) > 0 {
+		p.Orphan = fmt.Sprintf("sequence %d, event id %s, row %s", orphans[0].seq, orphans[0].msgID, orphans[0].rowID)
+	}
+	p.Orphans += len(orphans)
+	return nil
+}
+
+// rowsOf reads the rows of the event ids (by the unique index).
+func rowsOf(ctx context.Context, db *sqlitedb.DB, ids []string) (map[string]row, error) {
+	arg, _ := json.Marshal(ids)
+	q := fmt.Sprintf(`SELECT id, CAST(event_id AS TEXT), coalesce(CAST(status AS TEXT), ''), coalesce(attempts, 0)
+FROM %s WHERE event_id IN (SELECT value FROM json_each(?1))`, db.Table())
+	rs, err := db.Reader().QueryContext(ctx, q, string(arg))
+	if err != nil {
+		return nil, fmt.Errorf("read the rows of the stream's messages: %w", err)
+	}
+	defer rs.Close()
+	out := make(map[string]row, len(ids))
+	for rs.Next() {
+		var r row
+		var id string
+		if err := rs.Scan(&r.id, &id, &r.status, &r.attempts); err != nil {
+			return nil, fmt.Errorf("read the rows of the stream's messages: %w", err)
+		}
+		out[id] = r
+	}
+	return out, rs.Err()
+}
+
+// orphaned returns the messages of gone whose row has no record either
+// (a row deleted when done keeps one, retention.done_rows: delete).
+func orphaned(ctx context.Context, db *sqlitedb.DB, gone []seen) ([]seen, error) {
+	if len(gone) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(gone))
+	for i, m := range gone {
+		ids[i] = m.rowID
+	}
+	arg, _ := json.Marshal(ids)
+	rs, err := db.Reader().QueryContext(ctx, `SELECT id, CAST(event_id AS TEXT) FROM `+schema.DoneTable(db.Table())+
+		` WHERE id IN (SELECT CAST(value AS INTEGER) FROM json_each(?1))`, string(arg))
+	if err != nil {
+		return nil, fmt.Errorf("read the records of done rows: %w", err)
+	}
+	defer rs.Close()
+	recorded := map[string]bool{}
+	for rs.Next() {
+		var id, eventID string
+		if err := rs.Scan(&id, &eventID); err != nil {
+			return nil, fmt.Errorf("read the records of done rows: %w", err)
+		}
+		recorded[id+" "+eventID] = true
+	}
+	var out []seen
+	for _, m := range gone {
+		if !recorded[m.rowID+" "+m.msgID] {
+			out = append(out, m)
+		}
+	}
+	return out, rs.Err()
+}
