@@ -26,6 +26,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/reconcile"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
@@ -60,13 +61,17 @@ type App struct {
 	natsURL  string
 	db       *sqlitedb.DB
 	claims   *claim.Store
+	store    relay.Store // claims, as the relay sees it (Options.Test)
 	lease    *lead.Lease
-	conn     *publish.Conn
-	js       *publish.JetStream // nil in core mode
-	pub      relay.Publisher
-	relay    *relay.Relay
-	keeper   *housekeeping.Keeper
-	synced   atomic.Bool // the stream was reconciled since start
+	// origin is the outbox table's Outbox-Origin (JetStream mode).
+	origin string
+	recon  reconciliation
+	conn   *publish.Conn
+	js     *publish.JetStream // nil in core mode
+	pub    relay.Publisher
+	relay  *relay.Relay
+	keeper *housekeeping.Keeper
+	synced atomic.Bool // the stream was reconciled since start
 	// atomicSaid: the atomic batch mode was logged (see noteAtomic).
 	atomicSaid atomic.Bool
 	stream     streamState
@@ -170,6 +175,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		SkipDeadLetters: !cfg.Ordering.Parks(),
 		// A busy key may fill half the pipeline; the other keys share the rest.
 		KeyDepth: max(1, cfg.Relay.MaxInFlight/2),
+		Stream:   cfg.Stream.Name,
 	})
 	natsOpts := ConnectOptions(cfg.NATS, "outbox-relay")
 	natsOpts.URLs = a.natsURL // the embedded server's, when nats.url is embedded
@@ -184,13 +190,16 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 			return nil, err
 		}
 		a.pub = a.js
+		if a.origin, err = reconcile.Origin(ctx, a.db); err != nil {
+			return nil, sqlitedb.NotWritable(a.db.Path(), err)
+		}
 		a.lease.ReportBatches(a.js.BatchLimit)
 		a.js.OnFallback = func(reason string) { a.metrics.AtomicBatchFallbacks.WithLabelValues(reason).Inc() }
 	}
 	ro := relay.Options{
 		SubjectPrefix: cfg.Stream.SubjectPrefix,
 		Format: publish.Format{CloudEvents: cfg.Message.Format == config.FormatCloudEvents,
-			Source: cfg.Message.Source, ContentType: cfg.Message.ContentType},
+			Source: cfg.Message.Source, ContentType: cfg.Message.ContentType, Origin: a.origin},
 		BatchSize:         cfg.Relay.BatchSize,
 		MaxInFlight:       cfg.Relay.MaxInFlight,
 		MaxInFlightBytes:  maxInFlightBytes,
@@ -219,12 +228,15 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		Metrics:               a.metrics,
 		Log:                   log.Named("relay"),
 	}
+	if a.js != nil {
+		ro.Reconcile = a.reconcile
+	}
 	if hooks.Tune != nil {
 		hooks.Tune(&ro, &ko)
 	}
-	var store relay.Store = a.claims
+	a.store = a.claims
 	if hooks.WrapStore != nil {
-		store = hooks.WrapStore(store)
+		a.store = hooks.WrapStore(a.store)
 	}
 	if hooks.WrapLead != nil {
 		ro.Lead = hooks.WrapLead(ro.Lead)
@@ -233,7 +245,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if hooks.WrapPublisher != nil {
 		pub = hooks.WrapPublisher(pub)
 	}
-	a.relay = relay.New(store, pub, ro)
+	a.relay = relay.New(a.store, pub, ro)
 	if hooks.Relay != nil {
 		hooks.Relay(a.relay)
 	}
@@ -286,6 +298,9 @@ func (a *App) Ready(ctx context.Context) error {
 	}
 	if err := a.relay.Paused(); err != nil {
 		return fmt.Errorf("broker: %w", err)
+	}
+	if err := a.reconcileStatus(); err != nil {
+		return err
 	}
 	if err := a.pub.Ready(ctx); err != nil {
 		return fmt.Errorf("broker: %w", err)

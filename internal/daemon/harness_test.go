@@ -62,8 +62,9 @@ type harnessOptions struct {
 	wrapLead      func(relay.Lead) relay.Lead
 	mutateOpt     func(*relay.Options)
 	mutateKeeper  func(*housekeeping.Options)
-	clock         *event.Clock // shared by the store and the loop, as the daemon does
-	doneRows      string       // retention.done_rows; default keep
+	clock         *event.Clock  // shared by the store and the loop, as the daemon does
+	doneRows      string        // retention.done_rows; default keep
+	window        time.Duration // stream.duplicate_window; default 1 h
 }
 
 var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
@@ -76,7 +77,7 @@ func harnessConfig(dbPath, natsURL string, ho harnessOptions) config.Config {
 	cfg.NATS = ho.natsCfg
 	cfg.NATS.URL, cfg.NATS.Mode = natsURL, cmp.Or(ho.mode, config.ModeJetStream)
 	cfg.Stream.Name, cfg.Stream.Subjects, cfg.Stream.SubjectPrefix = want.Stream, want.Subjects, want.SubjectPrefix
-	cfg.Stream.DuplicateWindow, cfg.Stream.Replicas, cfg.Stream.Create = want.DuplicateWindow, cmp.Or(ho.replicas, 1), true
+	cfg.Stream.DuplicateWindow, cfg.Stream.Replicas, cfg.Stream.Create = cmp.Or(ho.window, want.DuplicateWindow), cmp.Or(ho.replicas, 1), true
 	cfg.Consumer.Durable = ""
 	cfg.Relay.BatchSize, cfg.Relay.MaxInFlight = cmp.Or(ho.batch, 100), cmp.Or(ho.inFlight, 400)
 	cfg.Relay.Lease, cfg.Relay.ShutdownTimeout = cmp.Or(ho.lease, time.Minute), cmp.Or(ho.shutdown, 5*time.Second)

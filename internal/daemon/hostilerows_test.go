@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -62,14 +64,17 @@ func TestWhitespaceEventIDIsRefusedNotMerged(t *testing.T) {
 	}
 }
 
-// TestDuplicateOfAnotherRowIsLogged: an application that deletes a done row
-// and reuses its event id within the duplicate window loses the second
-// event to JetStream's dedup; the relay cannot prevent that, but it says so
-// at warn level with the event id. A row published again (after a crash)
-// is a harmless duplicate and is not reported.
-func TestDuplicateOfAnotherRowIsLogged(t *testing.T) {
+// TestReusedEventIDIsDeadLettered: an application that deletes a done row
+// and reuses its event id within the duplicate window would lose the
+// second event to JetStream's dedup: the row is dead-lettered with a
+// reason that names the row and the sequence holding the id, and counted;
+// so is one whose id the stream no longer holds after a purge (JetStream
+// still drops it). A row published again (after a crash) is a harmless
+// duplicate: done, not reported.
+func TestReusedEventIDIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
 	path := testenv.NewDB(t)
 	app := testenv.AppDB(t, path)
 	h := startRelay(t, path, n.URL(), harnessOptions{})
@@ -78,18 +83,53 @@ func TestDuplicateOfAnotherRowIsLogged(t *testing.T) {
 	// The same row published again (a relay that crashed after the PubAck).
 	testenv.MustExec(t, app, `UPDATE event_queue SET status = 'pending', processed_at = NULL`)
 	waitAllSettled(t, app, 1, 20*time.Second)
-	const warning = "broker dropped an event as a duplicate of another row's event with the same id"
+	if r := rowByEventID(t, app, "reused-id"); r.status != "done" {
+		t.Fatalf("a row published again is %s (%s), want done", r.status, r.lastError)
+	}
+	const warning = "dead-lettered a row whose event id the stream holds for another row: its own event is not in the stream"
 	if c := logCount(h, warning); c != 0 {
 		t.Fatalf("a row published again was reported %d times as another row's duplicate", c)
 	}
+	// Another row with the id, within the window.
 	testenv.MustExec(t, app, `DELETE FROM event_queue`)
 	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('reused-id', 'Second', 'two')`)
 	waitAllSettled(t, app, 1, 20*time.Second)
-	testenv.Eventually(t, 5*time.Second, "the warning", func() bool { return logCount(h, warning) == 1 })
+	r := rowByEventID(t, app, "reused-id")
+	if r.status != "dead_lettered" || !strings.Contains(r.lastError, "at sequence 1, published for row 1 of this table") {
+		t.Fatalf("a row reusing an event id is %s (%q), want dead_lettered naming sequence 1 and row 1", r.status, r.lastError)
+	}
+	// A third, after the stream was purged: JetStream still drops the id.
+	s, err := js.Stream(context.Background(), "EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.MustExec(t, app, `DELETE FROM event_queue`)
+	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('reused-id', 'Third', 'three')`)
+	waitAllSettled(t, app, 1, 20*time.Second)
+	r = rowByEventID(t, app, "reused-id")
+	if r.status != "dead_lettered" || !strings.Contains(r.lastError, "for sequence 1, which the stream no longer holds") {
+		t.Fatalf("a row reusing a purged event id is %s (%q), want dead_lettered naming sequence 1", r.status, r.lastError)
+	}
+	if msgs := testenv.StreamMessages(t, js, "EVENTS"); len(msgs) != 0 {
+		t.Fatalf("the purged stream holds %d messages, want none", len(msgs))
+	}
+	testenv.Eventually(t, 5*time.Second, "the warnings", func() bool { return logCount(h, warning) == 2 })
 	for _, e := range h.logs.FilterMessage(warning).All() {
 		if e.ContextMap()["event_id"] != "reused-id" {
 			t.Errorf("warning without the event id: %v", e.ContextMap())
 		}
+	}
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := metrics.Value(h.metrics.ReusedEventIDs); got != 2 {
+		t.Errorf("reused_event_ids_total %v, want 2", got)
+	}
+	if got := metrics.Value(h.metrics.DeadLettered.WithLabelValues(event.DeadLetterReusedID)); got != 2 {
+		t.Errorf("dead_lettered_total{reason=reused_event_id} %v, want 2", got)
 	}
 }
 

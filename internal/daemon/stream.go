@@ -55,6 +55,7 @@ func (a *App) brokerReady(ctx context.Context) error {
 	if errors.Is(err, streamsync.ErrNoStream) {
 		// First answer since start, or the stream was deleted meanwhile:
 		// reconcile (and create it, if allowed).
+		again := a.synced.Load()
 		var res streamsync.Result
 		res, err = streamsync.Sync(ctx, a.js.API(), a.want(), a.syncOptions())
 		a.noteConfigError(err)
@@ -62,6 +63,10 @@ func (a *App) brokerReady(ctx context.Context) error {
 			return err
 		}
 		a.synced.Store(true)
+		if again {
+			// The sequences the relay knew are the old stream's.
+			a.relay.ReconcileAgain()
+		}
 		a.noteAtomic(res.Atomic)
 		err = a.examineStream(ctx)
 	}

@@ -20,6 +20,7 @@ import (
 // gone for good (returned).
 func (r *Relay) claimLoop(ctx context.Context) error {
 	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	reconcileRetry := backoff{min: 500 * time.Millisecond, max: 30 * time.Second}
 	// Claim nothing before the broker can take it: a missing stream or a
 	// broker down at startup is an outage, not a reason to spend attempts.
 	if err := r.probe(ctx); err != nil && ctx.Err() == nil {
@@ -40,6 +41,15 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		if !r.leading.Load() && r.o.HeartbeatInterval > 0 {
 			wait(ctx, r.led, nil) // a standby claims nothing
 			continue
+		}
+		if r.o.Reconcile != nil && !r.reconciled.Load() {
+			// Nothing is published before the rows published already
+			// are found.
+			if ok, err := r.reconcile(ctx, &reconcileRetry); err != nil {
+				return err
+			} else if !ok {
+				continue
+			}
 		}
 		if r.outage.halfOpen() && r.inflight.Load() > 0 {
 			wait(ctx, r.settled, nil) // the row on trial decides first
@@ -139,7 +149,7 @@ func (r *Relay) idle(ctx context.Context) {
 // published (an event type that cannot form a subject, say) is
 // dead-lettered without publishing, and stops its key's lane.
 func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batch {
-	b := &batch{msgs: make([]publish.Message, 0, len(rows)), published: time.Now()}
+	b := &batch{msgs: make([]publish.Message, 0, len(rows)), published: time.Now(), floor: r.maxSeq.Load()}
 	b.acks = make([]publish.Ack, 0, len(rows))
 	var now []publish.Message // sent in one go
 	var nowAt []int           // indexes in b.acks of now

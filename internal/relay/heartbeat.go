@@ -95,5 +95,6 @@ func (r *Relay) lead() {
 		return
 	}
 	r.m.Leader.Set(0)
+	r.reconciled.Store(false) // whoever leads next may have published meanwhile
 	r.log.Info("standing by: another relay of this outbox table leads")
 }

@@ -25,8 +25,9 @@ type Store interface {
 	// Claim claims due rows: up to limit, and past the first row up to
 	// maxBytes of payload (0: no byte limit).
 	Claim(ctx context.Context, limit int, maxBytes int64) ([]event.Row, error)
-	// Settle writes outcomes; stale lists those whose claim was lost.
-	Settle(ctx context.Context, outs []event.Outcome) (stale []int, err error)
+	// Settle writes outcomes, and scanFrom when above 0 (see
+	// claim.Store.Settle); stale lists those whose claim was lost.
+	Settle(ctx context.Context, outs []event.Outcome, scanFrom uint64) (stale []int, err error)
 	// Waiting reports whether due rows were left unclaimed for lack of
 	// room in their ordering key: claim again as rows settle.
 	Waiting() bool
@@ -105,6 +106,14 @@ type Options struct {
 	// Ready, when set, replaces Publisher.Ready as the outage probe (the
 	// daemon adds reconciling the stream once the broker answers).
 	Ready func(ctx context.Context) error
+	// Reconcile, when set, runs each time this relay begins to lead,
+	// before it claims a row: it settles the rows whose messages the
+	// stream holds already (package reconcile) and returns the stream's
+	// last sequence, below every message published after it. From then on
+	// every settle writes where the messages of the rows not settled can
+	// begin (Store.Settle's scanFrom). An error is an outage when the
+	// broker does not answer, else retried.
+	Reconcile func(ctx context.Context) (last uint64, err error)
 	// Clock gives the times of retries and deferrals; share the store's.
 	Clock   *event.Clock
 	Metrics *metrics.Metrics
@@ -131,6 +140,12 @@ type Relay struct {
 	pipeline chan *batch   // claimer -> settler, in publish order
 	lanes    *lanes        // rows with an ordering key
 	claimSeq atomic.Uint64 // claims begun, for lanes
+	// reconciled: Options.Reconcile ran since this relay began to lead.
+	reconciled atomic.Bool
+	// maxSeq is the highest stream sequence of a message found stored:
+	// every message sent after it was found is stored above it.
+	maxSeq   atomic.Uint64
+	pins     pins // rows whose message may be stored, though not settled done
 	inflight atomic.Int64
 	// inflightBytes is the payload held by rows claimed and not yet
 	// acknowledged (see release).
@@ -140,7 +155,7 @@ type Relay struct {
 	outage        outageState
 	// One trouble log per database operation, so that one that keeps
 	// failing is logged once while the others succeed.
-	claimTrouble, settleTrouble, beatTrouble *episode.Log
+	claimTrouble, settleTrouble, beatTrouble, reconcileTrouble *episode.Log
 	// halt ends the claim loop with a cause that Run returns (set by Run).
 	halt context.CancelCauseFunc
 	// reserved are the header names a row may not set beyond Nats-* and
@@ -154,6 +169,9 @@ type batch struct {
 	acks      []publish.Ack
 	published time.Time
 	outcomes  []event.Outcome // rows settled without publishing (invalid)
+	// floor is maxSeq when the batch was claimed: its messages, however
+	// late they are sent (a key's next row), are stored above it.
+	floor uint64
 }
 
 // New returns a relay; Run starts it.
@@ -196,6 +214,8 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		return episode.New(o.Log.With(zap.String("operation", op)), zap.WarnLevel, "database unavailable; retrying", "database available again")
 	}
 	r.claimTrouble, r.settleTrouble, r.beatTrouble = trouble("claim"), trouble("settle"), trouble("heartbeat")
+	r.reconcileTrouble = episode.New(o.Log, zap.WarnLevel, "cannot reconcile the stream with the outbox; publishing nothing until it can, retrying", "reconciling again")
+	r.pins.rows = map[int64]uint64{}
 	r.m.BrokerConnected.Set(0) // until the first probe answers
 	return r
 }

@@ -30,24 +30,34 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 	// settle transaction does not hold back the acks behind it, which give
 	// back the payload budget (release). Each batch holds a row in flight
 	// until it is settled: MaxInFlight batches at most.
-	resolved := make(chan []event.Outcome, max(1, r.o.MaxInFlight))
+	type resolvedBatch struct {
+		outs  []event.Outcome
+		floor uint64
+	}
+	resolved := make(chan resolvedBatch, max(1, r.o.MaxInFlight))
 	go func() {
 		defer close(resolved)
 		for b := range r.pipeline {
-			resolved <- r.resolve(ctx, ackCtx, b)
+			resolved <- resolvedBatch{r.resolve(ctx, ackCtx, b), b.floor}
 		}
 	}()
 	var outs []event.Outcome
+	var floor uint64 // of the latest batch in outs
 	var first time.Time
 	window := time.NewTimer(time.Hour)
 	defer window.Stop()
 	flush := func() {
-		r.settle(writeCtx, outs)
+		// With nothing else in flight, every message sent is settled by
+		// this transaction (a claim after the check is stored above m).
+		if m := r.maxSeq.Load(); r.inflight.Load() == int64(len(outs)) {
+			floor = m
+		}
+		r.settle(writeCtx, outs, r.scanFrom(floor))
 		outs = nil
 	}
 	for {
 		select {
-		case o, ok := <-resolved:
+		case b, ok := <-resolved:
 			if !ok {
 				flush()
 				return
@@ -56,7 +66,7 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 				first = time.Now()
 				window.Reset(r.o.SettleWindow)
 			}
-			outs = append(outs, o...)
+			outs, floor = append(outs, b.outs...), b.floor
 			// A quarter of MaxInFlight goes at once: during a drain, rows
 			// waiting for the window would hold back claims.
 			if time.Since(first) >= r.o.SettleWindow || len(outs) >= r.o.MaxInFlight/4 {
@@ -85,13 +95,12 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 		now := r.o.Clock.Now()
 		switch res.Kind {
 		case publish.Stored, publish.Duplicate:
+			r.stored(res.Seq)
 			if res.Kind == publish.Duplicate {
 				r.m.Duplicates.Inc()
-				if res.Err != nil {
-					// Another event with this id went out within the
-					// duplicate window: this one is not in the stream.
-					r.log.Warn("broker dropped an event as a duplicate of another row's event with the same id",
-						zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.Error(res.Err))
+				if o, reused := r.reused(row, res.Err); reused {
+					outs = append(outs, o)
+					continue
 				}
 			}
 			r.m.PublishDuration.Observe(time.Since(b.published).Seconds())
@@ -111,12 +120,14 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 			outs = append(outs, o)
 		case publish.Transport:
 			if ctx.Err() != nil || waitCtx.Err() != nil {
+				r.pins.pin(row.ID, b.floor) // it may be stored
 				// Shutting down: hand the row back at once, for whoever runs next.
 				outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now, Reason: metrics.DeferShutdown})
 				continue
 			}
 			delay := r.outage.deferRow(res.Err, r.log, r.m)
-			r.wakeClaimer() // the claimer may be idle: let it see the outage now
+			r.pins.pin(row.ID, b.floor) // it may be stored
+			r.wakeClaimer()             // the claimer may be idle: let it see the outage now
 			outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferOutage})
 		case publish.Invalid:
 			outs = append(outs, r.invalid(row, res.Err))
@@ -137,6 +148,20 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 		}
 	}
 	return outs
+}
+
+// reused returns the dead letter of a row whose event id the stream
+// holds for another row (why, a *publish.ReusedID), and logs it: its
+// own event is not in the stream. A message the stream no longer holds is
+// the row's own when this relay sent the row before without an answer.
+func (r *Relay) reused(row event.Row, why error) (event.Outcome, bool) {
+	var e *publish.ReusedID
+	if !errors.As(why, &e) || e.Gone && r.pins.has(row.ID) {
+		return event.Outcome{}, false
+	}
+	r.log.Warn("dead-lettered a row whose event id the stream holds for another row: its own event is not in the stream",
+		zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.Error(why))
+	return event.Outcome{Row: row, Settlement: event.DeadLetter, Attempts: row.Attempts, Error: why.Error(), Reason: event.DeadLetterReusedID}, true
 }
 
 // release gives back the budget of a row's payload once its publish is
@@ -186,17 +211,19 @@ func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
 	}
 }
 
-// settle writes outcomes, retrying database errors until it succeeds or
-// writeCtx ends (only after shutdown began).
-func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome) {
+// settle writes outcomes and scanFrom (see Store.Settle), retrying
+// database errors until it succeeds or writeCtx ends (only after shutdown
+// began).
+func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome, scanFrom uint64) {
 	if len(outs) == 0 {
 		return
 	}
 	retry := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}
 	for {
-		stale, err := r.store.Settle(writeCtx, outs)
+		stale, err := r.store.Settle(writeCtx, outs, scanFrom)
 		if err == nil {
 			r.settleTrouble.OK()
+			r.pins.settled(outs)
 			r.count(outs, stale)
 			break
 		}
@@ -231,6 +258,9 @@ func (r *Relay) count(outs []event.Outcome, stale []int) {
 			r.m.Retries.Inc()
 		case event.DeadLetter:
 			r.m.DeadLettered.WithLabelValues(o.Reason).Inc()
+			if o.Reason == event.DeadLetterReusedID {
+				r.m.ReusedEventIDs.Inc()
+			}
 		case event.Release:
 			r.m.Deferred.WithLabelValues(o.Reason).Inc()
 		}

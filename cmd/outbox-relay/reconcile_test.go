@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestKill9BeforeTheSettlePastTheWindow: the leader is killed -9 after
+// JetStream acknowledged every row and before it could settle any (the
+// application held the write lock), the stream's duplicate window is 1 s
+// and the next leader starts well past it: a restarted relay, or the
+// standby taking over. Every row ends done at the sequence its message
+// was stored at, and the stream holds each event once.
+func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
+	for _, takeover := range []string{"restart", "standby"} {
+		t.Run(takeover, func(t *testing.T) {
+			const rows = 300
+			n := testenv.StartNATS(t)
+			js := n.JetStream(t)
+			path := testenv.NewDB(t)
+			app := testenv.AppDB(t, path)
+			env := []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_STREAM_DUPLICATE_WINDOW=1s", "OUTBOX_RELAY_METRICS_LISTEN=",
+				"OUTBOX_RELAY_RELAY_POLL_INTERVAL=200ms"}
+			leader := startDaemon(t, env, "run", "--database-path", path)
+			leader.waitFor("leading: this relay claims and publishes the rows")
+			var standby *process
+			if takeover == "standby" {
+				standby = startDaemon(t, env, "run", "--database-path", path)
+				standby.waitFor("standing by: another relay of this outbox table leads")
+			}
+			// The rows come due in a few seconds; by then the application
+			// holds the write lock, so the leader publishes (its reads take
+			// no lock) and cannot settle.
+			due := time.Now().Add(4 * time.Second).UnixMilli()
+			for i := range rows {
+				testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES (?, 'Thing', 'x', ?)`,
+					fmt.Sprint("ev-", i), due)
+			}
+			ctx := context.Background()
+			lock, err := app.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Close()
+			if _, err := lock.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+				t.Fatal(err)
+			}
+			if time.Now().UnixMilli() >= due {
+				t.Fatal("the lock was taken after the rows came due")
+			}
+			testenv.Eventually(t, 30*time.Second, "every row stored", func() bool { return len(testenv.StreamMessages(t, js, "EVENTS")) == rows })
+			if err := leader.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			<-leader.Exited()
+			time.Sleep(2500 * time.Millisecond) // past the window
+			if _, err := lock.ExecContext(ctx, `ROLLBACK`); err != nil {
+				t.Fatal(err)
+			}
+			if c := testenv.Counts(t, app); c["pending"] != rows {
+				t.Fatalf("after the kill: %v, want every row pending", c)
+			}
+			next := standby
+			if next == nil {
+				next = startDaemon(t, env, "run", "--database-path", path)
+			}
+			end, err := next.WaitFor("reconciled the outbox with the stream; publishing", 30*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if end.Fields["settled"] != float64(rows) {
+				t.Errorf("the next leader reconciled %v rows, want %d", end.Fields["settled"], rows)
+			}
+			testenv.Eventually(t, 30*time.Second, "every row done", func() bool { return testenv.Counts(t, app)["done"] == rows })
+			msgs := testenv.StreamMessages(t, js, "EVENTS")
+			if len(msgs) != rows {
+				t.Fatalf("the stream holds %d messages, want %d", len(msgs), rows)
+			}
+			seqs := map[string]uint64{}
+			for _, m := range msgs {
+				seqs[m.Header.Get(publish.HeaderMsgID)] = m.Sequence
+			}
+			for i, r := range testenv.Strings(t, app, `SELECT event_id || ' ' || stream_seq FROM event_queue ORDER BY id`) {
+				if want := fmt.Sprint("ev-", i, " ", seqs[fmt.Sprint("ev-", i)]); r != want {
+					t.Fatalf("row %d: %s, want %s", i+1, r, want)
+				}
+			}
+			next.stop()
+		})
+	}
+}
