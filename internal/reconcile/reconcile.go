@@ -20,6 +20,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -128,35 +129,58 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 	if err != nil {
 		return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
 	}
+	// Messages arrive while the batch before is settled.
+	it, err := c.Messages(jetstream.PullMaxMessages(2 * o.Batch))
+	if err != nil {
+		return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
+	}
 	defer func() {
+		it.Stop()
 		if ci := c.CachedInfo(); ci != nil {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()
 			_ = s.DeleteConsumer(dctx, ci.Name) // else the server removes it when idle
 		}
 	}()
-	for p.Next <= p.To {
-		batch, more, err := fetch(c, o.Batch, p.To)
+	var pending uint64 // messages on the relay's subjects left to read
+	if ci := c.CachedInfo(); ci != nil {
+		pending = ci.NumPending
+	}
+	batch := make([]seen, 0, o.Batch)
+	for pending > 0 {
+		m, err := it.Next(jetstream.NextMaxWait(readWait))
 		if err != nil {
 			return p, fmt.Errorf("read stream %s from sequence %d: %w", o.Stream, p.Next, err)
 		}
-		next := p.To + 1 // the last batch, read to the end of the filter's messages
-		if more {
-			next = batch[len(batch)-1].seq + 1
+		meta, err := m.Metadata()
+		if err != nil {
+			return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
 		}
-		if !at.IsZero() && p.Read == 0 && len(batch) > 0 {
-			p.From = batch[0].seq
+		if meta.Sequence.Stream > p.To {
+			break // stored since Run began: not this table's unsettled rows
 		}
-		if err := p.settle(ctx, o, batch, next); err != nil {
-			return p, err
+		h := m.Headers()
+		batch = append(batch, seen{seq: meta.Sequence.Stream, msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin)})
+		if !at.IsZero() && p.Read == 0 && len(batch) == 1 {
+			p.From = meta.Sequence.Stream
 		}
-		p.Next = next
-		if o.Progress != nil {
-			o.Progress(p)
+		pending = meta.NumPending
+		if len(batch) == o.Batch && pending > 0 && meta.Sequence.Stream < p.To {
+			if err := p.settle(ctx, o, batch, meta.Sequence.Stream+1); err != nil {
+				return p, err
+			}
+			batch = batch[:0]
 		}
+	}
+	// The last batch moves the mark past the stream's end as Run found it.
+	if err := p.settle(ctx, o, batch, p.To+1); err != nil {
+		return p, err
 	}
 	return p, nil
 }
+
+// readWait bounds the wait for a message the stream said was there.
+const readWait = 10 * time.Second
 
 // start returns where the scan starts: the mark, for the stream it was
 // written for; the stream's first sequence, for a stream of that name
@@ -197,32 +221,6 @@ type seen struct {
 	msgID, rowID, origin string
 }
 
-// fetch reads up to n messages past those read, none above last; more
-// says whether there may be more to read up to last.
-func fetch(c jetstream.Consumer, n int, last uint64) (out []seen, more bool, err error) {
-	b, err := c.FetchNoWait(n)
-	if err != nil {
-		return nil, false, err
-	}
-	var pending uint64
-	for m := range b.Messages() {
-		meta, err := m.Metadata()
-		if err != nil {
-			return nil, false, err
-		}
-		if meta.Sequence.Stream > last {
-			return out, false, nil
-		}
-		h := m.Headers()
-		out = append(out, seen{seq: meta.Sequence.Stream, msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin)})
-		pending = meta.NumPending
-	}
-	if err := b.Error(); err != nil {
-		return nil, false, err
-	}
-	return out, len(out) > 0 && pending > 0 && out[len(out)-1].seq < last, nil
-}
-
 // row is what the table holds for an event id.
 type row struct {
 	id       int64
@@ -231,14 +229,21 @@ type row struct {
 }
 
 // settle settles the rows of batch's messages and moves the mark to next,
-// in one transaction.
+// in one transaction, and reports the progress.
 func (p *Progress) settle(ctx context.Context, o Options, batch []seen, next uint64) error {
-	p.Read += len(batch)
-	ids := make([]string, len(batch))
-	for i, m := range batch {
-		ids[i] = m.msgID
+	if err := p.settleBatch(ctx, o, batch, next); err != nil {
+		return err
 	}
-	rows, err := rowsOf(ctx, o.DB, ids)
+	p.Read += len(batch)
+	p.Next = next
+	if o.Progress != nil {
+		o.Progress(*p)
+	}
+	return nil
+}
+
+func (p *Progress) settleBatch(ctx context.Context, o Options, batch []seen, next uint64) error {
+	rows, err := rowsOf(ctx, o, batch)
 	if err != nil {
 		return err
 	}
@@ -293,26 +298,53 @@ func (p *Progress) settle(ctx context.Context, o Options, batch []seen, next uin
 	return nil
 }
 
-// rowsOf reads the rows of the event ids (by the unique index).
-func rowsOf(ctx context.Context, db *sqlitedb.DB, ids []string) (map[string]row, error) {
-	arg, _ := json.Marshal(ids)
+// rowsOf returns the rows of the event ids of batch's messages, by event
+// id. A message of this table (or from before Outbox-Origin) names its
+// row: those are read by id, in id order, and those whose row holds
+// another event id, with the others', by the event id's unique index.
+func rowsOf(ctx context.Context, o Options, batch []seen) (map[string]row, error) {
+	out := make(map[string]row, len(batch))
+	var ids []int64
+	for _, m := range batch {
+		if id, err := strconv.ParseInt(m.rowID, 10, 64); err == nil && (m.origin == o.Origin || m.origin == "") {
+			ids = append(ids, id)
+		}
+	}
+	if err := readRows(ctx, o.DB, "id", ids, out); err != nil {
+		return nil, err
+	}
+	var eventIDs []string
+	for _, m := range batch {
+		if _, ok := out[m.msgID]; !ok {
+			eventIDs = append(eventIDs, m.msgID)
+		}
+	}
+	return out, readRows(ctx, o.DB, "event_id", eventIDs, out)
+}
+
+// readRows reads into out, by event id, the rows whose column col is
+// among vals.
+func readRows[T any](ctx context.Context, db *sqlitedb.DB, col string, vals []T, out map[string]row) error {
+	if len(vals) == 0 {
+		return nil
+	}
+	arg, _ := json.Marshal(vals)
 	q := fmt.Sprintf(`SELECT id, CAST(event_id AS TEXT), coalesce(CAST(status AS TEXT), ''), coalesce(attempts, 0)
-FROM %s WHERE event_id IN (SELECT value FROM json_each(?1))`, db.Table())
+FROM %s WHERE %s IN (SELECT value FROM json_each(?1)) AND event_id IS NOT NULL`, db.Table(), col)
 	rs, err := db.Reader().QueryContext(ctx, q, string(arg))
 	if err != nil {
-		return nil, fmt.Errorf("read the rows of the stream's messages: %w", err)
+		return fmt.Errorf("read the rows of the stream's messages: %w", err)
 	}
 	defer rs.Close()
-	out := make(map[string]row, len(ids))
 	for rs.Next() {
 		var r row
 		var id string
 		if err := rs.Scan(&r.id, &id, &r.status, &r.attempts); err != nil {
-			return nil, fmt.Errorf("read the rows of the stream's messages: %w", err)
+			return fmt.Errorf("read the rows of the stream's messages: %w", err)
 		}
 		out[id] = r
 	}
-	return out, rs.Err()
+	return rs.Err()
 }
 
 // orphaned returns the messages of gone whose row has no record either
