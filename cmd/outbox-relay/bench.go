@@ -101,6 +101,7 @@ func benchFlags(f *pflag.FlagSet, o *bench.Options) {
 	f.IntVar(&o.Rate, "rate", 0, "also measure lag with a writer inserting this many rows/s")
 	f.DurationVar(&o.Duration, "duration", 30*time.Second, "how long the --rate writer writes")
 	f.IntVar(&o.WriterCheckpoint, "writer-autocheckpoint", 1000, "the --rate writer's PRAGMA wal_autocheckpoint (SQLite's default 1000; 0 leaves checkpoints to the relay)")
+	f.IntVar(&o.Reconcile, "reconcile", 0, "also start a relay on a backup taken before this many rows were published, and measure how fast it finds them in the stream (0: not)")
 	f.DurationVar(&o.Idle, "idle", 0, "also measure the relay's CPU while idle for this long (e.g. 60s)")
 	f.StringVar(&o.NATSURL, "nats-url", "", "use this server instead of an embedded one")
 	f.StringVar(&o.Dir, "dir", "", "work directory (default: a new temporary directory, removed after)")

@@ -61,6 +61,9 @@ type Options struct {
 	// (settling a row deletes it and records it in the outbox table's
 	// records table), and seeds the --done-rows as such records.
 	DeleteDone bool
+	// Reconcile > 0 measures a relay started on a backup taken before that
+	// many rows were published: it finds them in the stream.
+	Reconcile int
 	// Progress receives a line per measurement as it completes.
 	Progress io.Writer
 }
@@ -169,7 +172,9 @@ type Report struct {
 	Client         *ClientRun `json:"standard_client,omitempty"`
 	CPUToClient    float64    `json:"relay_cpu_to_standard_client,omitempty"`
 	IdleCPUPercent *float64   `json:"idle_cpu_percent_of_one_core,omitempty"`
-	IdleSeconds    float64    `json:"idle_seconds,omitempty"`
+	// With --reconcile N: the relay on a restored backup.
+	Reconcile   *ReconcileRun `json:"reconcile,omitempty"`
+	IdleSeconds float64       `json:"idle_seconds,omitempty"`
 }
 
 // Run measures what o asks for and returns the report.
@@ -356,6 +361,18 @@ func (b *bench) run() (*Report, error) {
 		}
 		rep.CPUToClient = rep.Rate.CPUPercent / max(0.01, rep.Client.CPUPercent)
 		progress("standard client alone: %.1f%% of one core at %d msgs/s; relay / client %.1f", rep.Client.CPUPercent, o.Rate, rep.CPUToClient)
+	}
+	if o.Reconcile > 0 {
+		names, err := stream("reconcile", prefix+".>")
+		if err != nil {
+			return nil, err
+		}
+		if rep.Reconcile, err = b.benchReconcile(ctx, dir, url, names, js.API(), o.Reconcile); err != nil {
+			return nil, err
+		}
+		r := rep.Reconcile
+		progress("reconcile: %d of %d rows found in the stream in %.2f s, %.0f rows/s, peak RSS %.1f MiB, stream holds %d messages",
+			r.Settled, r.Rows, r.Seconds, r.RowsPerSec, r.PeakRSSMiB, r.StreamMessages)
 	}
 	if o.Idle > 0 {
 		names, err := stream("idle", prefix+".>")
@@ -548,20 +565,9 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 		res.Rows = len(txs)
 		res.WriterP50Us, res.WriterP99Us, res.WriterMaxUs = spread(txs)
 	}
-	for {
-		drained, err := benchkit.Drained(ctx, db, "event_queue")
-		if err != nil {
-			stopRelay(ch)
-			return nil, err
-		}
-		if drained {
-			break
-		}
-		select {
-		case <-ch.Exited():
-			return nil, fmt.Errorf("the relay %w", ch.ExitedEarly("the table drained"))
-		case <-time.After(10 * time.Millisecond):
-		}
+	if err := waitDrained(ctx, db, ch); err != nil {
+		stopRelay(ch)
+		return nil, err
 	}
 	if pin != nil {
 		if res.WALBytes, err = pin.Grown(); err != nil {
@@ -1010,6 +1016,10 @@ func Print(w io.Writer, r *Report) {
 			fmt.Fprintf(w, "  %-27s %9.1f %% of one core, one PubAck awaited at a time\n", "standard client alone", cl.CPUPercent)
 			fmt.Fprintf(w, "  relay CPU / client CPU      %9.1f\n", r.CPUToClient)
 		}
+	}
+	if x := r.Reconcile; x != nil {
+		fmt.Fprintf(w, "  %-27s %9.0f rows/s  %d of %d rows found in %.2f s  peak RSS %.1f MiB  stream holds %d messages\n",
+			"reconcile after a restore", x.RowsPerSec, x.Settled, x.Rows, x.Seconds, x.PeakRSSMiB, x.StreamMessages)
 	}
 	if r.IdleCPUPercent != nil {
 		fmt.Fprintf(w, "  idle CPU                    %9.2f %% of one core over %.0f s\n", *r.IdleCPUPercent, r.IdleSeconds)
