@@ -276,3 +276,59 @@ func (g gatedReconcile) Settle(ctx context.Context, outs []event.Outcome, scanFr
 	}
 	return g.Store.Settle(ctx, outs, scanFrom)
 }
+
+// unansweredOnce is a publisher whose first message is stored but whose
+// answer is lost: it reports a timeout, late, as an ack lost in an
+// outage would be.
+type unansweredOnce struct {
+	relay.Publisher
+	once sync.Once
+	late time.Duration
+}
+
+func (u *unansweredOnce) Publish(ctx context.Context, msgs []publish.Message) []publish.Ack {
+	acks := u.Publisher.Publish(ctx, msgs)
+	u.once.Do(func() { acks[0] = lostAck{Ack: acks[0], late: u.late} })
+	return acks
+}
+
+type lostAck struct {
+	publish.Ack
+	late time.Duration
+}
+
+func (l lostAck) Wait(ctx context.Context) publish.Result {
+	if res := l.Ack.Wait(ctx); res.Kind != publish.Stored {
+		return res
+	}
+	time.Sleep(l.late)
+	return publish.Result{Kind: publish.Transport, Err: fmt.Errorf("nats: timeout")}
+}
+
+// TestUnansweredPublishPastTheWindow: a row whose publish was stored but
+// got no answer goes back to pending as in an outage; when it goes again
+// the window has passed, and the relay finds its message first instead of
+// storing it twice.
+func TestUnansweredPublishPastTheWindow(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{window: time.Second,
+		wrapPublisher: func(p relay.Publisher) relay.Publisher {
+			return &unansweredOnce{Publisher: p, late: 2500 * time.Millisecond}
+		}})
+	testenv.InsertN(t, app, 1, "Thing")
+	waitAllSettled(t, app, 1, 30*time.Second)
+	if msgs := testenv.StreamMessages(t, js, "EVENTS"); len(msgs) != 1 {
+		t.Fatalf("the stream holds %d messages, want the row's once", len(msgs))
+	}
+	checkOwnMessages(t, js, app, storedRows(t, app))
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := metrics.Value(h.metrics.Reconciled); got != 1 {
+		t.Errorf("reconciled_rows_total %v, want the row found after the outage", got)
+	}
+}

@@ -148,8 +148,8 @@ func (a *App) windowWarning() string {
 }
 
 // role is what a passing /readyz says: the relay's role, and a warning
-// while the duplicate window is short (ready, but exactly-once holds only
-// within that window).
+// while the duplicate window is short (ready, but JetStream drops a
+// re-published event only within that window).
 func (a *App) role() string {
 	r := a.relay.Role()
 	if w := a.windowWarning(); w != "" {

@@ -53,7 +53,7 @@ func TestShortDuplicateWindowIsAWarning(t *testing.T) {
 	if code != 200 || !strings.HasPrefix(body, "ok: leading") ||
 		!strings.Contains(body, "; warning: stream EVENTS dedups within 2m, not the 1h of stream.duplicate_window") ||
 		!strings.Contains(body, "raise max_age to at least 1h (nats stream edit EVENTS --max-age 1h --dupe-window 1h -f)") ||
-		!strings.Contains(body, "set stream.duplicate_window to at most 30m; exactly-once then holds only within that window") {
+		!strings.Contains(body, "set stream.duplicate_window to at most 30m; JetStream then drops a re-published event only within that window") {
 		t.Fatalf("/readyz %d %q", code, body)
 	}
 	if got := metrics.Value(a.metrics.StreamDuplicateWindow); got != 120 {

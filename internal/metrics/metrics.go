@@ -124,7 +124,7 @@ func New(version, commit string) *Metrics {
 	m.StreamConfigPatched = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "stream_config_patched_total",
 		Help: "Stream and consumer fields changed at startup reconciliation, by field (duplicate_window, max_deliver, ack_wait)."}, []string{"field"})
 	m.StreamDuplicateWindow = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "stream_duplicate_window_seconds",
-		Help: "The stream's duplicate window as the relay last read it: JetStream drops a repeated Nats-Msg-Id only within it, so below stream.duplicate_window exactly-once holds only that long. 0 until the stream is read, and in core mode."})
+		Help: "The stream's duplicate window as the relay last read it: JetStream drops a repeated Nats-Msg-Id only within it. 0 until the stream is read, and in core mode."})
 	m.PrunedRows = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "pruned_rows_total",
 		Help: "Rows deleted by retention, by table."}, []string{"table"})
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "build_info",

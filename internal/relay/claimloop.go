@@ -36,6 +36,11 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			if err := r.waitBroker(ctx); err != nil {
 				return err
 			}
+			if r.o.Reconcile != nil && r.pins.any() {
+				// Rows whose publish got no answer may be stored: found
+				// before they go again, however long the outage was.
+				r.reconciled.Store(false)
+			}
 			continue
 		}
 		if !r.leading.Load() && r.o.HeartbeatInterval > 0 {

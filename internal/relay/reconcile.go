@@ -119,6 +119,13 @@ func (p *pins) settled(outs []event.Outcome) {
 	}
 }
 
+// any reports whether a row is pinned.
+func (p *pins) any() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.rows) > 0
+}
+
 func (p *pins) min() uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()

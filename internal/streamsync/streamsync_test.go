@@ -257,7 +257,7 @@ func TestRejectedUpdateKeepsStarting(t *testing.T) {
 	}
 	const command = "nats stream edit EVENTS --max-age 1h --dupe-window 1h -f"
 	if res.Applied || len(res.Rejected) != 1 || res.Rejected[0].Command != command ||
-		!strings.Contains(res.Rejected[0].Hint, "set stream.duplicate_window to at most 30m; exactly-once then holds only within that window") {
+		!strings.Contains(res.Rejected[0].Hint, "set stream.duplicate_window to at most 30m; JetStream then drops a re-published event only within that window") {
 		t.Fatalf("result %+v", res)
 	}
 	if w := res.Window; w == nil || w.Have != 2*time.Minute || !w.Short() || !strings.Contains(w.Warning(), "stream EVENTS dedups within 2m, not the 1h") {

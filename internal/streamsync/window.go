@@ -52,8 +52,8 @@ func (w Window) Choice() string {
 			fmtDuration(w.MaxAge), fmtDuration(w.Want), w.Command())
 		most = w.MaxAge
 	}
-	return fmt.Sprintf("%s, or accept a shorter window: set stream.duplicate_window to at most %s; exactly-once then holds only within that window "+
-		"(a row published again later, by a relay stopped between the publish and the settle or from a restored backup, is stored twice)",
+	return fmt.Sprintf("%s, or accept a shorter window: set stream.duplicate_window to at most %s; JetStream then drops a re-published event only within that window "+
+		"(the relay finds what a stopped relay or a restored backup left unsettled whatever the window, but a leader paused past its lead that publishes later than the window stores its rows twice)",
 		give, fmtDuration(most))
 }
 
