@@ -191,3 +191,20 @@ func BenchmarkReconcile(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*rows), "ns/row")
 }
+
+// BenchmarkNothingToReconcile is what a relay's start costs when nothing
+// was published since the table's position: reading the stream's state
+// and the position, and writing it.
+func BenchmarkNothingToReconcile(b *testing.B) {
+	ctx := context.Background()
+	f := newFixture(b, 1000)
+	o := f.options(claim.New(f.db, claim.Options{Stream: "EVENTS"}))
+	if p, err := reconcile.Run(ctx, o); err != nil || p.Settled != 1000 {
+		b.Fatalf("%+v %v", p, err)
+	}
+	for b.Loop() {
+		if p, err := reconcile.Run(ctx, o); err != nil || p.Scans() {
+			b.Fatalf("%+v %v", p, err)
+		}
+	}
+}
