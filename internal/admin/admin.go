@@ -105,6 +105,18 @@ type Status struct {
 	// PendingGrouped counts the pending rows that have an atomic_group
 	// (0 also on a table without the column).
 	PendingGrouped int64 `json:"pending_in_atomic_groups"`
+	// Position is where a relay that begins to lead reads the stream from
+	// to find the rows published already (package reconcile); nil before
+	// a relay first reconciled the table.
+	Position *Position `json:"stream_position,omitempty"`
+}
+
+// Position is an outbox table's row of schema.PublishedTable.
+type Position struct {
+	Origin   string    `json:"origin"` // the Outbox-Origin of its messages
+	Stream   string    `json:"stream"`
+	ScanFrom uint64    `json:"scan_from"` // 0: from its oldest pending row's time
+	Updated  time.Time `json:"updated_at"`
 }
 
 // StatusOptions say what ReadStatus lists besides the counts.
@@ -209,6 +221,9 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+schema.ExhaustedTable).Scan(&st.ConsumerExhausted); err != nil {
 		return st, fmt.Errorf("read status: %w", err)
 	}
+	if st.Position, err = position(ctx, tx, s.Table()); err != nil {
+		return st, fmt.Errorf("read status: %w", err)
+	}
 	cols, err := sqlitedb.Columns(ctx, tx, s.Table())
 	if err == nil && cols["atomic_group"] {
 		err = tx.QueryRowContext(ctx, `SELECT count(*) FROM `+s.Table()+` WHERE atomic_group IS NOT NULL AND status = 'pending'`).Scan(&st.PendingGrouped)
@@ -217,6 +232,27 @@ func ReadStatus(ctx context.Context, s *sqlitedb.DB, o StatusOptions) (Status, e
 		return st, fmt.Errorf("read status: %w", err)
 	}
 	return st, nil
+}
+
+// position reads table's stream position; nil when a relay never
+// reconciled it (or the file predates the table of positions).
+func position(ctx context.Context, q sqlitedb.Querier, table string) (*Position, error) {
+	if ok, err := sqlitedb.ObjectExists(ctx, q, "table", schema.PublishedTable); err != nil || !ok {
+		return nil, err
+	}
+	var p Position
+	var stream sql.NullString
+	var from, updated sql.NullInt64
+	err := q.QueryRowContext(ctx, `SELECT origin, stream, scan_from, updated_at FROM `+schema.PublishedTable+` WHERE outbox_table = ?`, table).
+		Scan(&p.Origin, &stream, &from, &updated)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && !stream.Valid {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.Stream, p.ScanFrom, p.Updated = stream.String, uint64(max(from.Int64, 0)), time.UnixMilli(updated.Int64)
+	return &p, nil
 }
 
 // deadLetterColumns are a dead letter's columns as scanDeadLetter reads

@@ -102,6 +102,36 @@ func TestStatusListsTheTablesRelays(t *testing.T) {
 	}
 }
 
+// TestStatusShowsTheStreamPosition: status says from where the next
+// leader reconciles, the table's own row of outbox_relay_published; none
+// before a relay first reconciled it.
+func TestStatusShowsTheStreamPosition(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MigratedDB(t)
+	app := testenv.AppDB(t, db.Path())
+	report := func() (Status, string) {
+		st, err := ReadStatus(ctx, db, StatusOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		StatusReport{Status: st}.Print(&b, time.Now())
+		return st, b.String()
+	}
+	if st, text := report(); st.Position != nil || strings.Contains(text, "reconciles from") {
+		t.Fatalf("a table never reconciled: %+v\n%s", st.Position, text)
+	}
+	testenv.MustExec(t, app, `INSERT INTO `+schema.PublishedTable+` (outbox_table, origin, stream, stream_created, scan_from, updated_at) VALUES
+		('orders_outbox', 'other', 'ORDERS', 1, 7, 1), ('event_queue', 'o-1', 'EVENTS', 1, 1201, 1)`)
+	st, text := report()
+	if st.Position == nil || *st.Position != (Position{Origin: "o-1", Stream: "EVENTS", ScanFrom: 1201, Updated: time.UnixMilli(1)}) {
+		t.Fatalf("position %+v", st.Position)
+	}
+	if want := "reconciles from     sequence 1201 of stream EVENTS, when a relay next begins to lead (origin o-1)"; !strings.Contains(text, want) {
+		t.Fatalf("status says:\n%s\nwant a line %q", text, want)
+	}
+}
+
 // parked returns a ParkedKey as testenv.InsertParkedKeys writes them.
 func parked(key string, id, processed int64, lastError string, waiting int64) ParkedKey {
 	return ParkedKey{OrderingKey: key, WaitingRows: waiting, DeadLetter: DeadLetter{ID: id, EventID: fmt.Sprint("e", id), EventType: fmt.Sprint("T", id),

@@ -58,6 +58,13 @@ func (r StatusReport) Print(out io.Writer, now time.Time) {
 	if st.LastStreamSeq > 0 {
 		fmt.Fprintf(w, "stream sequence\t%d on the latest done row (audit checks each row's)\n", st.LastStreamSeq)
 	}
+	if p := st.Position; p != nil {
+		from := fmt.Sprintf("sequence %d", p.ScanFrom)
+		if p.ScanFrom == 0 {
+			from = "its oldest pending row's time"
+		}
+		fmt.Fprintf(w, "reconciles from\t%s of stream %s, when a relay next begins to lead (origin %s)\n", from, p.Stream, p.Origin)
+	}
 	switch {
 	case !r.Parks:
 		fmt.Fprintf(w, "parked keys\tnone (ordering.on_dead_letter: %s)\n", r.OnDeadLetter)
