@@ -146,37 +146,110 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 	if ci := c.CachedInfo(); ci != nil {
 		pending = ci.NumPending
 	}
+	pl := newPipeline(ctx, o, &p)
 	batch := make([]seen, 0, o.Batch)
-	for pending > 0 {
+	read := p.From // the sequence read next, for errors
+	for pending > 0 && pl.ctx.Err() == nil {
 		m, err := it.Next(jetstream.NextMaxWait(readWait))
 		if err != nil {
-			return p, fmt.Errorf("read stream %s from sequence %d: %w", o.Stream, p.Next, err)
+			pl.fail(fmt.Errorf("read stream %s from sequence %d: %w", o.Stream, read, err))
+			break
 		}
 		meta, err := m.Metadata()
 		if err != nil {
-			return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
+			pl.fail(fmt.Errorf("read stream %s: %w", o.Stream, err))
+			break
 		}
-		if meta.Sequence.Stream > p.To {
+		seq := meta.Sequence.Stream
+		if seq > p.To {
 			break // stored since Run began: not this table's unsettled rows
 		}
 		h := m.Headers()
-		batch = append(batch, seen{seq: meta.Sequence.Stream, msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin)})
-		if !at.IsZero() && p.Read == 0 && len(batch) == 1 {
-			p.From = meta.Sequence.Stream
+		batch = append(batch, seen{seq: seq, msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin)})
+		if !at.IsZero() && read == p.From && len(batch) == 1 {
+			p.From = seq // before the first batch is handed on
 		}
-		pending = meta.NumPending
-		if len(batch) == o.Batch && pending > 0 && meta.Sequence.Stream < p.To {
-			if err := p.settle(ctx, o, batch, meta.Sequence.Stream+1); err != nil {
-				return p, err
+		read, pending = seq+1, meta.NumPending
+		if len(batch) == o.Batch && pending > 0 && seq < p.To {
+			pl.send(batch, seq+1)
+			batch = make([]seen, 0, o.Batch)
+		}
+	}
+	if pl.ctx.Err() == nil {
+		// The last batch moves the mark past the stream's end as Run
+		// found it.
+		pl.send(batch, p.To+1)
+	}
+	return p, pl.wait()
+}
+
+// pipeline settles batches of messages in two stages that overlap: the
+// rows of one batch are read (a reader connection) while the batch before
+// is settled (the writer). A row read as pending that the batch before
+// settled meanwhile is left alone by the settle, which writes only
+// pending rows.
+type pipeline struct {
+	ctx     context.Context
+	fail    context.CancelCauseFunc
+	lookups chan stage
+	done    chan struct{}
+}
+
+// stage is a batch on its way: its messages, the mark it moves to, and
+// the rows of their event ids once read.
+type stage struct {
+	batch []seen
+	next  uint64
+	rows  map[string]row
+}
+
+func newPipeline(ctx context.Context, o Options, p *Progress) *pipeline {
+	ctx, fail := context.WithCancelCause(ctx)
+	pl := &pipeline{ctx: ctx, fail: fail, lookups: make(chan stage, 1), done: make(chan struct{})}
+	settles := make(chan stage, 1)
+	go func() {
+		defer close(settles)
+		for st := range pl.lookups {
+			if ctx.Err() != nil {
+				continue
 			}
-			batch = batch[:0]
+			var err error
+			if st.rows, err = rowsOf(ctx, o, st.batch); err != nil {
+				fail(err)
+				continue
+			}
+			settles <- st
 		}
+	}()
+	go func() {
+		defer close(pl.done)
+		for st := range settles {
+			if ctx.Err() != nil {
+				continue
+			}
+			if err := p.settle(ctx, o, st); err != nil {
+				fail(err)
+			}
+		}
+	}()
+	return pl
+}
+
+// send hands a batch on; after a failure it is dropped.
+func (pl *pipeline) send(batch []seen, next uint64) {
+	select {
+	case pl.lookups <- stage{batch: batch, next: next}:
+	case <-pl.ctx.Done():
 	}
-	// The last batch moves the mark past the stream's end as Run found it.
-	if err := p.settle(ctx, o, batch, p.To+1); err != nil {
-		return p, err
-	}
-	return p, nil
+}
+
+// wait waits for the batches sent to be settled, and returns the first
+// failure.
+func (pl *pipeline) wait() error {
+	close(pl.lookups)
+	<-pl.done
+	defer pl.fail(nil)
+	return context.Cause(pl.ctx)
 }
 
 // readWait bounds the wait for a message the stream said was there.
@@ -230,23 +303,20 @@ type row struct {
 
 // settle settles the rows of batch's messages and moves the mark to next,
 // in one transaction, and reports the progress.
-func (p *Progress) settle(ctx context.Context, o Options, batch []seen, next uint64) error {
-	if err := p.settleBatch(ctx, o, batch, next); err != nil {
+func (p *Progress) settle(ctx context.Context, o Options, st stage) error {
+	if err := p.settleBatch(ctx, o, st); err != nil {
 		return err
 	}
-	p.Read += len(batch)
-	p.Next = next
+	p.Read += len(st.batch)
+	p.Next = st.next
 	if o.Progress != nil {
 		o.Progress(*p)
 	}
 	return nil
 }
 
-func (p *Progress) settleBatch(ctx context.Context, o Options, batch []seen, next uint64) error {
-	rows, err := rowsOf(ctx, o, batch)
-	if err != nil {
-		return err
-	}
+func (p *Progress) settleBatch(ctx context.Context, o Options, st stage) error {
+	batch, rows, next := st.batch, st.rows, st.next
 	var outs []event.Outcome
 	taken := map[int64]bool{}
 	var gone []seen // messages of this table without a row of their event id
