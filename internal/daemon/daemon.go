@@ -66,12 +66,15 @@ type App struct {
 	// origin is the outbox table's Outbox-Origin (JetStream mode).
 	origin string
 	recon  reconciliation
-	conn   *publish.Conn
-	js     *publish.JetStream // nil in core mode
-	pub    relay.Publisher
-	relay  *relay.Relay
-	keeper *housekeeping.Keeper
-	synced atomic.Bool // the stream was reconciled since start
+	// unreadableSaid: the stream's refusal of the reconciliation's
+	// consumer was logged.
+	unreadableSaid atomic.Bool
+	conn           *publish.Conn
+	js             *publish.JetStream // nil in core mode
+	pub            relay.Publisher
+	relay          *relay.Relay
+	keeper         *housekeeping.Keeper
+	synced         atomic.Bool // the stream was reconciled since start
 	// atomicSaid: the atomic batch mode was logged (see noteAtomic).
 	atomicSaid atomic.Bool
 	stream     streamState

@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/reconcile"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 )
 
 // reconcileLogEvery is how often a long reconciliation logs its progress.
@@ -29,7 +31,7 @@ type reconciliation struct {
 // reconcile is the relay's Options.Reconcile: it settles the rows whose
 // messages the stream holds already, logging a line when it starts reading,
 // its progress every reconcileLogEvery and a line when it ends.
-func (a *App) reconcile(ctx context.Context) (uint64, error) {
+func (a *App) reconcile(ctx context.Context) (relay.Reconciled, error) {
 	log := a.log.Named("reconcile").With(zap.String("stream", a.cfg.Stream.Name))
 	var said, lastLog time.Time
 	var done reconcile.Progress // what earlier batches of this run counted
@@ -65,11 +67,21 @@ func (a *App) reconcile(ctx context.Context) (uint64, error) {
 		DB: a.db, Store: a.store, JS: a.js.API(), Stream: a.cfg.Stream.Name,
 		Subjects: a.cfg.Stream.SubjectPrefix + ".>", Origin: a.origin, Progress: progress,
 	})
+	var unreadable *reconcile.Unreadable
+	if errors.As(err, &unreadable) {
+		// Waiting will not make the server take the consumer: publish as
+		// before, leaning on the duplicate window alone.
+		if a.unreadableSaid.CompareAndSwap(false, true) {
+			log.Warn("cannot reconcile the outbox with the stream: the server refuses the consumer that reads it (a work-queue stream, one at its max_consumers, say); "+
+				"publishing without it, so JetStream drops a re-published event only within its duplicate window", zap.Error(err))
+		}
+		return relay.Reconciled{Last: p.To, RowsBefore: p.RowsBefore}, nil
+	}
 	if err != nil {
 		if p.Scans() {
 			log.Warn("reconciliation stopped; it goes on from where it stopped when it runs again", zap.Uint64("next_seq", p.Next), zap.Error(err))
 		}
-		return 0, err
+		return relay.Reconciled{}, err
 	}
 	if p.Orphans > 0 {
 		log.Warn("messages of this outbox in the stream whose rows are not in the file: rows written after the point in time of a restored backup, say; not re-created",
@@ -79,7 +91,7 @@ func (a *App) reconcile(ctx context.Context) (uint64, error) {
 		log.Info("reconciled the outbox with the stream; publishing", zap.Int("read", p.Read), zap.Int("settled", p.Settled),
 			zap.Int("reused_event_ids", p.Reused), zap.Int("orphans", p.Orphans), zap.Duration("took", time.Since(p.Started).Round(time.Millisecond)))
 	}
-	return p.To, nil
+	return relay.Reconciled{Last: p.To, RowsBefore: p.RowsBefore}, nil
 }
 
 // reconcileStatus is why /readyz is not ready while the relay reconciles,

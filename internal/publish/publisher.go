@@ -621,8 +621,7 @@ func (e *ReusedID) Error() string {
 	switch {
 	case e.Gone:
 		return fmt.Sprintf("event id already in stream %s's duplicate window, for sequence %d, which the stream no longer holds (purged, or removed by its limits): "+
-			"this row's event was not stored; if it is not another row's, it was this row's, stored by a relay stopped before its settle and then removed from the stream. "+
-			"Give the row a new event_id and retry it to publish it", e.Stream, e.Seq)
+			"this row was written after the relay began to lead, so the message was another row's, and this row's event was not stored; give it a new event_id and retry it", e.Stream, e.Seq)
 	case e.Ours:
 		whose = "row " + e.RowID + " of this table"
 	case e.Origin != "":

@@ -15,6 +15,11 @@ import (
 // where in the stream the messages of its unsettled rows can begin.
 type Mark struct {
 	Origin string
+	// AdoptedAt (Unix ms) is when the origin was given to a table that
+	// had rows already (from before the origin, or a restored backup
+	// from before it): a message stored before then may carry another
+	// origin and still be a row's own. 0: the table was empty.
+	AdoptedAt int64
 	// Stream, Created (its creation time, Unix nanoseconds) and ScanFrom
 	// (a sequence) are zero until a relay first reconciled.
 	Stream   string
@@ -26,7 +31,8 @@ type Mark struct {
 // its messages, giving the table one (a random id) the first time. The
 // origin is in the file, so a restored copy keeps it.
 func Origin(ctx context.Context, db *sqlitedb.DB) (string, error) {
-	if _, err := db.Exec(ctx, `INSERT INTO `+schema.PublishedTable+` (outbox_table, origin, updated_at) VALUES (?1, ?2, ?3)
+	if _, err := db.Exec(ctx, `INSERT INTO `+schema.PublishedTable+` (outbox_table, origin, adopted_at, updated_at)
+VALUES (?1, ?2, CASE WHEN EXISTS (SELECT 1 FROM `+db.Table()+`) THEN ?3 END, ?3)
 ON CONFLICT (outbox_table) DO NOTHING`, db.Table(), event.NewID(), sqlitedb.NowMs()); err != nil {
 		return "", fmt.Errorf("give outbox table %s an origin: %w", db.Table(), err)
 	}
@@ -38,16 +44,16 @@ ON CONFLICT (outbox_table) DO NOTHING`, db.Table(), event.NewID(), sqlitedb.NowM
 func readMark(ctx context.Context, db *sqlitedb.DB) (Mark, error) {
 	var m Mark
 	var stream sql.NullString
-	var created, from sql.NullInt64
-	err := db.Reader().QueryRowContext(ctx, `SELECT origin, stream, stream_created, scan_from FROM `+schema.PublishedTable+` WHERE outbox_table = ?`,
-		db.Table()).Scan(&m.Origin, &stream, &created, &from)
+	var created, from, adopted sql.NullInt64
+	err := db.Reader().QueryRowContext(ctx, `SELECT origin, adopted_at, stream, stream_created, scan_from FROM `+schema.PublishedTable+` WHERE outbox_table = ?`,
+		db.Table()).Scan(&m.Origin, &adopted, &stream, &created, &from)
 	if errors.Is(err, sql.ErrNoRows) {
 		return m, fmt.Errorf("outbox table %s has no origin in %s", db.Table(), schema.PublishedTable)
 	}
 	if err != nil {
 		return m, fmt.Errorf("read %s: %w", schema.PublishedTable, err)
 	}
-	m.Stream, m.Created = stream.String, created.Int64
+	m.Stream, m.Created, m.AdoptedAt = stream.String, created.Int64, adopted.Int64
 	if from.Int64 > 0 {
 		m.ScanFrom = uint64(from.Int64)
 	}
@@ -65,21 +71,6 @@ func writeMark(ctx context.Context, db *sqlitedb.DB, stream string, created int6
 	return nil
 }
 
-// highestDone returns the highest stream sequence recorded on a done row
-// (or a record of one deleted when done): where a table a relay never
-// reconciled (one from before reconciliation) begins its first scan.
-func highestDone(ctx context.Context, db *sqlitedb.DB) (uint64, error) {
-	t := db.Table()
-	var seq sql.NullInt64
-	err := db.Reader().QueryRowContext(ctx, fmt.Sprintf(`SELECT max(s) FROM (
-	SELECT max(CAST(stream_seq AS INTEGER)) AS s FROM %s WHERE status = 'done'
-	UNION ALL SELECT max(stream_seq) FROM %s)`, t, schema.DoneTable(t))).Scan(&seq)
-	if err != nil {
-		return 0, fmt.Errorf("read the highest stream sequence of %s: %w", t, err)
-	}
-	return uint64(max(0, seq.Int64)), nil
-}
-
 // oldestPending returns the created_at (Unix milliseconds) of the oldest
 // pending row; 0 when none is pending.
 func oldestPending(ctx context.Context, db *sqlitedb.DB) (int64, error) {
@@ -89,4 +80,13 @@ func oldestPending(ctx context.Context, db *sqlitedb.DB) (int64, error) {
 		return 0, fmt.Errorf("read the oldest pending row of %s: %w", db.Table(), err)
 	}
 	return ms.Int64, nil
+}
+
+// highestRow returns the highest row id of db's outbox table (0: none).
+func highestRow(ctx context.Context, db *sqlitedb.DB) (int64, error) {
+	var id sql.NullInt64
+	if err := db.Reader().QueryRowContext(ctx, `SELECT max(id) FROM `+db.Table()).Scan(&id); err != nil {
+		return 0, fmt.Errorf("read the highest row id of %s: %w", db.Table(), err)
+	}
+	return id.Int64, nil
 }

@@ -19,6 +19,7 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -66,6 +67,9 @@ type Progress struct {
 	Orphans int
 	Orphan  string
 	Started time.Time
+	// RowsBefore is the highest row id when it began: a row above it was
+	// written since, and no earlier relay published it.
+	RowsBefore int64
 }
 
 // Remaining is how many sequences are left to read.
@@ -97,10 +101,22 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 		return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
 	}
 	created, first, last := info.Created.UnixNano(), info.State.FirstSeq, info.State.LastSeq
-	from, at, err := start(ctx, o, created)
+	if p.RowsBefore, err = highestRow(ctx, o.DB); err != nil {
+		return p, err
+	}
+	mark, err := readMark(ctx, o.DB)
 	if err != nil {
 		return p, err
 	}
+	from, at, err := start(ctx, o, mark, created)
+	if err != nil {
+		return p, err
+	}
+	records, err := sqlitedb.ObjectExists(ctx, o.DB.Reader(), "table", schema.DoneTable(o.DB.Table()))
+	if err != nil {
+		return p, err
+	}
+	sc := scan{Options: o, adoptedAt: mark.AdoptedAt, records: records}
 	if from == 0 && at.IsZero() {
 		from = last + 1 // nothing to scan
 	}
@@ -113,11 +129,11 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 	}
 	// A scan that starts at a time records where it is from its first
 	// batch on; until then the next run starts at the same time.
-	mark := p.From
+	scanFrom := p.From
 	if !at.IsZero() {
-		mark = 0
+		scanFrom = 0
 	}
-	if err := writeMark(ctx, o.DB, o.Stream, created, mark); err != nil {
+	if err := writeMark(ctx, o.DB, o.Stream, created, scanFrom); err != nil {
 		return p, err
 	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{o.Subjects}, HeadersOnly: true,
@@ -127,12 +143,12 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 	}
 	c, err := s.OrderedConsumer(ctx, cfg)
 	if err != nil {
-		return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
+		return p, unreadable(o.Stream, err)
 	}
 	// Messages arrive while the batch before is settled.
 	it, err := c.Messages(jetstream.PullMaxMessages(2 * o.Batch))
 	if err != nil {
-		return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
+		return p, unreadable(o.Stream, err)
 	}
 	defer func() {
 		it.Stop()
@@ -146,7 +162,7 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 	if ci := c.CachedInfo(); ci != nil {
 		pending = ci.NumPending
 	}
-	pl := newPipeline(ctx, o, &p)
+	pl := newPipeline(ctx, sc, &p)
 	batch := make([]seen, 0, o.Batch)
 	read := p.From // the sequence read next, for errors
 	for pending > 0 && pl.ctx.Err() == nil {
@@ -165,7 +181,7 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 			break // stored since Run began: not this table's unsettled rows
 		}
 		h := m.Headers()
-		batch = append(batch, seen{seq: seq, msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin)})
+		batch = append(batch, seen{seq: seq, at: meta.Timestamp.UnixMilli(), msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin)})
 		if !at.IsZero() && read == p.From && len(batch) == 1 {
 			p.From = seq // before the first batch is handed on
 		}
@@ -203,7 +219,7 @@ type stage struct {
 	rows  map[string]row
 }
 
-func newPipeline(ctx context.Context, o Options, p *Progress) *pipeline {
+func newPipeline(ctx context.Context, o scan, p *Progress) *pipeline {
 	ctx, fail := context.WithCancelCause(ctx)
 	pl := &pipeline{ctx: ctx, fail: fail, lookups: make(chan stage, 1), done: make(chan struct{})}
 	settles := make(chan stage, 1)
@@ -214,7 +230,7 @@ func newPipeline(ctx context.Context, o Options, p *Progress) *pipeline {
 				continue
 			}
 			var err error
-			if st.rows, err = rowsOf(ctx, o, st.batch); err != nil {
+			if st.rows, err = rowsOf(ctx, o.Options, st.batch); err != nil {
 				fail(err)
 				continue
 			}
@@ -255,27 +271,20 @@ func (pl *pipeline) wait() error {
 // readWait bounds the wait for a message the stream said was there.
 const readWait = 10 * time.Second
 
-// start returns where the scan starts: the mark, for the stream it was
+// start returns where the scan starts: the mark m, for the stream it was
 // written for; the stream's first sequence, for a stream of that name
-// created since (deleted and created again); past the highest sequence on
-// a done row, for a table no relay reconciled yet (from before
-// reconciliation). A table with no mark and no done row was never
-// published from, but by a relay stopped before its first settle: the
-// scan starts at the time its oldest pending row was written (less
-// clockSkew), and there is nothing to scan when it has none (at 0).
-func start(ctx context.Context, o Options, created int64) (seq uint64, at time.Time, err error) {
-	m, err := readMark(ctx, o.DB)
-	if err != nil {
-		return 0, at, err
-	}
+// created since (deleted and created again). Without a mark (a table no
+// relay of this release reconciled, or a scan that began at a time and
+// read nothing yet) a message of a pending row was published after the
+// row was written: the scan starts at the time the oldest pending row was
+// written (less clockSkew), and there is nothing to scan when none is
+// pending (at 0).
+func start(ctx context.Context, o Options, m Mark, created int64) (seq uint64, at time.Time, err error) {
 	switch {
 	case m.Stream == o.Stream && m.Created == created && m.ScanFrom > 0:
 		return m.ScanFrom, at, nil
 	case m.Stream == o.Stream && m.Created != created:
 		return 1, at, nil
-	}
-	if seq, err = highestDone(ctx, o.DB); err != nil || seq > 0 {
-		return seq + 1, at, err
 	}
 	oldest, err := oldestPending(ctx, o.DB)
 	if err != nil || oldest == 0 {
@@ -291,7 +300,46 @@ const clockSkew = 5 * time.Minute
 // seen is what a message says of its row.
 type seen struct {
 	seq                  uint64
+	at                   int64 // when it was stored, Unix ms
 	msgID, rowID, origin string
+}
+
+// scan is a reconciliation's options and what it found of the table.
+type scan struct {
+	Options
+	adoptedAt int64 // Mark.AdoptedAt
+	records   bool  // the table of done rows' records exists
+}
+
+// own reports whether message m is row r's: it carries the table's
+// origin (or none, from before Outbox-Origin, or another origin from
+// before the table had one, Mark.AdoptedAt) and names the row; else why
+// not, a *publish.ReusedID.
+func (o scan) own(m seen, r row) error {
+	err := publish.Reused(o.Stream, m.seq, m.rowID, m.origin, r.id, o.Origin)
+	if err != nil && m.origin != "" && m.at < o.adoptedAt && m.rowID == strconv.FormatInt(r.id, 10) {
+		return nil
+	}
+	return err
+}
+
+// Unreadable is a stream the reconciliation cannot read: the server
+// refuses the consumer it reads with (a work-queue stream, one at its
+// max_consumers).
+type Unreadable struct{ Err error }
+
+func (e *Unreadable) Error() string { return e.Err.Error() }
+func (e *Unreadable) Unwrap() error { return e.Err }
+
+// unreadable wraps err, from creating the consumer that reads stream, in
+// an *Unreadable when the server refused it.
+func unreadable(stream string, err error) error {
+	err = fmt.Errorf("read stream %s: %w", stream, err)
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return &Unreadable{err}
+	}
+	return err
 }
 
 // row is what the table holds for an event id.
@@ -303,7 +351,7 @@ type row struct {
 
 // settle settles the rows of batch's messages and moves the mark to next,
 // in one transaction, and reports the progress.
-func (p *Progress) settle(ctx context.Context, o Options, st stage) error {
+func (p *Progress) settle(ctx context.Context, o scan, st stage) error {
 	if err := p.settleBatch(ctx, o, st); err != nil {
 		return err
 	}
@@ -315,7 +363,7 @@ func (p *Progress) settle(ctx context.Context, o Options, st stage) error {
 	return nil
 }
 
-func (p *Progress) settleBatch(ctx context.Context, o Options, st stage) error {
+func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 	batch, rows, next := st.batch, st.rows, st.next
 	var outs []event.Outcome
 	taken := map[int64]bool{}
@@ -334,7 +382,7 @@ func (p *Progress) settleBatch(ctx context.Context, o Options, st stage) error {
 		}
 		taken[r.id] = true
 		ev := event.Row{ID: r.id, EventID: m.msgID}
-		reused := publish.Reused(o.Stream, m.seq, m.rowID, m.origin, r.id, o.Origin)
+		reused := o.own(m, r)
 		if reused == nil {
 			outs = append(outs, event.Outcome{Row: ev, Settlement: event.Done, StreamSeq: m.seq})
 			continue
@@ -342,7 +390,7 @@ func (p *Progress) settleBatch(ctx context.Context, o Options, st stage) error {
 		outs = append(outs, event.Outcome{Row: ev, Settlement: event.DeadLetter, Attempts: r.attempts,
 			Error: reused.Error(), Reason: event.DeadLetterReusedID})
 	}
-	orphans, err := orphaned(ctx, o.DB, gone)
+	orphans, err := orphaned(ctx, o, gone)
 	if err != nil {
 		return err
 	}
@@ -419,10 +467,11 @@ FROM %s WHERE %s IN (SELECT value FROM json_each(?1)) AND event_id IS NOT NULL`,
 
 // orphaned returns the messages of gone whose row has no record either
 // (a row deleted when done keeps one, retention.done_rows: delete).
-func orphaned(ctx context.Context, db *sqlitedb.DB, gone []seen) ([]seen, error) {
-	if len(gone) == 0 {
-		return nil, nil
+func orphaned(ctx context.Context, o scan, gone []seen) ([]seen, error) {
+	if len(gone) == 0 || !o.records {
+		return gone, nil
 	}
+	db := o.DB
 	ids := make([]string, len(gone))
 	for i, m := range gone {
 		ids[i] = m.rowID

@@ -39,7 +39,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			if r.o.Reconcile != nil && r.pins.any() {
 				// Rows whose publish got no answer may be stored: found
 				// before they go again, however long the outage was.
-				r.reconciled.Store(false)
+				r.reconcileAsked.Add(1)
 			}
 			continue
 		}
@@ -47,14 +47,13 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			wait(ctx, r.led, nil) // a standby claims nothing
 			continue
 		}
-		if r.o.Reconcile != nil && !r.reconciled.Load() {
+		if r.mustReconcile() {
 			// Nothing is published before the rows published already
-			// are found.
-			if ok, err := r.reconcile(ctx, &reconcileRetry); err != nil {
+			// are found; then the loop looks again whether it leads.
+			if err := r.reconcile(ctx, &reconcileRetry); err != nil {
 				return err
-			} else if !ok {
-				continue
 			}
+			continue
 		}
 		if r.outage.halfOpen() && r.inflight.Load() > 0 {
 			wait(ctx, r.settled, nil) // the row on trial decides first

@@ -95,6 +95,6 @@ func (r *Relay) lead() {
 		return
 	}
 	r.m.Leader.Set(0)
-	r.reconciled.Store(false) // whoever leads next may have published meanwhile
+	r.reconcileAsked.Add(1) // whoever leads meanwhile publishes
 	r.log.Info("standing by: another relay of this outbox table leads")
 }

@@ -108,12 +108,11 @@ type Options struct {
 	Ready func(ctx context.Context) error
 	// Reconcile, when set, runs each time this relay begins to lead,
 	// before it claims a row: it settles the rows whose messages the
-	// stream holds already (package reconcile) and returns the stream's
-	// last sequence, below every message published after it. From then on
-	// every settle writes where the messages of the rows not settled can
-	// begin (Store.Settle's scanFrom). An error is an outage when the
-	// broker does not answer, else retried.
-	Reconcile func(ctx context.Context) (last uint64, err error)
+	// stream holds already (package reconcile). From then on settles
+	// write where the messages of the rows not settled can begin
+	// (Store.Settle's scanFrom). An error is an outage when the broker
+	// does not answer, else retried.
+	Reconcile func(ctx context.Context) (Reconciled, error)
 	// Clock gives the times of retries and deferrals; share the store's.
 	Clock   *event.Clock
 	Metrics *metrics.Metrics
@@ -140,12 +139,18 @@ type Relay struct {
 	pipeline chan *batch   // claimer -> settler, in publish order
 	lanes    *lanes        // rows with an ordering key
 	claimSeq atomic.Uint64 // claims begun, for lanes
-	// reconciled: Options.Reconcile ran since this relay began to lead.
-	reconciled atomic.Bool
+	// Reconciliations asked for (at start, on losing the lead, ...) and
+	// the latest one done: Options.Reconcile ran since the latest ask when
+	// they are equal (see reconcile).
+	reconcileAsked, reconcileDone atomic.Uint64
+	// rowsBefore is the highest row id when the latest reconciliation
+	// began: a row above it was not published by an earlier relay.
+	rowsBefore atomic.Int64
 	// maxSeq is the highest stream sequence of a message found stored:
 	// every message sent after it was found is stored above it.
 	maxSeq   atomic.Uint64
-	pins     pins // rows whose message may be stored, though not settled done
+	pins     pins      // rows whose message may be stored, though not settled done
+	markAt   time.Time // when a settle last wrote the stream position (settle loop)
 	inflight atomic.Int64
 	// inflightBytes is the payload held by rows claimed and not yet
 	// acknowledged (see release).
@@ -216,6 +221,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 	r.claimTrouble, r.settleTrouble, r.beatTrouble = trouble("claim"), trouble("settle"), trouble("heartbeat")
 	r.reconcileTrouble = episode.New(o.Log, zap.WarnLevel, "cannot reconcile the stream with the outbox; publishing nothing until it can, retrying", "reconciling again")
 	r.pins.rows = map[int64]uint64{}
+	r.reconcileAsked.Store(1)
 	r.m.BrokerConnected.Set(0) // until the first probe answers
 	return r
 }

@@ -46,20 +46,20 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 	var first time.Time
 	window := time.NewTimer(time.Hour)
 	defer window.Stop()
-	flush := func() {
+	flush := func(final bool) {
 		// With nothing else in flight, every message sent is settled by
 		// this transaction (a claim after the check is stored above m).
 		if m := r.maxSeq.Load(); r.inflight.Load() == int64(len(outs)) {
 			floor = m
 		}
-		r.settle(writeCtx, outs, r.scanFrom(floor))
+		r.settle(writeCtx, outs, r.scanFrom(floor, final))
 		outs = nil
 	}
 	for {
 		select {
 		case b, ok := <-resolved:
 			if !ok {
-				flush()
+				flush(true)
 				return
 			}
 			if len(outs) == 0 {
@@ -70,10 +70,10 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 			// A quarter of MaxInFlight goes at once: during a drain, rows
 			// waiting for the window would hold back claims.
 			if time.Since(first) >= r.o.SettleWindow || len(outs) >= r.o.MaxInFlight/4 {
-				flush()
+				flush(false)
 			}
 		case <-window.C:
-			flush()
+			flush(false)
 		}
 	}
 }
@@ -153,10 +153,20 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 // reused returns the dead letter of a row whose event id the stream
 // holds for another row (why, a *publish.ReusedID), and logs it: its
 // own event is not in the stream. A message the stream no longer holds is
-// the row's own when this relay sent the row before without an answer.
+// taken for the row's own when this relay sent the row before without an
+// answer, or the row was there when the relay began to lead (an earlier
+// relay may have sent it).
 func (r *Relay) reused(row event.Row, why error) (event.Outcome, bool) {
 	var e *publish.ReusedID
-	if !errors.As(why, &e) || e.Gone && r.pins.has(row.ID) {
+	if !errors.As(why, &e) {
+		return event.Outcome{}, false
+	}
+	if e.Gone && (r.pins.has(row.ID) || row.ID <= r.rowsBefore.Load()) {
+		// This relay sent it before without an answer, or an earlier
+		// relay may have: the stream removed it since (consumed from an
+		// interest or work-queue stream, its limits, a purge).
+		r.log.Warn("a row's event id is in the stream's duplicate window for a message the stream no longer holds; taken as the row's own, stored before and removed since",
+			zap.Int64("row_id", row.ID), zap.String("event_id", row.EventID), zap.Uint64("stream_seq", e.Seq))
 		return event.Outcome{}, false
 	}
 	r.log.Warn("dead-lettered a row whose event id the stream holds for another row: its own event is not in the stream",
@@ -215,7 +225,7 @@ func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
 // database errors until it succeeds or writeCtx ends (only after shutdown
 // began).
 func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome, scanFrom uint64) {
-	if len(outs) == 0 {
+	if len(outs) == 0 && scanFrom == 0 {
 		return
 	}
 	retry := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}

@@ -217,6 +217,7 @@ func migratePublished(ctx context.Context, s *sqlitedb.DB) error {
 		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+PublishedTable+` (
 	outbox_table   TEXT PRIMARY KEY COLLATE NOCASE,
 	origin         TEXT NOT NULL,
+	adopted_at     INTEGER,
 	stream         TEXT,
 	stream_created INTEGER,
 	scan_from      INTEGER,

@@ -1,0 +1,386 @@
+package daemon_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// createStream creates EVENTS on events.> with a 1 h window and the
+// given retention policy.
+func createStream(t *testing.T, js jetstream.JetStream, retention jetstream.RetentionPolicy) jetstream.Stream {
+	t.Helper()
+	s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"},
+		Duplicates: time.Hour, Retention: retention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// storedTotal is how many messages the stream took in (its last
+// sequence), whether it still holds them or not.
+func storedTotal(t *testing.T, s jetstream.Stream) uint64 {
+	t.Helper()
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+// publishUnsettledOn is publishUnsettled on an existing stream: a relay
+// that publishes every pending row and is killed before any settle.
+func publishUnsettledOn(t *testing.T, n *testenv.NATS, s jetstream.Stream, path string, want uint64) {
+	t.Helper()
+	h := startRelay(t, path, n.URL(), harnessOptions{wrapStore: func(s relay.Store) relay.Store { return unsettled{s} }})
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d messages stored", want), func() bool { return storedTotal(t, s) >= want })
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCrashOnAnInterestStream: on an interest-retention stream the
+// application's consumer acknowledges a message and the stream removes
+// it. A relay killed between the PubAck and the settle and restarted
+// within the window cannot find those messages; published again, each is
+// a duplicate of a message the stream no longer holds, and since the row
+// was there before the relay began to lead it is taken as the row's own:
+// done, not dead-lettered.
+func TestCrashOnAnInterestStream(t *testing.T) {
+	t.Parallel()
+	const rows = 20
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	s := createStream(t, js, jetstream.InterestPolicy)
+	ctx := context.Background()
+	c, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "app", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	testenv.InsertN(t, app, rows, "Thing")
+	publishUnsettledOn(t, n, s, path, rows)
+	// The application consumes and acknowledges every event.
+	got := 0
+	for got < rows {
+		b, err := c.Fetch(rows, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got++
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "consumed messages removed", func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	startRelay(t, path, n.URL(), harnessOptions{})
+	counts := waitAllSettled(t, app, rows, 30*time.Second)
+	if counts["dead_lettered"] != 0 {
+		var lastErr string
+		app.QueryRow(`SELECT last_error FROM event_queue WHERE status = 'dead_lettered' LIMIT 1`).Scan(&lastErr)
+		t.Fatalf("rows %v after a restart within the window: every event was stored once and consumed, none should be dead-lettered; e.g. %q", counts, lastErr)
+	}
+	if total := storedTotal(t, s); total != rows {
+		t.Fatalf("the stream took %d messages, want %d", total, rows)
+	}
+}
+
+// TestStreamThatRefusesTheConsumer: a work-queue stream refuses the
+// reconciliation's consumer, and so does a stream whose max_consumers the
+// application's consumers fill. The relay says so and publishes, leaning
+// on the duplicate window alone, rather than waiting forever.
+func TestStreamThatRefusesTheConsumer(t *testing.T) {
+	t.Parallel()
+	for _, stream := range []string{"workqueue", "max_consumers"} {
+		for _, reconciled := range []bool{true, false} {
+			t.Run(fmt.Sprint(stream, "/reconciled=", reconciled), func(t *testing.T) {
+				t.Parallel()
+				const rows = 10
+				n := testenv.StartNATS(t)
+				js := n.JetStream(t)
+				if stream == "workqueue" {
+					createStream(t, js, jetstream.WorkQueuePolicy)
+				} else {
+					s, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"},
+						Duplicates: time.Hour, MaxConsumers: 1})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := s.CreateOrUpdateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "app", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				path := testenv.NewDB(t)
+				app := testenv.AppDB(t, path)
+				testenv.InsertN(t, app, rows, "Thing")
+				ho := harnessOptions{}
+				if !reconciled {
+					ho.mutateOpt = func(o *relay.Options) { o.Reconcile = nil }
+				}
+				h := startRelay(t, path, n.URL(), ho)
+				deadline := time.Now().Add(15 * time.Second)
+				for testenv.Counts(t, app)["done"] != rows {
+					if time.Now().After(deadline) {
+						t.Fatalf("rows %v after 15 s; /readyz: %v", testenv.Counts(t, app), h.app.Ready(context.Background()))
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+		}
+	}
+}
+
+// TestBackupFromBeforeTheOrigin: a backup taken before a relay of this
+// release first ran on the file has no origin; restored, the relay gives
+// it a new one. The rows done since the backup come back pending, and
+// their messages carry the origin the file had then: a message stored
+// before the new origin was given to a table that had rows, naming the
+// row and its event id, is the row's own, and the row is settled done.
+func TestBackupFromBeforeTheOrigin(t *testing.T) {
+	t.Parallel()
+	const rows = 20
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	testenv.InsertN(t, app, rows, "Thing")
+	backup := path + ".backup"
+	testenv.MustExec(t, app, `VACUUM INTO ?`, backup) // taken before the upgraded relay's first run
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, rows, 30*time.Second)
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The restore.
+	restored := testenv.AppDB(t, backup)
+	startRelay(t, backup, n.URL(), harnessOptions{})
+	counts := waitAllSettled(t, restored, rows, 30*time.Second)
+	if counts["done"] != rows {
+		var lastErr string
+		restored.QueryRow(`SELECT last_error FROM event_queue WHERE status = 'dead_lettered' LIMIT 1`).Scan(&lastErr)
+		t.Fatalf("restored rows %v, want all %d done at their messages' sequences; e.g. %q", counts, rows, lastErr)
+	}
+}
+
+// TestWithoutTheDoneRecordsTable: with schema.mode verify or off and
+// retention.done_rows: keep, the records table (outbox_relay_done_<table>)
+// is not required; the reconciliation runs without it.
+func TestWithoutTheDoneRecordsTable(t *testing.T) {
+	t.Parallel()
+	for _, reconciled := range []bool{true, false} {
+		t.Run(fmt.Sprint("reconciled=", reconciled), func(t *testing.T) {
+			t.Parallel()
+			const rows = 10
+			n := testenv.StartNATS(t)
+			path := testenv.NewDB(t)
+			app := testenv.AppDB(t, path)
+			testenv.MustExec(t, app, `DROP TABLE outbox_relay_done_event_queue`)
+			testenv.InsertN(t, app, rows, "Thing")
+			ho := harnessOptions{}
+			if !reconciled {
+				ho.mutateOpt = func(o *relay.Options) { o.Reconcile = nil }
+			}
+			h := startRelay(t, path, n.URL(), ho)
+			deadline := time.Now().Add(15 * time.Second)
+			for testenv.Counts(t, app)["done"] != rows {
+				if time.Now().After(deadline) {
+					t.Fatalf("rows %v after 15 s; /readyz: %v", testenv.Counts(t, app), h.app.Ready(context.Background()))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// switchableLead is the real lead, but answers Leads() false while deny
+// is set: the relay sees itself lose the lead (a standby took over).
+type switchableLead struct {
+	relay.Lead
+	deny *atomic.Bool
+}
+
+func (l switchableLead) Leads() bool { return l.Lead.Leads() && !l.deny.Load() }
+
+// TestLeadLostDuringTheReconciliation: the lead is lost as the
+// reconciliation ends, and the other leader stores a row's event without
+// settling it. This relay stands by rather than claiming, and when it
+// leads again, past the window, it reconciles again and finds the event:
+// stored once.
+func TestLeadLostDuringTheReconciliation(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	ev := testenv.NewEvent("Thing", []byte("x"))
+	id := testenv.InsertIDs(t, app, ev)[0]
+	var deny atomic.Bool
+	var calls atomic.Int32
+	reconciled, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h := startRelay(t, path, n.URL(), harnessOptions{
+		window:   time.Second,
+		wrapLead: func(l relay.Lead) relay.Lead { return switchableLead{l, &deny} },
+		mutateOpt: func(o *relay.Options) {
+			real := o.Reconcile
+			o.Reconcile = func(ctx context.Context) (relay.Reconciled, error) {
+				calls.Add(1)
+				last, err := real(ctx)
+				once.Do(func() {
+					close(reconciled)
+					<-release // the lead is lost as it ends
+				})
+				return last, err
+			}
+		},
+	})
+	<-reconciled
+	deny.Store(true)
+	testenv.Eventually(t, 10*time.Second, "the relay to stand by", func() bool { return h.relay.Role() != "leading, 0 rows in flight" })
+	// The other leader publishes the row and is killed before its settle.
+	var origin string
+	if err := app.QueryRow(`SELECT origin FROM outbox_relay_published`).Scan(&origin); err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg("events.Thing")
+	m.Header.Set(publish.HeaderMsgID, *ev.EventID)
+	m.Header.Set(publish.HeaderRowID, strconv.FormatInt(id, 10))
+	m.Header.Set(publish.HeaderOrigin, origin)
+	if _, err := js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond) // past the 1 s window
+	close(release)
+	time.Sleep(time.Second)
+	whileStandingBy := len(testenv.StreamMessages(t, js, "EVENTS"))
+	deny.Store(false) // this relay leads again
+	waitAllSettled(t, app, 1, 20*time.Second)
+	if msgs := testenv.StreamMessages(t, js, "EVENTS"); len(msgs) != 1 {
+		t.Fatalf("the stream holds %d messages of the row, want 1 (%d while this relay stood by; reconciliations run: %d)", len(msgs), whileStandingBy, calls.Load())
+	}
+}
+
+// TestTableFromBeforeThePosition: a table no relay of this release
+// reconciled (upgraded, or a backup from before) has no position, and
+// done rows do not give one: a relay settles in claim order, but a key's
+// next row is sent when the row before it is stored, after later claims
+// were published. Claim 1 takes rows 1 (key k, sent) and 2 (key k,
+// queued), claim 2 takes row 3 (no key), sent at once (sequence s); row
+// 1's ack sends row 2 (sequence s+1); claim 1 settles (row 2 done at s+1)
+// and the relay is killed before claim 2's settle. Row 3 is pending with
+// its message below the highest done sequence: the scan starts at the
+// oldest pending row's time, and finds it.
+func TestTableFromBeforeThePosition(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	evs := []testenv.Event{testenv.NewEvent("Thing", []byte("1")), testenv.NewEvent("Thing", []byte("2")), testenv.NewEvent("Thing", []byte("3"))}
+	evs[0].OrderingKey, evs[1].OrderingKey = "k", "k"
+	ids := testenv.InsertIDs(t, app, evs...)
+	for _, i := range []int{0, 2, 1} { // stored as the relay before the feature stored them: no Outbox-Origin
+		m := nats.NewMsg("events.Thing")
+		m.Header.Set(publish.HeaderMsgID, *evs[i].EventID)
+		m.Header.Set(publish.HeaderRowID, strconv.FormatInt(ids[i], 10))
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
+	testenv.MustExec(t, app, `UPDATE event_queue SET status = 'done', stream_seq = 1, processed_at = `+now+` WHERE id = ?`, ids[0])
+	testenv.MustExec(t, app, `UPDATE event_queue SET status = 'done', stream_seq = 3, processed_at = `+now+` WHERE id = ?`, ids[1])
+	pastTheWindow(t, js)
+	startRelay(t, path, n.URL(), harnessOptions{window: time.Second})
+	waitAllSettled(t, app, 3, 20*time.Second)
+	if msgs := testenv.StreamMessages(t, js, "EVENTS"); len(msgs) != 3 {
+		t.Fatalf("the stream holds %d messages for 3 rows: row 3 (stored at sequence 2, left pending) was stored again", len(msgs))
+	}
+}
+
+// noAnswerFor publishes as the relay does, except that row id's publish
+// gets no answer (a timeout): it is handed back, and pinned.
+type noAnswerFor struct {
+	relay.Publisher
+	id int64
+}
+
+type noAnswer struct{}
+
+func (noAnswer) Wait(context.Context) publish.Result {
+	return publish.Result{Kind: publish.Transport, Err: fmt.Errorf("%w", context.DeadlineExceeded)}
+}
+
+func (p noAnswerFor) Publish(ctx context.Context, msgs []publish.Message) []publish.Ack {
+	acks := p.Publisher.Publish(ctx, msgs)
+	for i, m := range msgs {
+		if m.Row.ID == p.id {
+			acks[i] = noAnswer{}
+		}
+	}
+	return acks
+}
+
+// TestDeletedRowHoldsNoPosition: a row whose publish got no answer holds
+// the stream position until it is settled; the application deletes it
+// meanwhile. The position does not stay behind for good: after a clean
+// shutdown it is past the stream's last message, so the next start reads
+// nothing.
+func TestDeletedRowHoldsNoPosition(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	ev := testenv.NewEvent("Thing", []byte("x"))
+	id := testenv.InsertIDs(t, app, ev)[0]
+	h := startRelay(t, path, n.URL(), harnessOptions{wrapPublisher: func(p relay.Publisher) relay.Publisher { return noAnswerFor{p, id} }})
+	testenv.Eventually(t, 10*time.Second, "the row handed back", func() bool {
+		return metrics.Value(h.metrics.Deferred.WithLabelValues(metrics.DeferOutage)) >= 1
+	})
+	testenv.MustExec(t, app, `DELETE FROM event_queue WHERE id = ?`, id)
+	const rows = 300
+	testenv.InsertN(t, app, rows, "Thing")
+	h.wake()
+	waitAllSettled(t, app, rows, 30*time.Second)
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var scanFrom sql.NullInt64
+	if err := app.QueryRow(`SELECT scan_from FROM outbox_relay_published`).Scan(&scanFrom); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(context.Background(), "EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := storedTotal(t, s)
+	if uint64(scanFrom.Int64) != last+1 {
+		t.Fatalf("after a clean shutdown with nothing unsettled the mark is %v; want %d (the stream's last + 1): the next start reads %d messages for nothing",
+			scanFrom.Int64, last+1, int64(last+1)-scanFrom.Int64)
+	}
+}
