@@ -470,6 +470,12 @@ func (e *env) verifyReplaced(db *sql.DB, wantDead int, gone map[string]bool) (lo
 // from sequence from on, in stream order.
 func (e *env) eachMessage(from uint64, fn func(nats.Header)) {
 	e.t.Helper()
+	e.eachStored(from, func(_ uint64, h nats.Header) { fn(h) })
+}
+
+// eachStored is eachMessage telling fn each message's sequence too.
+func (e *env) eachStored(from uint64, fn func(seq uint64, h nats.Header)) {
+	e.t.Helper()
 	js := e.jetStream()
 	ctx := context.Background()
 	s, err := js.Stream(ctx, "EVENTS")
@@ -497,11 +503,11 @@ func (e *env) eachMessage(from uint64, fn func(nats.Header)) {
 		}
 		got := 0
 		for m := range batch.Messages() {
-			fn(m.Headers())
 			md, err := m.Metadata()
 			if err != nil {
 				e.t.Fatal(err)
 			}
+			fn(md.Sequence.Stream, m.Headers())
 			left = md.NumPending
 			got++
 		}

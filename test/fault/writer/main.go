@@ -3,7 +3,8 @@
 // one transaction) at a steady rate, and on request holds the write lock
 // for seconds at random moments, mixes in poison rows or rows on a
 // subject the relay may not publish to, or writes each transaction's rows
-// as one atomic group.
+// as one atomic group. SIGTERM stops it after the transaction it is in,
+// as if it had written every row asked for.
 package main
 
 import (
@@ -13,6 +14,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	_ "github.com/mattn/go-sqlite3"
@@ -158,9 +161,13 @@ func run(o options) error {
 	for i := 0; i < o.poisonType; i++ {
 		m.poison[rng.IntN(o.rows)] = "type"
 	}
+	// A test that stops the application when it has seen enough
+	// sends SIGTERM: no transaction is cut short.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM)
 	start := time.Now()
 	nextHold := time.Now().Add(jitter(rng, o.holdEvery))
-	for s.Written < o.rows {
+	for s.Written < o.rows && len(stop) == 0 {
 		if o.holdEvery > 0 && time.Now().After(nextHold) {
 			if err := hold(db, o.holdFor); err != nil {
 				return err
