@@ -262,6 +262,18 @@ func (e *env) logCount(name, msg string) int {
 	return len(e.relays[name].Find(msg))
 }
 
+// reconciledRows sums the rows the latest relay named name found
+// published already and settled when it began to lead, as its log says
+// (its log outlives it).
+func (e *env) reconciledRows(name string) int {
+	n := 0
+	for _, l := range e.relays[name].Find("reconciled the outbox with the stream; publishing") {
+		settled, _ := l.Fields["settled"].(float64)
+		n += int(settled)
+	}
+	return n
+}
+
 // metricsAddr is the address a running relay serves /metrics and its
 // probes on, as it logged it.
 func (e *env) metricsAddr(name string) string {
