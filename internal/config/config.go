@@ -7,6 +7,8 @@ package config
 
 import (
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 )
 
 // EnvPrefix starts the environment variable of every key.
@@ -31,6 +33,8 @@ type Config struct {
 }
 
 // Database locates the application's SQLite file and outbox table.
+// A Path whose file name holds a glob pattern names a fleet: every
+// matching file, each a tenant's (see package fleet).
 type Database struct {
 	Path        string        `mapstructure:"path"`
 	Table       string        `mapstructure:"table"`
@@ -102,9 +106,12 @@ type Embedded struct {
 
 // Stream is the JetStream stream the relay publishes into.
 type Stream struct {
-	Name            string        `mapstructure:"name"`
-	Subjects        []string      `mapstructure:"subjects"`
-	SubjectPrefix   string        `mapstructure:"subject_prefix"`
+	Name          string   `mapstructure:"name"`
+	Subjects      []string `mapstructure:"subjects"`
+	SubjectPrefix string   `mapstructure:"subject_prefix"`
+	// SubjectTemplate is the subject's tokens after SubjectPrefix
+	// (natsname.Template): {event_type}, and {tenant} for a fleet.
+	SubjectTemplate string        `mapstructure:"subject_template"`
 	DuplicateWindow time.Duration `mapstructure:"duplicate_window"`
 	Create          bool          `mapstructure:"create"`
 	Replicas        int           `mapstructure:"replicas"`
@@ -215,6 +222,7 @@ func Default() Config {
 			Name:            "EVENTS",
 			Subjects:        []string{"events.>"},
 			SubjectPrefix:   "events",
+			SubjectTemplate: natsname.EventTypeToken,
 			DuplicateWindow: time.Hour,
 			Create:          true,
 			Replicas:        1,

@@ -134,6 +134,9 @@ func validateStream(p *problems, s Stream) {
 	} else if s.Create && len(s.Subjects) > 0 && !natsname.Covers(s.Subjects, s.SubjectPrefix) {
 		p.add("stream.subjects", "%q do not capture %s.> (stream.subject_prefix): a stream created with them could not take the relay's messages", s.Subjects, s.SubjectPrefix)
 	}
+	if _, err := natsname.ParseTemplate(s.SubjectTemplate); err != nil {
+		p.add("stream.subject_template", "%q: %v", s.SubjectTemplate, err)
+	}
 	if s.DuplicateWindow < 100*time.Millisecond {
 		p.add("stream.duplicate_window", "%v is below JetStream's minimum of 100ms", s.DuplicateWindow)
 	}

@@ -15,14 +15,7 @@ const MaxSubjectLen = 255
 // Subject returns the NATS subject for an event type under prefix, or an
 // error saying why the event type cannot form a valid subject.
 func Subject(prefix, eventType string) (string, error) {
-	if err := ValidateSubjectPart(eventType); err != nil {
-		return "", fmt.Errorf("event_type %q cannot form a subject: %w", eventType, err)
-	}
-	subject := prefix + "." + eventType
-	if len(subject) > MaxSubjectLen {
-		return "", fmt.Errorf("event_type %.40q... cannot form a subject: the subject would be %d bytes, more than %d", eventType, len(subject), MaxSubjectLen)
-	}
-	return subject, nil
+	return Subjects{Prefix: prefix}.Of(eventType)
 }
 
 // ValidateSubjectPart reports why s (one or more dot-separated tokens) is not

@@ -32,6 +32,9 @@ const (
 	// HeaderOrigin is the outbox table's origin (Format.Origin): it tells
 	// one database's messages from another's in a shared stream.
 	HeaderOrigin = "Outbox-Origin"
+	// HeaderTenant is the tenant of the database file the row is in
+	// (Format.Tenant), when the relay serves a fleet of files.
+	HeaderTenant = "Outbox-Tenant"
 )
 
 // createdAtLayout is RFC 3339 in UTC with milliseconds.
@@ -60,6 +63,8 @@ type Format struct {
 	// origin, which a restored copy of its file keeps (see package
 	// reconcile).
 	Origin string
+	// Tenant, when set, is sent as HeaderTenant.
+	Tenant string
 }
 
 // The CloudEvents binary-mode headers the relay sets.
@@ -101,6 +106,9 @@ func NewMsg(m Message) *nats.Msg {
 	}
 	if m.Format.Origin != "" {
 		h[HeaderOrigin] = []string{m.Format.Origin}
+	}
+	if m.Format.Tenant != "" {
+		h[HeaderTenant] = []string{m.Format.Tenant}
 	}
 	if f := m.Format; f.CloudEvents {
 		h[HeaderCESpecVersion] = []string{"1.0"}

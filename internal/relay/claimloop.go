@@ -288,7 +288,7 @@ func (r *Relay) message(row event.Row) (publish.Message, error) {
 	if row.Problem != "" {
 		return m, errors.New(row.Problem)
 	}
-	subject, err := natsname.Subject(r.o.SubjectPrefix, row.EventType)
+	subject, err := natsname.Subjects{Prefix: r.o.SubjectPrefix, Suffix: r.o.SubjectSuffix}.Of(row.EventType)
 	if err != nil {
 		return m, err
 	}

@@ -76,7 +76,9 @@ type Batcher interface {
 // Options tune the loop. Zero intervals disable the corresponding timer so
 // tests can drive the loop by hand.
 type Options struct {
-	SubjectPrefix string
+	// A row's subject is SubjectPrefix, its event type, then
+	// SubjectSuffix ("" or starting with "."): see natsname.Subjects.
+	SubjectPrefix, SubjectSuffix string
 	// Format adds a message format's headers (CloudEvents); a row's own
 	// headers may not set them.
 	Format           publish.Format
