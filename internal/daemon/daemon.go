@@ -66,6 +66,8 @@ type App struct {
 	// origin is the outbox table's Outbox-Origin (JetStream mode).
 	origin string
 	recon  reconciliation
+	// remaining is this file's share of the reconcile_remaining gauge.
+	remaining *metrics.Part
 	// unreadableSaid: the stream's refusal of the reconciliation's
 	// consumer was logged.
 	unreadableSaid atomic.Bool
@@ -248,6 +250,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if hooks.WrapPublisher != nil {
 		pub = hooks.WrapPublisher(pub)
 	}
+	a.remaining = metrics.NewPart(a.metrics.ReconcileRemaining)
 	a.relay = relay.New(a.store, pub, ro)
 	if hooks.Relay != nil {
 		hooks.Relay(a.relay)
@@ -416,6 +419,9 @@ func (a *App) Close() {
 	}
 	if a.conn != nil {
 		a.conn.Close()
+	}
+	if a.keeper != nil {
+		a.keeper.Forget()
 	}
 	if a.db != nil {
 		a.db.Close()

@@ -39,7 +39,7 @@ func (a *App) reconcile(ctx context.Context) (relay.Reconciled, error) {
 		a.recon.mu.Lock()
 		a.recon.running, a.recon.p = true, p
 		a.recon.mu.Unlock()
-		a.metrics.ReconcileRemaining.Set(float64(p.Remaining()))
+		a.remaining.Set(float64(p.Remaining()))
 		a.metrics.Reconciled.Add(float64(p.Settled - done.Settled))
 		a.metrics.ReconcileOrphans.Add(float64(p.Orphans - done.Orphans))
 		a.metrics.ReusedEventIDs.Add(float64(p.Reused - done.Reused))
@@ -61,7 +61,7 @@ func (a *App) reconcile(ctx context.Context) (relay.Reconciled, error) {
 		a.recon.mu.Lock()
 		a.recon.running = false
 		a.recon.mu.Unlock()
-		a.metrics.ReconcileRemaining.Set(0)
+		a.remaining.Set(0)
 	}()
 	p, err := reconcile.Run(ctx, reconcile.Options{
 		DB: a.db, Store: a.store, JS: a.js.API(), Stream: a.cfg.Stream.Name,

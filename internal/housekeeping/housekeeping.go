@@ -68,6 +68,10 @@ type Keeper struct {
 	log         *zap.Logger
 	m           *metrics.Metrics
 	readTrouble *episode.Log // the backlog read
+	// This file's shares of the gauges a fleet's files sum, or of which
+	// they show the highest.
+	pending, processing, dead, parked *metrics.Part
+	age                               *metrics.HighPart
 }
 
 // New returns a Keeper; Run starts it.
@@ -81,8 +85,21 @@ func New(store Store, o Options) *Keeper {
 	if o.Watching == nil {
 		o.Watching = func() bool { return o.Commits != nil }
 	}
-	return &Keeper{store: store, o: o, log: o.Log, m: o.Metrics,
-		readTrouble: episode.New(o.Log, zap.ErrorLevel, "cannot read the outbox", "outbox readable again")}
+	m := o.Metrics
+	backlog := func(s event.Status) *metrics.Part { return metrics.NewPart(m.Backlog.WithLabelValues(string(s))) }
+	return &Keeper{store: store, o: o, log: o.Log, m: m,
+		readTrouble: episode.New(o.Log, zap.ErrorLevel, "cannot read the outbox", "outbox readable again"),
+		pending:     backlog(event.StatusPending), processing: backlog(event.StatusProcessing), dead: backlog(event.StatusDeadLettered),
+		parked: metrics.NewPart(m.ParkedKeys), age: m.OldestPending.Part()}
+}
+
+// Forget takes this file's shares out of the gauges: its file is no
+// longer served.
+func (k *Keeper) Forget() {
+	for _, p := range []*metrics.Part{k.pending, k.processing, k.dead, k.parked} {
+		p.Set(0)
+	}
+	k.age.Drop()
 }
 
 // Run runs the loops whose interval is set until ctx ends.
@@ -123,15 +140,15 @@ func (k *Keeper) RefreshBacklog(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	k.m.Backlog.WithLabelValues(string(event.StatusPending)).Set(float64(b.Pending))
-	k.m.Backlog.WithLabelValues(string(event.StatusProcessing)).Set(float64(b.Processing))
-	k.m.Backlog.WithLabelValues(string(event.StatusDeadLettered)).Set(float64(b.DeadLettered))
+	k.pending.Set(float64(b.Pending))
+	k.processing.Set(float64(b.Processing))
+	k.dead.Set(float64(b.DeadLettered))
 	age := 0.0
 	if !b.OldestPending.IsZero() {
 		age = max(0, time.Since(b.OldestPending).Seconds())
 	}
-	k.m.OldestPendingAge.Set(age)
-	k.m.ParkedKeys.Set(float64(b.ParkedKeys))
+	k.age.Set(age)
+	k.parked.Set(float64(b.ParkedKeys))
 	return nil
 }
 

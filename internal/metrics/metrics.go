@@ -56,6 +56,8 @@ type Metrics struct {
 	LeasesReclaimed       prometheus.Counter
 	Backlog               *prometheus.GaugeVec
 	OldestPendingAge      prometheus.Gauge
+	// OldestPending shows the highest of the files' oldest pending ages.
+	OldestPending *Highest
 	ParkedKeys            prometheus.Gauge
 	BrokerConnected       prometheus.Gauge
 	Leader                prometheus.Gauge
@@ -107,6 +109,7 @@ func New(version, commit string) *Metrics {
 		Help: "Unfinished outbox rows by status (pending, processing, dead_lettered)."}, []string{"status"})
 	m.OldestPendingAge = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "oldest_pending_age_seconds",
 		Help: "Seconds the longest-waiting due pending row has waited since it became due; 0 when none is due."})
+	m.OldestPending = NewHighest(m.OldestPendingAge)
 	m.ParkedKeys = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "parked_keys",
 		Help: "Ordering keys parked by a dead-lettered row: their later rows wait until it is retried or deleted (ordering.on_dead_letter: hold); 0 with skip."})
 	m.Leader = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "leader",

@@ -103,7 +103,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			continue
 		}
 		r.claimTrouble.OK()
-		r.m.InFlight.Set(float64(r.inflight.Add(int64(len(rows)))))
+		r.inFlightGauge.Set(float64(r.inflight.Add(int64(len(rows)))))
 		bytes := event.PayloadBytes(rows)
 		r.inflightBytes.Add(bytes)
 		r.pipeline <- r.publish(ctx, rows, seq)

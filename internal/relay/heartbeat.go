@@ -89,12 +89,12 @@ func (r *Relay) lead() {
 		return
 	}
 	if leads {
-		r.m.Leader.Set(1)
+		r.leaderGauge.Set(1)
 		r.log.Info("leading: this relay claims and publishes the rows")
 		signal(r.led)
 		return
 	}
-	r.m.Leader.Set(0)
+	r.leaderGauge.Set(0)
 	r.reconcileAsked.Add(1) // whoever leads meanwhile publishes
 	r.log.Info("standing by: another relay of this outbox table leads")
 }

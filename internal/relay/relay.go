@@ -129,6 +129,8 @@ type Relay struct {
 	o       Options
 	log     *zap.Logger
 	m       *metrics.Metrics
+	// This file's shares of the gauges a fleet's files sum.
+	inFlightGauge, leaderGauge *metrics.Part
 
 	wake     chan struct{} // a commit or a reclaim happened: claim now
 	commits  chan struct{} // a commit happened (for Commits)
@@ -217,6 +219,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		reserved: o.Format.Reserved(),
 	}
 	r.batcher, _ = pub.(Batcher)
+	r.inFlightGauge, r.leaderGauge = metrics.NewPart(r.m.InFlight), metrics.NewPart(r.m.Leader)
 	trouble := func(op string) *episode.Log {
 		return episode.New(o.Log.With(zap.String("operation", op)), zap.WarnLevel, "database unavailable; retrying", "database available again")
 	}
@@ -308,6 +311,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.running.Store(true)
 	defer r.running.Store(false)
+	defer r.leaderGauge.Set(0) // it left the lead, if it had it
 
 	// claimCtx ends the claim loop and every helper loop: at shutdown, or
 	// when the relay cannot go on.

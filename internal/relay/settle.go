@@ -246,7 +246,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome, scanFrom 
 		sleep(writeCtx, retry.next())
 	}
 	r.lanes.settled(outs, r.claimSeq.Load())
-	r.m.InFlight.Set(float64(r.inflight.Add(-int64(len(outs)))))
+	r.inFlightGauge.Set(float64(r.inflight.Add(-int64(len(outs)))))
 	signal(r.settled)
 }
 
