@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
+	"github.com/outbox-relay/outbox-relay/internal/fleet"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
@@ -54,7 +55,16 @@ func (c *cli) runDaemon(*cobra.Command) error {
 		return err
 	}
 	defer stop()
-	a, err := daemon.Open(ctx, cfg, log, daemon.Options{Version: version, Commit: buildCommit()})
+	oo := daemon.Options{Version: version, Commit: buildCommit()}
+	if fleet.IsPattern(cfg.Database.Path) {
+		f, err := daemon.OpenFleet(ctx, cfg, log, oo)
+		if err == nil {
+			defer f.Close()
+			err = f.Run(ctx)
+		}
+		return err
+	}
+	a, err := daemon.Open(ctx, cfg, log, oo)
 	if err == nil {
 		defer a.Close()
 		err = a.Run(ctx)
@@ -78,16 +88,25 @@ func (c *cli) migrateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx := context.Background()
-			applied, err := migrate(ctx, cfg)
-			if err != nil {
-				return err
+			paths := []string{cfg.Database.Path}
+			if fleet.IsPattern(cfg.Database.Path) {
+				// Every file of the fleet; none is created.
+				if paths, err = fleet.Files(cfg.Database.Path); err != nil {
+					return err
+				}
 			}
-			if len(applied) == 0 {
-				fmt.Fprintf(c.stdout, "%s: schema of %s is up to date\n", cfg.Database.Path, cfg.Database.Table)
-				return nil
+			for _, path := range paths {
+				cfg.Database.Path = path
+				applied, err := migrate(context.Background(), cfg)
+				if err != nil {
+					return err
+				}
+				if len(applied) == 0 {
+					fmt.Fprintf(c.stdout, "%s: schema of %s is up to date\n", path, cfg.Database.Table)
+					continue
+				}
+				fmt.Fprintf(c.stdout, "%s: applied migrations %v to %s\n", path, applied, cfg.Database.Table)
 			}
-			fmt.Fprintf(c.stdout, "%s: applied migrations %v to %s\n", cfg.Database.Path, applied, cfg.Database.Table)
 			return nil
 		},
 	}

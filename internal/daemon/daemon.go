@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/fleet"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/lead"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
@@ -66,12 +67,16 @@ type App struct {
 	// origin is the outbox table's Outbox-Origin (JetStream mode).
 	origin string
 	recon  reconciliation
+	// readFilter is the subjects the reconciliation reads: the file's
+	// own when its subjects begin with its tenant.
+	readFilter string
 	// remaining is this file's share of the reconcile_remaining gauge.
 	remaining *metrics.Part
 	// unreadableSaid: the stream's refusal of the reconciliation's
 	// consumer was logged.
 	unreadableSaid atomic.Bool
 	conn           *publish.Conn
+	sharedConn     bool // Options.Conn: the fleet's, not closed by Close
 	js             *publish.JetStream // nil in core mode
 	pub            relay.Publisher
 	relay          *relay.Relay
@@ -93,6 +98,14 @@ type Options struct {
 	// Listener, when set, serves /metrics, /healthz and /readyz instead of
 	// metrics.listen (the caller chose the address); Run closes it.
 	Listener net.Listener
+	// Conn, when set, is the broker connection to publish on (a fleet's,
+	// shared by its files): Open neither connects nor starts an embedded
+	// server, and Close leaves it open.
+	Conn *publish.Conn
+	// Tenant, when set, is the tenant of a fleet's file: its messages
+	// carry it (Outbox-Tenant) and stream.subject_template's {tenant}
+	// is it.
+	Tenant string
 	// Test reaches into the wiring; nil in production.
 	Test *TestHooks
 }
@@ -130,7 +143,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 			a.Close()
 		}
 	}()
-	if cfg.NATS.URL == config.EmbeddedURL {
+	if oo.Conn != nil {
+		a.conn, a.sharedConn, a.natsURL = oo.Conn, true, oo.Conn.NC.ConnectedUrlRedacted()
+	} else if cfg.NATS.URL == config.EmbeddedURL {
 		dir := cfg.NATS.Embedded.StoreDir
 		if dir == "" {
 			dir = cfg.Database.Path + ".nats"
@@ -182,10 +197,20 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		KeyDepth: max(1, cfg.Relay.MaxInFlight/2),
 		Stream:   cfg.Stream.Name,
 	})
-	natsOpts := ConnectOptions(cfg.NATS, "outbox-relay")
-	natsOpts.URLs = a.natsURL // the embedded server's, when nats.url is embedded
-	if a.conn, err = publish.Connect(ctx, natsOpts, log.Named("nats")); err != nil {
+	subjects, err := subjectsOf(cfg, oo.Tenant)
+	if err != nil {
 		return nil, err
+	}
+	a.readFilter = cfg.Stream.SubjectPrefix + ".>"
+	if subjects.Suffix == "" {
+		a.readFilter = subjects.Prefix + ".>"
+	}
+	if a.conn == nil {
+		natsOpts := ConnectOptions(cfg.NATS, "outbox-relay")
+		natsOpts.URLs = a.natsURL // the embedded server's, when nats.url is embedded
+		if a.conn, err = publish.Connect(ctx, natsOpts, log.Named("nats")); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.NATS.Mode == config.ModeCore {
 		log.Warn("nats.mode is core: fire-and-forget publishing with no broker dedup and no redelivery")
@@ -202,9 +227,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		a.js.OnFallback = func(reason string) { a.metrics.AtomicBatchFallbacks.WithLabelValues(reason).Inc() }
 	}
 	ro := relay.Options{
-		SubjectPrefix: cfg.Stream.SubjectPrefix,
+		SubjectPrefix: subjects.Prefix, SubjectSuffix: subjects.Suffix,
 		Format: publish.Format{CloudEvents: cfg.Message.Format == config.FormatCloudEvents,
-			Source: cfg.Message.Source, ContentType: cfg.Message.ContentType, Origin: a.origin},
+			Source: cfg.Message.Source, ContentType: cfg.Message.ContentType, Origin: a.origin, Tenant: oo.Tenant},
 		BatchSize:         cfg.Relay.BatchSize,
 		MaxInFlight:       cfg.Relay.MaxInFlight,
 		MaxInFlightBytes:  maxInFlightBytes,
@@ -258,6 +283,23 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	ko.Commits, ko.Watching = a.relay.Commits(), a.relay.Watching
 	a.keeper = housekeeping.New(housekeeping.OnFile(a.db, cfg.Ordering.Parks()), ko)
 	return a, nil
+}
+
+// subjectsOf returns the subjects of the rows of cfg's database file,
+// tenant's when it is a fleet's (else the file's name is, for {tenant}).
+func subjectsOf(cfg config.Config, tenant string) (natsname.Subjects, error) {
+	tmpl, err := natsname.ParseTemplate(cfg.Stream.SubjectTemplate)
+	if err != nil {
+		return natsname.Subjects{}, &config.Error{Err: fmt.Errorf("stream.subject_template: %w", err)}
+	}
+	if tenant == "" {
+		tenant = fleet.Tenant(cfg.Database.Path)
+	}
+	subjects, err := tmpl.Subjects(cfg.Stream.SubjectPrefix, tenant)
+	if err != nil {
+		return subjects, &config.Error{Err: fmt.Errorf("%s: stream.subject_template %s: %w (rename the file)", cfg.Database.Path, cfg.Stream.SubjectTemplate, err)}
+	}
+	return subjects, nil
 }
 
 // applySchema does what schema.mode says.
@@ -358,7 +400,7 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	defer stop()
-	if a.js != nil && a.cfg.Consumer.Durable != "" {
+	if a.js != nil && a.cfg.Consumer.Durable != "" && !a.sharedConn {
 		watchCtx, stopWatch := context.WithCancel(ctx)
 		watchDone := make(chan struct{})
 		go func() {
@@ -417,7 +459,7 @@ func (a *App) Close() {
 	if a.listener != nil {
 		a.listener.Close() // closed already if Run served it
 	}
-	if a.conn != nil {
+	if a.conn != nil && !a.sharedConn {
 		a.conn.Close()
 	}
 	if a.keeper != nil {

@@ -65,7 +65,7 @@ func (a *App) reconcile(ctx context.Context) (relay.Reconciled, error) {
 	}()
 	p, err := reconcile.Run(ctx, reconcile.Options{
 		DB: a.db, Store: a.store, JS: a.js.API(), Stream: a.cfg.Stream.Name,
-		Subjects: a.cfg.Stream.SubjectPrefix + ".>", Origin: a.origin, Progress: progress,
+		Subjects: a.readFilter, Origin: a.origin, Progress: progress,
 	})
 	var unreadable *reconcile.Unreadable
 	if errors.As(err, &unreadable) {

@@ -267,6 +267,10 @@ func fatalConnectError(err error) bool {
 	return false
 }
 
+// Ready reports why the connection cannot publish now, or nil; a closed
+// connection wraps ErrClosed.
+func (c *Conn) Ready() error { return c.check() }
+
 // check reports why the connection cannot publish now, or nil; a closed
 // connection wraps ErrClosed.
 func (c *Conn) check() error {

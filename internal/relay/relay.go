@@ -243,6 +243,9 @@ func (r *Relay) Role() string {
 	return fmt.Sprintf("leading, %d rows in flight", r.inflight.Load())
 }
 
+// Leads reports whether this relay leads on its file.
+func (r *Relay) Leads() bool { return r.o.HeartbeatInterval == 0 || r.leading.Load() }
+
 // Paused reports the current broker outage, if any (for /readyz).
 func (r *Relay) Paused() error { return r.outage.err() }
 

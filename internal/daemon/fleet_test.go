@@ -1,0 +1,230 @@
+package daemon_test
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
+	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// fleetHarness is a relay serving a directory of tenant files, as
+// outbox-relay run serves a database.path pattern.
+type fleetHarness struct {
+	dir    string
+	url    string // of its /readyz
+	logs   *observer.ObservedLogs
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startFleet(t *testing.T, dir, natsURL string) *fleetHarness {
+	t.Helper()
+	cfg := harnessConfig(filepath.Join(dir, "*.db"), natsURL, harnessOptions{})
+	cfg.Schema.Mode = config.SchemaAuto // a new file is given the table
+	cfg.Stream.SubjectTemplate = "{tenant}.{event_type}"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	f, err := daemon.OpenFleet(context.Background(), cfg, zap.New(core), daemon.Options{Version: "test", Listener: ln,
+		Test: &daemon.TestHooks{Tune: func(o *relay.Options, k *housekeeping.Options) {
+			o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
+			k.StatsInterval = 50 * time.Millisecond
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &fleetHarness{dir: dir, url: "http://" + ln.Addr().String() + "/readyz", logs: logs, done: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-h.done; err != nil {
+			t.Errorf("fleet run: %v", err)
+		}
+		f.Close()
+	})
+	return h
+}
+
+// readyz returns /readyz's status and body.
+func (h *fleetHarness) readyz(t *testing.T) (int, string) {
+	t.Helper()
+	resp, err := http.Get(h.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// waitReadyz waits until /readyz answers 200 with a body holding every
+// one of want.
+func (h *fleetHarness) waitReadyz(t *testing.T, want ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, body := h.readyz(t)
+		ok := code == http.StatusOK
+		for _, w := range want {
+			ok = ok && strings.Contains(body, w)
+		}
+		if ok {
+			return body
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz %d %q, want 200 holding %q", code, body, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// tenantFile creates dir/name.db with the outbox table, the way an
+// application's migration does, and n keyed rows in it.
+func tenantFile(t *testing.T, dir, name string, n int) *sql.DB {
+	t.Helper()
+	db := testenv.AppDB(t, filepath.Join(dir, name+".db"))
+	testenv.MustExec(t, db, `CREATE TABLE event_queue (
+	id INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL UNIQUE, event_type TEXT NOT NULL,
+	payload BLOB NOT NULL, status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
+	available_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+	created_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+	claimed_at INTEGER, claimed_by TEXT, published_at INTEGER, last_error TEXT, ordering_key TEXT)`)
+	insertKeyed(t, db, name, n)
+	return db
+}
+
+// insertKeyed inserts n rows of ordering key "k", one transaction each.
+func insertKeyed(t *testing.T, db *sql.DB, tenant string, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		e := testenv.NewEvent("order.placed", []byte(tenant))
+		e.OrderingKey = "k"
+		if err := testenv.Insert(db, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitDone waits until every row of db is done.
+func waitDone(t *testing.T, db *sql.DB, rows int) {
+	t.Helper()
+	waitAllSettled(t, db, rows, 30*time.Second)
+	var done int
+	if err := db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'done'`).Scan(&done); err != nil || done != rows {
+		t.Fatalf("%d rows done (%v), want %d", done, err, rows)
+	}
+}
+
+// TestFleetServesFilesAsTheyComeAndGo: one relay on a directory serves the
+// files there at start, a file created while it runs, lets go of a removed
+// one and serves a file replaced by a restored backup as a new file (the
+// backup's rows, published already, are reconciled, not published again).
+// A file that is not a database is named in /readyz, and the others are
+// served meanwhile. Every row of every file is in the stream once, on its
+// tenant's subject with its Outbox-Tenant, each key's rows in order.
+func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	acme := tenantFile(t, dir, "acme", 40)
+	globex := tenantFile(t, dir, "globex", 30)
+	if err := os.WriteFile(filepath.Join(dir, "broken.db"), []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	backup := filepath.Join(t.TempDir(), "acme-backup.db")
+	testenv.MustExec(t, acme, `VACUUM INTO ?`, backup) // all 40 pending in it
+	h := startFleet(t, dir, n.URL())
+	waitDone(t, acme, 40)
+	waitDone(t, globex, 30)
+	h.waitReadyz(t, "serving 2 database files", "leading 2", "broken (")
+
+	initech := tenantFile(t, dir, "initech", 25) // created while it runs
+	waitDone(t, initech, 25)
+
+	// globex leaves: its file is removed, and later rows in it (written
+	// by a connection still open) are not published.
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		os.Remove(filepath.Join(dir, "globex.db"+suffix))
+	}
+	h.waitReadyz(t, "serving 2 database files")
+	insertKeyed(t, globex, "globex", 5)
+
+	// acme is restored from the backup taken before anything was
+	// published: its rows are found in the stream and settled.
+	acme.Close()
+	for _, suffix := range []string{"-wal", "-shm"} {
+		os.Remove(filepath.Join(dir, "acme.db"+suffix))
+	}
+	if err := os.Rename(backup, filepath.Join(dir, "acme.db")); err != nil {
+		t.Fatal(err)
+	}
+	acme = testenv.AppDB(t, filepath.Join(dir, "acme.db"))
+	insertKeyed(t, acme, "acme", 10)
+	waitDone(t, acme, 50)
+	if got := logCountOf(h.logs, "database file replaced; serving the new one"); got != 1 {
+		t.Errorf("%d replacement log lines, want 1", got)
+		dumpLogs(t, h.logs)
+	}
+
+	msgs := testenv.StreamMessages(t, n.JetStream(t), "EVENTS")
+	perTenant := map[string][]int64{}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		id, tenant := m.Header.Get(publish.HeaderMsgID), m.Header.Get(publish.HeaderTenant)
+		if seen[id] {
+			t.Errorf("event %s stored twice", id)
+		}
+		seen[id] = true
+		if want := "events." + tenant + ".order.placed"; m.Subject != want || string(m.Data) != tenant {
+			t.Errorf("message on %s with tenant %q and payload %q, want subject %s", m.Subject, tenant, m.Data, want)
+		}
+		row, _ := strconv.ParseInt(m.Header.Get(publish.HeaderRowID), 10, 64)
+		perTenant[tenant] = append(perTenant[tenant], row)
+	}
+	for tenant, want := range map[string]int{"acme": 50, "globex": 30, "initech": 25} {
+		rows := perTenant[tenant]
+		if len(rows) != want {
+			t.Errorf("%s: %d messages, want %d", tenant, len(rows), want)
+		}
+		for i := 1; i < len(rows); i++ {
+			if rows[i] <= rows[i-1] {
+				t.Errorf("%s: row %d stored after row %d: key k out of order", tenant, rows[i], rows[i-1])
+			}
+		}
+	}
+	if len(perTenant) != 3 {
+		t.Errorf("tenants in the stream: %v, want acme, globex and initech", perTenant)
+	}
+}
+
+func logCountOf(logs *observer.ObservedLogs, msg string) int {
+	return logs.FilterMessage(msg).Len()
+}
+
+
+func dumpLogs(t *testing.T, logs *observer.ObservedLogs) {
+	for _, e := range logs.All() {
+		t.Log(e.Message, e.ContextMap())
+	}
+}
