@@ -76,7 +76,7 @@ type App struct {
 	// consumer was logged.
 	unreadableSaid atomic.Bool
 	conn           *publish.Conn
-	sharedConn     bool // Options.Conn: the fleet's, not closed by Close
+	sharedConn     bool               // Options.Conn: the fleet's, not closed by Close
 	js             *publish.JetStream // nil in core mode
 	pub            relay.Publisher
 	relay          *relay.Relay

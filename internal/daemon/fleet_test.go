@@ -222,7 +222,6 @@ func logCountOf(logs *observer.ObservedLogs, msg string) int {
 	return logs.FilterMessage(msg).Len()
 }
 
-
 func dumpLogs(t *testing.T, logs *observer.ObservedLogs) {
 	for _, e := range logs.All() {
 		t.Log(e.Message, e.ContextMap())

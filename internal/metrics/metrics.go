@@ -45,19 +45,19 @@ const (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Published             prometheus.Counter
-	Duplicates            prometheus.Counter
-	AtomicBatches         prometheus.Counter
-	AtomicBatchLimit      prometheus.Gauge
-	AtomicBatchFallbacks  *prometheus.CounterVec
-	Deferred              *prometheus.CounterVec
-	Retries               prometheus.Counter
-	DeadLettered          *prometheus.CounterVec
-	LeasesReclaimed       prometheus.Counter
-	Backlog               *prometheus.GaugeVec
-	OldestPendingAge      prometheus.Gauge
+	Published            prometheus.Counter
+	Duplicates           prometheus.Counter
+	AtomicBatches        prometheus.Counter
+	AtomicBatchLimit     prometheus.Gauge
+	AtomicBatchFallbacks *prometheus.CounterVec
+	Deferred             *prometheus.CounterVec
+	Retries              prometheus.Counter
+	DeadLettered         *prometheus.CounterVec
+	LeasesReclaimed      prometheus.Counter
+	Backlog              *prometheus.GaugeVec
+	OldestPendingAge     prometheus.Gauge
 	// OldestPending shows the highest of the files' oldest pending ages.
-	OldestPending *Highest
+	OldestPending         *Highest
 	ParkedKeys            prometheus.Gauge
 	BrokerConnected       prometheus.Gauge
 	Leader                prometheus.Gauge
