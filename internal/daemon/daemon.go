@@ -76,12 +76,15 @@ type App struct {
 	// consumer was logged.
 	unreadableSaid atomic.Bool
 	conn           *publish.Conn
-	sharedConn     bool               // Options.Conn: the fleet's, not closed by Close
-	js             *publish.JetStream // nil in core mode
-	pub            relay.Publisher
-	relay          *relay.Relay
-	keeper         *housekeeping.Keeper
-	synced         atomic.Bool // the stream was reconciled since start
+	sharedConn     bool // Options.Conn: the fleet's, not closed by Close
+	// lastForeign is when another connection last committed to the file
+	// (Unix ns), or when Open returned (see Idle).
+	lastForeign atomic.Int64
+	js          *publish.JetStream // nil in core mode
+	pub         relay.Publisher
+	relay       *relay.Relay
+	keeper      *housekeeping.Keeper
+	synced      atomic.Bool // the stream was reconciled since start
 	// atomicSaid: the atomic batch mode was logged (see noteAtomic).
 	atomicSaid atomic.Bool
 	stream     streamState
@@ -124,6 +127,9 @@ type TestHooks struct {
 	WrapPublisher func(relay.Publisher) relay.Publisher
 	// Clock replaces the clock the database and the relay share.
 	Clock *event.Clock
+	// IdleAfter, when set, replaces how long a fleet's file stays open
+	// idle.
+	IdleAfter time.Duration
 	// Relay is given the relay Open built, whose state tests follow.
 	Relay func(*relay.Relay)
 }
@@ -261,6 +267,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if a.js != nil {
 		ro.Reconcile = a.reconcile
 	}
+	ro.Watch = a.noteForeign(ro.Watch)
 	if hooks.Tune != nil {
 		hooks.Tune(&ro, &ko)
 	}

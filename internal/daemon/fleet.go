@@ -14,29 +14,44 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/fleet"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
 
-// Fleet timings.
+// Fleet timings and bounds.
 const (
-	// fleetScan is how often the pattern is matched again: a new file is
-	// served, and a removed one let go, within about this long.
-	fleetScan = 250 * time.Millisecond
+	// fleetTick is how often the fleet looks at its files: which to close
+	// as idle, which to open as due.
+	fleetTick = 250 * time.Millisecond
+	// fleetRescan is how often the pattern is matched again when no
+	// file-system notification said the directory changed.
+	fleetRescan = 5 * time.Second
 	// fleetRetry is how long a file that could not be served waits
 	// before it is tried again.
 	fleetRetry = 5 * time.Second
+	// fleetIdleAfter is how long a file stays open with no commit from
+	// another connection and nothing due before it is closed: an idle
+	// file costs no connection, goroutine, timer or heartbeat.
+	fleetIdleAfter = 10 * time.Second
+	// fleetMaxOpen bounds the files open at once; the others wait their
+	// turn, in the order they came due.
+	fleetMaxOpen = 256
 )
 
 // Fleet is a relay serving every database file that database.path's
-// pattern matches: a tenant's file each. Every file has its own App (its
-// lead, lanes, outage handling, retention, checkpoints and
-// reconciliation) on one broker connection and one metrics registry; a
-// file that cannot be served affects that file alone, and is tried again.
+// pattern matches: a tenant's file each. A file with rows to publish, or
+// commits, has its own App (its lead, lanes, outage handling, retention,
+// checkpoints and reconciliation) on one broker connection and one
+// metrics registry; an idle file is closed, and opened again by its next
+// commit (a notification on the directory) or when its next row comes
+// due. A file that cannot be served affects that file alone, and is tried
+// again.
 type Fleet struct {
 	cfg      config.Config
 	log      *zap.Logger
@@ -45,27 +60,42 @@ type Fleet struct {
 	embedded *publish.Embedded
 	conn     *publish.Conn
 	natsURL  string
+	slots    chan struct{} // one per file open at once
 
 	mu    sync.Mutex
-	files map[string]*member // by path: the files served, or being opened
+	files map[string]*member // by path: the files open, or opening
+	// parked are the files closed while idle, by path.
+	parked map[string]*parkedFile
 	// trouble holds why a file is not served, by path, until it is.
 	trouble map[string]*fileTrouble
+	rescan  bool           // the directory changed: match the pattern again
+	// parks: idle files are closed, notifications opening them again.
+	parks bool
 	wg      sync.WaitGroup // the members' goroutines
 }
 
-// member is one file served: its App, once opened, and its goroutine.
+// member is one file open: its App, once opened, and its goroutine.
 type member struct {
 	tenant string
 	file   os.FileInfo // as first seen: another file at the path is a replacement
 	stop   context.CancelFunc
 	done   chan struct{}
 	app    *App // nil while it opens
+	// park is set when the fleet closes it as idle, with when to open it
+	// again (zero: on its next commit).
+	park *parkedFile
 }
 
 // fileTrouble is why a file is not served, and when it is tried again.
 type fileTrouble struct {
 	err   error
 	retry time.Time
+}
+
+// parkedFile is a file closed while idle.
+type parkedFile struct {
+	file os.FileInfo
+	wake time.Time // zero: on its next commit only
 }
 
 // OpenFleet connects to the broker (or starts the embedded server) for a
@@ -75,7 +105,8 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 		return nil, &config.Error{Err: err}
 	}
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
-		files: map[string]*member{}, trouble: map[string]*fileTrouble{}}
+		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{},
+		slots: make(chan struct{}, fleetMaxOpen)}
 	if f.metrics == nil {
 		f.metrics = metrics.New(oo.Version, oo.Commit)
 	}
@@ -116,20 +147,49 @@ func (f *Fleet) Run(ctx context.Context) error {
 		zap.String("table", f.cfg.Database.Table), zap.String("nats", natsname.RedactURLs(f.natsURL)),
 		zap.String("stream", f.cfg.Stream.Name), zap.String("subjects", f.cfg.Stream.SubjectPrefix+"."+f.cfg.Stream.SubjectTemplate))
 	defer f.stopAll()
-	t := time.NewTicker(fleetScan)
-	defer t.Stop()
+	var written <-chan string
+	var changed <-chan struct{}
+	if w := fleet.Watch(ctx, f.cfg.Database.Path); w != nil {
+		written, changed = w.Written, w.Changed
+		f.parks = true
+	} else {
+		f.log.Warn("no file-system notifications for the database directory: every file stays open, and new files are found by looking every " + fleetRescan.String())
+	}
+	f.scan(ctx, true)
+	tick := time.NewTicker(fleetTick)
+	defer tick.Stop()
+	lastScan := time.Now()
 	for {
-		f.scan(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case path := <-written:
+			f.commitTo(ctx, path)
+			continue
+		case <-changed:
+			f.mu.Lock()
+			f.rescan = true
+			f.mu.Unlock()
+			continue
+		case <-tick.C:
 		}
+		f.mu.Lock()
+		rescan := f.rescan || time.Since(lastScan) >= fleetRescan
+		f.rescan = false
+		f.mu.Unlock()
+		if rescan {
+			f.scan(ctx, false)
+			lastScan = time.Now()
+		}
+		f.tend(ctx, time.Now())
 	}
 }
 
 // scan serves the files the pattern matches now and lets go of the others.
-func (f *Fleet) scan(ctx context.Context) {
+// At first a file is opened only when a row in it is due (or it cannot
+// be read for that, which opening it reports); a file that appears later
+// is opened at once.
+func (f *Fleet) scan(ctx context.Context, first bool) {
 	paths, err := fleet.Files(f.cfg.Database.Path)
 	if err != nil {
 		return // the pattern was checked at Open; the directory may be away for a moment
@@ -140,22 +200,46 @@ func (f *Fleet) scan(ctx context.Context) {
 	defer f.mu.Unlock()
 	for _, path := range paths {
 		matched[path] = true
+		fi, err := os.Stat(path)
+		if err != nil {
+			continue // gone since the match
+		}
 		if m := f.files[path]; m != nil {
-			if fi, err := os.Stat(path); err == nil && !os.SameFile(fi, m.file) {
+			if !os.SameFile(fi, m.file) {
 				f.log.Info("database file replaced; serving the new one", zap.String("tenant", m.tenant), zap.String("database", path))
 				m.stop() // its goroutine removes it; the new file is taken up after
 			}
 			continue
 		}
+		if p := f.parked[path]; p != nil {
+			if os.SameFile(fi, p.file) {
+				continue
+			}
+			delete(f.parked, path) // replaced while closed: a new file
+		}
 		if t := f.trouble[path]; t != nil && now.Before(t.retry) {
 			continue
 		}
-		f.start(ctx, path)
+		if first && f.parks {
+			if wake, due := f.nextDue(ctx, path); !due {
+				f.parked[path] = &parkedFile{file: fi, wake: wake}
+				continue
+			}
+		}
+		f.start(ctx, path, fi)
 	}
 	for path, m := range f.files {
 		if !matched[path] {
 			f.log.Info("database file gone; no longer serving it", zap.String("tenant", m.tenant), zap.String("database", path))
+			m.park = nil
 			m.stop()
+		}
+	}
+	for _, set := range []map[string]*parkedFile{f.parked} {
+		for path := range set {
+			if !matched[path] {
+				delete(set, path)
+			}
 		}
 	}
 	for path := range f.trouble {
@@ -165,13 +249,74 @@ func (f *Fleet) scan(ctx context.Context) {
 	}
 }
 
-// start serves the file at path in a goroutine of its own: opening it may
-// wait for the application's lock. Called with f.mu held.
-func (f *Fleet) start(ctx context.Context, path string) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return // gone since the match
+// idleAfter is fleetIdleAfter, or what a test made it.
+func (f *Fleet) idleAfter() time.Duration {
+	if f.oo.Test != nil && f.oo.Test.IdleAfter > 0 {
+		return f.oo.Test.IdleAfter
 	}
+	return fleetIdleAfter
+}
+
+// nextDue says whether a row of the file at path is due now, else when
+// the next one is (zero: none pending). A file it cannot read counts as
+// due: opening it says why.
+func (f *Fleet) nextDue(ctx context.Context, path string) (time.Time, bool) {
+	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: f.cfg.Database.Table, BusyTimeout: f.cfg.Database.BusyTimeout, ReadOnly: true})
+	if err != nil {
+		return time.Time{}, true
+	}
+	defer db.Close()
+	next, any, err := claim.NextDue(ctx, db)
+	switch {
+	case err != nil:
+		return time.Time{}, true
+	case !any:
+		return time.Time{}, false
+	}
+	return next, !next.After(time.Now())
+}
+
+// tend closes the open files that have been idle for fleetIdleAfter and
+// opens the closed ones whose next row came due.
+func (f *Fleet) tend(ctx context.Context, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.files {
+		if !f.parks || m.app == nil || m.park != nil {
+			continue
+		}
+		if idle, wake := m.app.Idle(now, f.idleAfter()); idle {
+			m.park = &parkedFile{file: m.file, wake: wake}
+			m.stop()
+		}
+	}
+	for path, p := range f.parked {
+		if !p.wake.IsZero() && !now.Before(p.wake) {
+			delete(f.parked, path)
+			f.start(ctx, path, p.file)
+		}
+	}
+}
+
+// commitTo opens the closed file at path: something wrote to it. A name
+// the fleet does not know makes it match the pattern again.
+func (f *Fleet) commitTo(ctx context.Context, path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p := f.parked[path]; p != nil {
+		delete(f.parked, path)
+		f.start(ctx, path, p.file)
+		return
+	}
+	if f.files[path] == nil {
+		f.rescan = true
+	}
+}
+
+// start serves the file at path in a goroutine of its own: it waits for
+// a slot among the files open, and opening it may wait for the
+// application's lock. Called with f.mu held.
+func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo) {
 	mctx, cancel := context.WithCancel(ctx)
 	m := &member{tenant: fleet.Tenant(path), file: fi, stop: cancel, done: make(chan struct{})}
 	f.files[path] = m
@@ -179,14 +324,25 @@ func (f *Fleet) start(ctx context.Context, path string) {
 	go func() {
 		defer f.wg.Done()
 		defer close(m.done)
-		err := f.serve(mctx, path, m)
+		var err error
+		select {
+		case f.slots <- struct{}{}:
+			err = f.serve(mctx, path, m)
+			<-f.slots
+		case <-mctx.Done():
+		}
 		cancel()
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		delete(f.files, path)
+		if m.park != nil && ctx.Err() == nil && err == nil {
+			f.parked[path] = m.park
+			return
+		}
 		if errors.Is(err, event.ErrDatabaseReplaced) {
 			// Found by the relay before the scan: served anew at once.
 			f.log.Info("database file replaced; serving the new one", zap.String("tenant", m.tenant), zap.String("database", path))
+			f.rescan = true
 			err = nil
 		}
 		if err == nil || ctx.Err() != nil {
@@ -273,7 +429,7 @@ func (f *Fleet) role() string {
 		troubled = append(troubled, fmt.Sprintf("%s (%s): %v", fleet.Tenant(path), path, t.err))
 	}
 	sort.Strings(troubled)
-	s := fmt.Sprintf("serving %d database files of %s, leading %d", len(f.files), f.cfg.Database.Path, leading)
+	s := fmt.Sprintf("serving %d database files of %s: %d open (leading %d), %d idle", len(f.files)+len(f.parked), f.cfg.Database.Path, len(f.files), leading, len(f.parked))
 	if len(troubled) > 0 {
 		s += fmt.Sprintf("; %d in trouble: %s", len(troubled), strings.Join(troubled, "; "))
 	}

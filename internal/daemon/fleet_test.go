@@ -35,7 +35,7 @@ type fleetHarness struct {
 	done   chan error
 }
 
-func startFleet(t *testing.T, dir, natsURL string) *fleetHarness {
+func startFleet(t *testing.T, dir, natsURL string, idleAfter time.Duration) *fleetHarness {
 	t.Helper()
 	cfg := harnessConfig(filepath.Join(dir, "*.db"), natsURL, harnessOptions{})
 	cfg.Schema.Mode = config.SchemaAuto // a new file is given the table
@@ -46,7 +46,7 @@ func startFleet(t *testing.T, dir, natsURL string) *fleetHarness {
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	f, err := daemon.OpenFleet(context.Background(), cfg, zap.New(core), daemon.Options{Version: "test", Listener: ln,
-		Test: &daemon.TestHooks{Tune: func(o *relay.Options, k *housekeeping.Options) {
+		Test: &daemon.TestHooks{IdleAfter: idleAfter, Tune: func(o *relay.Options, k *housekeeping.Options) {
 			o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
 			k.StatsInterval = 50 * time.Millisecond
 		}}})
@@ -154,7 +154,7 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 	}
 	backup := filepath.Join(t.TempDir(), "acme-backup.db")
 	testenv.MustExec(t, acme, `VACUUM INTO ?`, backup) // all 40 pending in it
-	h := startFleet(t, dir, n.URL())
+	h := startFleet(t, dir, n.URL(), 0)
 	waitDone(t, acme, 40)
 	waitDone(t, globex, 30)
 	h.waitReadyz(t, "serving 2 database files", "leading 2", "broken (")
@@ -225,5 +225,34 @@ func logCountOf(logs *observer.ObservedLogs, msg string) int {
 func dumpLogs(t *testing.T, logs *observer.ObservedLogs) {
 	for _, e := range logs.All() {
 		t.Log(e.Message, e.ContextMap())
+	}
+}
+
+// TestIdleFilesCloseAndWakeOnTheirCommits: files idle for IdleAfter are
+// closed (no connection, heartbeat or goroutine of theirs); a commit to
+// one opens it again and its row is published, and a file whose next row
+// is due later (a retry's backoff) is opened when it comes due.
+func TestIdleFilesCloseAndWakeOnTheirCommits(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	dbs := map[string]*sql.DB{}
+	for _, name := range []string{"acme", "globex", "initech"} {
+		dbs[name] = tenantFile(t, dir, name, 3)
+	}
+	// A row of initech's due in 2 s, as a retry in its backoff is.
+	testenv.MustExec(t, dbs["initech"], `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('later', 'order.placed', 'initech', ?)`,
+		time.Now().Add(2*time.Second).UnixMilli())
+	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	for _, db := range dbs {
+		waitDone(t, db, 3)
+	}
+	waitDone(t, dbs["initech"], 4) // opened again when its row came due, if it was closed meanwhile
+	h.waitReadyz(t, ": 0 open (leading 0), 3 idle")
+
+	insertKeyed(t, dbs["globex"], "globex", 1)
+	waitDone(t, dbs["globex"], 4)
+	h.waitReadyz(t, ": 0 open (leading 0), 3 idle") // and closed again
+	if got := len(testenv.StreamMessages(t, n.JetStream(t), "EVENTS")); got != 11 {
+		t.Fatalf("%d messages, want 11", got)
 	}
 }

@@ -243,6 +243,9 @@ func (r *Relay) Role() string {
 	return fmt.Sprintf("leading, %d rows in flight", r.inflight.Load())
 }
 
+// InFlight returns how many rows are claimed and not yet settled.
+func (r *Relay) InFlight() int64 { return r.inflight.Load() }
+
 // Leads reports whether this relay leads on its file.
 func (r *Relay) Leads() bool { return r.o.HeartbeatInterval == 0 || r.leading.Load() }
 

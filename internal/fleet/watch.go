@@ -1,0 +1,80 @@
+package fleet
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// Watcher follows the directory of a fleet's pattern with one file-system
+// notification for every file in it: a write to a database or its -wal
+// file (a commit) is sent on Written, the database's path; a file
+// created, removed or renamed is sent on Changed. Neither blocks: a
+// reader that is behind misses sends (Changed coalesces; a missed commit
+// is found by the reader's own periodic looks).
+type Watcher struct {
+	w       *fsnotify.Watcher
+	base    string // the pattern's file name
+	Written chan string
+	Changed chan struct{}
+}
+
+// Watch starts watching pattern's directory until ctx ends; it returns
+// nil where notifications are unavailable (the caller then looks
+// periodically).
+func Watch(ctx context.Context, pattern string) *Watcher {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil
+	}
+	if err := w.Add(filepath.Dir(pattern)); err != nil {
+		w.Close()
+		return nil
+	}
+	fw := &Watcher{w: w, base: filepath.Base(pattern), Written: make(chan string, 1024), Changed: make(chan struct{}, 1)}
+	go fw.run(ctx)
+	return fw
+}
+
+func (fw *Watcher) run(ctx context.Context) {
+	defer fw.w.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-fw.w.Errors:
+			// An overflow: changes may have been missed; look again.
+			fw.changed()
+		case ev, ok := <-fw.w.Events:
+			if !ok {
+				return
+			}
+			fw.event(ev)
+		}
+	}
+}
+
+func (fw *Watcher) event(ev fsnotify.Event) {
+	db := strings.TrimSuffix(strings.TrimSuffix(ev.Name, "-wal"), "-journal")
+	if ok, _ := filepath.Match(fw.base, filepath.Base(db)); !ok || sidecar(db) {
+		return
+	}
+	if ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+		fw.changed()
+	}
+	if ev.Has(fsnotify.Write) || ev.Has(fsnotify.Create) {
+		select {
+		case fw.Written <- db:
+		default:
+		}
+	}
+}
+
+func (fw *Watcher) changed() {
+	select {
+	case fw.Changed <- struct{}{}:
+	default:
+	}
+}
