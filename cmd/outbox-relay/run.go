@@ -21,12 +21,18 @@ import (
 // the default GOGC=100 it collects hundreds of times a second. A larger
 // GOGC with a soft limit collects far less often and still keeps the heap
 // small; GOGC and GOMEMLIMIT in the environment win.
-func tuneGC() {
+func tuneGC(fleet bool) {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(24 << 20)
+		limit := int64(24 << 20)
+		if fleet {
+			// Files open at once each hold their pipeline and page
+			// cache: with one file's limit the GC ran without pause.
+			limit = 96 << 20
+		}
+		debug.SetMemoryLimit(limit)
 	}
 }
 
@@ -49,7 +55,7 @@ func (c *cli) runDaemon(*cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	tuneGC()
+	tuneGC(fleet.IsPattern(cfg.Database.Path))
 	log, ctx, stop, err := c.start(cfg)
 	if err != nil {
 		return err
