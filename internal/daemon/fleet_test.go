@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -37,9 +39,18 @@ type fleetHarness struct {
 
 func startFleet(t *testing.T, dir, natsURL string, idleAfter time.Duration) *fleetHarness {
 	t.Helper()
+	return startFleetWith(t, dir, natsURL, idleAfter, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaAuto // a new file is given the table
+	})
+}
+
+// startFleetWith starts a fleet on dir/*.db whose files close after
+// idleAfter idle (0: the default), with the configuration edit changed.
+func startFleetWith(t *testing.T, dir, natsURL string, idleAfter time.Duration, edit func(*config.Config)) *fleetHarness {
+	t.Helper()
 	cfg := harnessConfig(filepath.Join(dir, "*.db"), natsURL, harnessOptions{})
-	cfg.Schema.Mode = config.SchemaAuto // a new file is given the table
 	cfg.Stream.SubjectTemplate = "{tenant}.{event_type}"
+	edit(&cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -218,6 +229,20 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 	}
 }
 
+// migrate gives the tenants' files in dir the relay's tables, as
+// outbox-relay migrate does before a relay in schema.mode verify starts.
+func migrate(t *testing.T, dir string, tenants ...string) {
+	t.Helper()
+	for _, tenant := range tenants {
+		path := filepath.Join(dir, tenant+".db")
+		s := testenv.OpenDB(t, path)
+		if _, err := schema.Migrate(context.Background(), s); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		s.Close()
+	}
+}
+
 func logCountOf(logs *observer.ObservedLogs, msg string) int {
 	return logs.FilterMessage(msg).Len()
 }
@@ -254,5 +279,76 @@ func TestIdleFilesCloseAndWakeOnTheirCommits(t *testing.T) {
 	h.waitReadyz(t, ": 0 open (leading 0), 3 idle") // and closed again
 	if got := len(testenv.StreamMessages(t, n.JetStream(t), "EVENTS")); got != 11 {
 		t.Fatalf("%d messages, want 11", got)
+	}
+}
+
+// TestBrokenFilesAffectOnlyThemselves: among healthy files, one is held
+// locked by its application (its write lock, rows due meanwhile), one
+// is not a database and one lacks the outbox table (schema.mode verify).
+// The healthy files' rows are published while the lock is held, /readyz
+// stays ready and names the three, and once the lock is let go the
+// locked file's rows are published too.
+func TestBrokenFilesAffectOnlyThemselves(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	healthy := map[string]*sql.DB{}
+	for _, name := range []string{"acme", "globex", "initech", "umbrella"} {
+		healthy[name] = tenantFile(t, dir, name, 5)
+	}
+	migrate(t, dir, "acme", "globex", "initech", "umbrella")
+	locked := healthy["umbrella"]
+	delete(healthy, "umbrella")
+	if err := os.WriteFile(filepath.Join(dir, "corrupt.db"), []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testenv.MustExec(t, testenv.AppDB(t, filepath.Join(dir, "bare.db")), `CREATE TABLE notes (body TEXT)`)
+	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaVerify
+		cfg.Database.BusyTimeout = time.Second
+	})
+	waitDone(t, locked, 5)
+	for _, db := range healthy {
+		waitDone(t, db, 5)
+	}
+
+	// Three rows come due while the application holds the file's write
+	// lock: the relay publishes them and cannot settle them.
+	for i := 0; i < 3; i++ {
+		testenv.MustExec(t, locked, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES (?, 'order.placed', 'umbrella', ?)`,
+			fmt.Sprint("later-", i), time.Now().Add(1500*time.Millisecond).UnixMilli())
+	}
+	hold, err := locked.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hold.ExecContext(context.Background(), `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+
+	for name, db := range healthy {
+		insertKeyed(t, db, name, 5)
+	}
+	for _, db := range healthy {
+		waitDone(t, db, 10) // while the lock is held
+	}
+	body := h.waitReadyz(t, "umbrella (", "corrupt (", "bare (")
+	t.Logf("/readyz: %s", body)
+	if strings.Contains(body, "acme (") || strings.Contains(body, "globex (") {
+		t.Errorf("/readyz names a healthy file in trouble: %s", body)
+	}
+
+	if _, err := hold.ExecContext(context.Background(), `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	hold.Close()
+	waitDone(t, locked, 8)
+	for deadline := time.Now().Add(20 * time.Second); strings.Contains(h.waitReadyz(t), "umbrella ("); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still names the file that was locked: %s", h.waitReadyz(t))
+		}
+	}
+	if got := len(testenv.StreamMessages(t, n.JetStream(t), "EVENTS")); got != 3*10+8 {
+		t.Errorf("%d messages, want %d", got, 3*10+8)
 	}
 }
