@@ -68,10 +68,10 @@ type Fleet struct {
 	parked map[string]*parkedFile
 	// trouble holds why a file is not served, by path, until it is.
 	trouble map[string]*fileTrouble
-	rescan  bool           // the directory changed: match the pattern again
+	rescan  bool // the directory changed: match the pattern again
 	// parks: idle files are closed, notifications opening them again.
 	parks bool
-	wg      sync.WaitGroup // the members' goroutines
+	wg    sync.WaitGroup // the members' goroutines
 }
 
 // member is one file open: its App, once opened, and its goroutine.
