@@ -81,6 +81,7 @@ type member struct {
 	stop   context.CancelFunc
 	done   chan struct{}
 	app    *App // nil while it opens
+	quiet bool // log warnings and errors only (see wake)
 	// park is set when the fleet closes it as idle, with when to open it
 	// again (zero: on its next commit).
 	park *parkedFile
@@ -226,7 +227,7 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 				continue
 			}
 		}
-		f.start(ctx, path, fi)
+		f.start(ctx, path, fi, false)
 	}
 	for path, m := range f.files {
 		if !matched[path] {
@@ -293,7 +294,7 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 	for path, p := range f.parked {
 		if !p.wake.IsZero() && !now.Before(p.wake) {
 			delete(f.parked, path)
-			f.start(ctx, path, p.file)
+			f.wake(ctx, path, p.file)
 		}
 	}
 }
@@ -305,7 +306,7 @@ func (f *Fleet) commitTo(ctx context.Context, path string) {
 	defer f.mu.Unlock()
 	if p := f.parked[path]; p != nil {
 		delete(f.parked, path)
-		f.start(ctx, path, p.file)
+		f.wake(ctx, path, p.file)
 		return
 	}
 	if f.files[path] == nil {
@@ -313,12 +314,20 @@ func (f *Fleet) commitTo(ctx context.Context, path string) {
 	}
 }
 
+// wake serves a file that was closed while idle, its App logging only
+// warnings and errors: opening and closing idle files is routine, and
+// each said "relay starting", "leading" and "relay stopped". Called with
+// f.mu held.
+func (f *Fleet) wake(ctx context.Context, path string, fi os.FileInfo) {
+	f.start(ctx, path, fi, true)
+}
+
 // start serves the file at path in a goroutine of its own: it waits for
 // a slot among the files open, and opening it may wait for the
 // application's lock. Called with f.mu held.
-func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo) {
+func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bool) {
 	mctx, cancel := context.WithCancel(ctx)
-	m := &member{tenant: fleet.Tenant(path), file: fi, stop: cancel, done: make(chan struct{})}
+	m := &member{tenant: fleet.Tenant(path), file: fi, stop: cancel, done: make(chan struct{}), quiet: quiet}
 	f.files[path] = m
 	f.wg.Add(1)
 	go func() {
@@ -363,7 +372,11 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 	cfg := f.cfg
 	cfg.Database.Path = path
 	cfg.Metrics.Listen = "" // the fleet serves HTTP
-	app, err := Open(ctx, cfg, f.log.With(zap.String("tenant", m.tenant)), Options{
+	log := f.log.With(zap.String("tenant", m.tenant))
+	if m.quiet {
+		log = log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
+	}
+	app, err := Open(ctx, cfg, log, Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.metrics, Conn: f.conn, Tenant: m.tenant, Test: f.oo.Test,
 	})
 	if err != nil {
