@@ -200,6 +200,9 @@ const (
 // Metrics is the HTTP listener for /metrics, /healthz and /readyz.
 type Metrics struct {
 	Listen string `mapstructure:"listen"` // empty disables it
+	// TenantLabel adds gauges with a tenant label for a fleet's files
+	// (a series per tenant).
+	TenantLabel bool `mapstructure:"tenant_label"`
 }
 
 // Log configures the zap logger.

@@ -109,6 +109,9 @@ type Options struct {
 	// carry it (Outbox-Tenant) and stream.subject_template's {tenant}
 	// is it.
 	Tenant string
+	// Gauges, when set, are the file's shares of the backlog gauges,
+	// kept by a fleet while the file is closed (housekeeping.NewGauges).
+	Gauges *housekeeping.Gauges
 	// Test reaches into the wiring; nil in production.
 	Test *TestHooks
 }
@@ -260,6 +263,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		RetentionInterval:     retentionInterval,
 		RetainDone:            cfg.Retention.Done,
 		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
+		Gauges:                oo.Gauges,
 		CheckpointInterval:    checkpointInterval,
 		Metrics:               a.metrics,
 		Log:                   log.Named("relay"),
@@ -468,9 +472,6 @@ func (a *App) Close() {
 	}
 	if a.conn != nil && !a.sharedConn {
 		a.conn.Close()
-	}
-	if a.keeper != nil {
-		a.keeper.Forget()
 	}
 	if a.db != nil {
 		a.db.Close()

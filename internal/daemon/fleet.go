@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/fleet"
+	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
@@ -68,7 +69,11 @@ type Fleet struct {
 	parked map[string]*parkedFile
 	// trouble holds why a file is not served, by path, until it is.
 	trouble map[string]*fileTrouble
-	rescan  bool // the directory changed: match the pattern again
+	// gauges are each file's shares of the backlog gauges, by path: kept
+	// while it is closed, forgotten when it goes.
+	gauges map[string]*housekeeping.Gauges
+	fleetM *metrics.FleetMetrics
+	rescan bool // the directory changed: match the pattern again
 	// parks: idle files are closed, notifications opening them again.
 	parks bool
 	wg    sync.WaitGroup // the members' goroutines
@@ -81,7 +86,7 @@ type member struct {
 	stop   context.CancelFunc
 	done   chan struct{}
 	app    *App // nil while it opens
-	quiet bool // log warnings and errors only (see wake)
+	quiet  bool // log warnings and errors only (see wake)
 	// park is set when the fleet closes it as idle, with when to open it
 	// again (zero: on its next commit).
 	park *parkedFile
@@ -106,11 +111,12 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 		return nil, &config.Error{Err: err}
 	}
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
-		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{},
+		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, gauges: map[string]*housekeeping.Gauges{},
 		slots: make(chan struct{}, fleetMaxOpen)}
 	if f.metrics == nil {
 		f.metrics = metrics.New(oo.Version, oo.Commit)
 	}
+	f.fleetM = f.metrics.ServeFleet(cfg.Metrics.TenantLabel)
 	defer func() {
 		if err != nil {
 			f.Close()
@@ -217,6 +223,7 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 				continue
 			}
 			delete(f.parked, path) // replaced while closed: a new file
+			f.forget(path)
 		}
 		if t := f.trouble[path]; t != nil && now.Before(t.retry) {
 			continue
@@ -236,11 +243,10 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 			m.stop()
 		}
 	}
-	for _, set := range []map[string]*parkedFile{f.parked} {
-		for path := range set {
-			if !matched[path] {
-				delete(set, path)
-			}
+	for path := range f.parked {
+		if !matched[path] {
+			delete(f.parked, path)
+			f.forget(path)
 		}
 	}
 	for path := range f.trouble {
@@ -291,6 +297,7 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 			m.stop()
 		}
 	}
+	defer f.count()
 	for path, p := range f.parked {
 		if !p.wake.IsZero() && !now.Before(p.wake) {
 			delete(f.parked, path)
@@ -348,6 +355,7 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 			f.parked[path] = m.park
 			return
 		}
+		f.forget(path) // gone, replaced or in trouble: its figures are not known
 		if errors.Is(err, event.ErrDatabaseReplaced) {
 			// Found by the relay before the scan: served anew at once.
 			f.log.Info("database file replaced; serving the new one", zap.String("tenant", m.tenant), zap.String("database", path))
@@ -377,7 +385,8 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 		log = log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
 	}
 	app, err := Open(ctx, cfg, log, Options{
-		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.metrics, Conn: f.conn, Tenant: m.tenant, Test: f.oo.Test,
+		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.metrics, Conn: f.conn, Tenant: m.tenant,
+		Gauges: f.gaugesOf(path, m.tenant), Test: f.oo.Test,
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -397,6 +406,34 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 		return errors.New("its relay stopped")
 	}
 	return err
+}
+
+// gaugesOf returns the file's shares of the backlog gauges.
+func (f *Fleet) gaugesOf(path, tenant string) *housekeeping.Gauges {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g := f.gauges[path]
+	if g == nil {
+		g = housekeeping.NewGauges(f.metrics, tenant)
+		f.gauges[path] = g
+	}
+	return g
+}
+
+// forget takes a file that is no longer served out of the gauges. Called
+// with f.mu held.
+func (f *Fleet) forget(path string) {
+	if g := f.gauges[path]; g != nil {
+		g.Forget()
+		delete(f.gauges, path)
+	}
+}
+
+// count sets the fleet_files gauge. Called with f.mu held.
+func (f *Fleet) count() {
+	f.fleetM.Files.WithLabelValues("open").Set(float64(len(f.files)))
+	f.fleetM.Files.WithLabelValues("idle").Set(float64(len(f.parked)))
+	f.fleetM.Files.WithLabelValues("trouble").Set(float64(len(f.trouble)))
 }
 
 // stopAll stops every file's relay and waits for them.

@@ -78,6 +78,35 @@ func startFleetWith(t *testing.T, dir, natsURL string, idleAfter time.Duration, 
 	return h
 }
 
+// waitMetrics waits until /metrics holds every one of the samples want.
+func (h *fleetHarness) waitMetrics(t *testing.T, want ...string) string {
+	t.Helper()
+	url := strings.TrimSuffix(h.url, "/readyz") + "/metrics"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(string(body), w+"\n") {
+				missing = w
+				break
+			}
+		}
+		if missing == "" {
+			return string(body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics has no %q", missing)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // readyz returns /readyz's status and body.
 func (h *fleetHarness) readyz(t *testing.T) (int, string) {
 	t.Helper()
@@ -138,14 +167,12 @@ func insertKeyed(t *testing.T, db *sql.DB, tenant string, n int) {
 	}
 }
 
-// waitDone waits until every row of db is done.
+// waitDone waits until rows rows of db are done.
 func waitDone(t *testing.T, db *sql.DB, rows int) {
 	t.Helper()
-	waitAllSettled(t, db, rows, 30*time.Second)
-	var done int
-	if err := db.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'done'`).Scan(&done); err != nil || done != rows {
-		t.Fatalf("%d rows done (%v), want %d", done, err, rows)
-	}
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d rows done", rows), func() bool {
+		return testenv.Counts(t, db)["done"] == rows
+	})
 }
 
 // TestFleetServesFilesAsTheyComeAndGo: one relay on a directory serves the
@@ -165,7 +192,10 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 	}
 	backup := filepath.Join(t.TempDir(), "acme-backup.db")
 	testenv.MustExec(t, acme, `VACUUM INTO ?`, backup) // all 40 pending in it
-	h := startFleet(t, dir, n.URL(), 0)
+	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaAuto // a new file is given the table
+		cfg.Metrics.TenantLabel = true
+	})
 	waitDone(t, acme, 40)
 	waitDone(t, globex, 30)
 	h.waitReadyz(t, "serving 2 database files", "leading 2", "broken (")
@@ -180,6 +210,9 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 	}
 	h.waitReadyz(t, "serving 2 database files")
 	insertKeyed(t, globex, "globex", 5)
+	if body := h.waitMetrics(t, `outbox_relay_tenant_backlog_rows{status="pending",tenant="initech"} 0`); strings.Contains(body, `tenant="globex"`) {
+		t.Errorf("/metrics still has the removed file's tenant")
+	}
 
 	// acme is restored from the backup taken before anything was
 	// published: its rows are found in the stream and settled.
@@ -267,16 +300,23 @@ func TestIdleFilesCloseAndWakeOnTheirCommits(t *testing.T) {
 	// A row of initech's due in 2 s, as a retry in its backoff is.
 	testenv.MustExec(t, dbs["initech"], `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES ('later', 'order.placed', 'initech', ?)`,
 		time.Now().Add(2*time.Second).UnixMilli())
+	// And a dead letter of acme's, which stays counted while acme is closed.
+	testenv.MustExec(t, dbs["acme"], `INSERT INTO event_queue (event_id, event_type, payload, status) VALUES ('dead', 'order.placed', 'acme', 'dead_lettered')`)
 	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
 	for _, db := range dbs {
 		waitDone(t, db, 3)
 	}
 	waitDone(t, dbs["initech"], 4) // opened again when its row came due, if it was closed meanwhile
 	h.waitReadyz(t, ": 0 open (leading 0), 3 idle")
+	h.waitMetrics(t, `outbox_relay_fleet_files{state="idle"} 3`, `outbox_relay_fleet_files{state="open"} 0`,
+		`outbox_relay_backlog_rows{status="dead_lettered"} 1`, `outbox_relay_backlog_rows{status="pending"} 0`, `outbox_relay_leader 0`)
 
 	insertKeyed(t, dbs["globex"], "globex", 1)
 	waitDone(t, dbs["globex"], 4)
 	h.waitReadyz(t, ": 0 open (leading 0), 3 idle") // and closed again
+	if body := h.waitMetrics(t); strings.Contains(body, "tenant=") {
+		t.Errorf("/metrics has a tenant label without metrics.tenant_label")
+	}
 	if got := len(testenv.StreamMessages(t, n.JetStream(t), "EVENTS")); got != 11 {
 		t.Fatalf("%d messages, want 11", got)
 	}

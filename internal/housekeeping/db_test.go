@@ -252,14 +252,10 @@ func TestParkedKeysGauge(t *testing.T) {
 	db := testenv.AppDB(t, s.Path())
 	testenv.InsertParkedKeys(t, db)
 	m := metrics.New("", "")
-	var prev *Keeper
+	g := NewGauges(m, "") // the file's shares, as its keepers come and go
 	refresh := func(parks bool, want float64) {
 		t.Helper()
-		if prev != nil {
-			prev.Forget() // one keeper per file: the gauge sums over them
-		}
-		prev = New(OnFile(s, parks), Options{Metrics: m})
-		if err := prev.RefreshBacklog(ctx); err != nil {
+		if err := New(OnFile(s, parks), Options{Metrics: m, Gauges: g}).RefreshBacklog(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if got := metrics.Value(m.ParkedKeys); got != want {

@@ -58,7 +58,10 @@ type Options struct {
 	Commits  <-chan struct{}
 	Watching func() bool
 	Metrics  *metrics.Metrics
-	Log      *zap.Logger
+	// Gauges are the file's shares of the backlog gauges (NewGauges);
+	// nil: new ones.
+	Gauges *Gauges
+	Log    *zap.Logger
 }
 
 // Keeper runs the housekeeping of one outbox.
@@ -68,10 +71,49 @@ type Keeper struct {
 	log         *zap.Logger
 	m           *metrics.Metrics
 	readTrouble *episode.Log // the backlog read
-	// This file's shares of the gauges a fleet's files sum, or of which
-	// they show the highest.
+	g           *Gauges
+}
+
+// Gauges are one file's shares of the backlog gauges, which a fleet's
+// files sum (the oldest pending age: the highest), and its tenant's own
+// when the metrics carry a tenant label. They outlive a Keeper: a fleet
+// closes an idle file and opens it again, and its figures stay counted
+// meanwhile.
+type Gauges struct {
 	pending, processing, dead, parked *metrics.Part
 	age                               *metrics.HighPart
+	tenant                            *metrics.TenantGauges // nil without the tenant label
+}
+
+// NewGauges returns a file's shares of m's backlog gauges, and its
+// tenant's gauges when m has them (metrics.Metrics.Tenants).
+func NewGauges(m *metrics.Metrics, tenant string) *Gauges {
+	backlog := func(s event.Status) *metrics.Part { return metrics.NewPart(m.Backlog.WithLabelValues(string(s))) }
+	return &Gauges{pending: backlog(event.StatusPending), processing: backlog(event.StatusProcessing), dead: backlog(event.StatusDeadLettered),
+		parked: metrics.NewPart(m.ParkedKeys), age: m.OldestPending.Part(), tenant: m.Tenant(tenant)}
+}
+
+// set records a backlog read at age seconds of the oldest due row.
+func (g *Gauges) set(b event.Backlog, age float64) {
+	g.pending.Set(float64(b.Pending))
+	g.processing.Set(float64(b.Processing))
+	g.dead.Set(float64(b.DeadLettered))
+	g.age.Set(age)
+	g.parked.Set(float64(b.ParkedKeys))
+	if g.tenant != nil {
+		g.tenant.Set(float64(b.Pending), float64(b.DeadLettered), age)
+	}
+}
+
+// Forget takes the file out of the gauges: it is no longer served.
+func (g *Gauges) Forget() {
+	for _, p := range []*metrics.Part{g.pending, g.processing, g.dead, g.parked} {
+		p.Set(0)
+	}
+	g.age.Drop()
+	if g.tenant != nil {
+		g.tenant.Delete()
+	}
 }
 
 // New returns a Keeper; Run starts it.
@@ -85,21 +127,11 @@ func New(store Store, o Options) *Keeper {
 	if o.Watching == nil {
 		o.Watching = func() bool { return o.Commits != nil }
 	}
-	m := o.Metrics
-	backlog := func(s event.Status) *metrics.Part { return metrics.NewPart(m.Backlog.WithLabelValues(string(s))) }
-	return &Keeper{store: store, o: o, log: o.Log, m: m,
-		readTrouble: episode.New(o.Log, zap.ErrorLevel, "cannot read the outbox", "outbox readable again"),
-		pending:     backlog(event.StatusPending), processing: backlog(event.StatusProcessing), dead: backlog(event.StatusDeadLettered),
-		parked: metrics.NewPart(m.ParkedKeys), age: m.OldestPending.Part()}
-}
-
-// Forget takes this file's shares out of the gauges: its file is no
-// longer served.
-func (k *Keeper) Forget() {
-	for _, p := range []*metrics.Part{k.pending, k.processing, k.dead, k.parked} {
-		p.Set(0)
+	if o.Gauges == nil {
+		o.Gauges = NewGauges(o.Metrics, "")
 	}
-	k.age.Drop()
+	return &Keeper{store: store, o: o, log: o.Log, m: o.Metrics, g: o.Gauges,
+		readTrouble: episode.New(o.Log, zap.ErrorLevel, "cannot read the outbox", "outbox readable again")}
 }
 
 // Run runs the loops whose interval is set until ctx ends.
@@ -140,15 +172,11 @@ func (k *Keeper) RefreshBacklog(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	k.pending.Set(float64(b.Pending))
-	k.processing.Set(float64(b.Processing))
-	k.dead.Set(float64(b.DeadLettered))
 	age := 0.0
 	if !b.OldestPending.IsZero() {
 		age = max(0, time.Since(b.OldestPending).Seconds())
 	}
-	k.age.Set(age)
-	k.parked.Set(float64(b.ParkedKeys))
+	k.g.set(b, age)
 	return nil
 }
 

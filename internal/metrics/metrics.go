@@ -73,6 +73,7 @@ type Metrics struct {
 	ReusedEventIDs        prometheus.Counter
 	PrunedRows            *prometheus.CounterVec
 	BuildInfo             *prometheus.GaugeVec
+	fleet                 *FleetMetrics // ServeFleet's; nil for one file
 }
 
 // New creates the metrics on a new private registry, with the Go and

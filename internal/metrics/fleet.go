@@ -1,0 +1,63 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// FleetMetrics are the metrics of a relay serving a fleet of database
+// files (a database.path pattern): the files by state, and, when the
+// operator opts in (metrics.tenant_label), each tenant's backlog.
+type FleetMetrics struct {
+	Files *prometheus.GaugeVec // by state: open, idle, trouble
+	// The tenant-labelled gauges; nil without the opt-in.
+	tenantBacklog *prometheus.GaugeVec
+	tenantAge     *prometheus.GaugeVec
+}
+
+// ServeFleet registers the fleet's metrics; perTenant adds the gauges
+// with a tenant label (a series per tenant: for fleets whose size the
+// metrics store can carry).
+func (m *Metrics) ServeFleet(perTenant bool) *FleetMetrics {
+	fm := &FleetMetrics{Files: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "fleet_files",
+		Help: "Database files the pattern matches, by state: open (served), idle (closed until a commit or a due row), trouble (cannot be served; tried again)."}, []string{"state"})}
+	m.Registry.MustRegister(fm.Files)
+	for _, s := range []string{"open", "idle", "trouble"} {
+		fm.Files.WithLabelValues(s)
+	}
+	if perTenant {
+		fm.tenantBacklog = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "tenant_backlog_rows",
+			Help: "A tenant's unfinished outbox rows by status (pending, dead_lettered); only with metrics.tenant_label."}, []string{"tenant", "status"})
+		fm.tenantAge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "tenant_oldest_pending_age_seconds",
+			Help: "Seconds a tenant's longest-waiting due pending row has waited; only with metrics.tenant_label."}, []string{"tenant"})
+		m.Registry.MustRegister(fm.tenantBacklog, fm.tenantAge)
+	}
+	m.fleet = fm
+	return fm
+}
+
+// TenantGauges are one tenant's gauges.
+type TenantGauges struct {
+	fm     *FleetMetrics
+	tenant string
+}
+
+// Tenant returns tenant's gauges, or nil when the metrics carry no tenant
+// label.
+func (m *Metrics) Tenant(tenant string) *TenantGauges {
+	if m.fleet == nil || m.fleet.tenantBacklog == nil || tenant == "" {
+		return nil
+	}
+	return &TenantGauges{fm: m.fleet, tenant: tenant}
+}
+
+// Set records the tenant's backlog.
+func (g *TenantGauges) Set(pending, deadLettered, oldestPendingAge float64) {
+	g.fm.tenantBacklog.WithLabelValues(g.tenant, "pending").Set(pending)
+	g.fm.tenantBacklog.WithLabelValues(g.tenant, "dead_lettered").Set(deadLettered)
+	g.fm.tenantAge.WithLabelValues(g.tenant).Set(oldestPendingAge)
+}
+
+// Delete removes the tenant's series: its file is no longer served.
+func (g *TenantGauges) Delete() {
+	g.fm.tenantBacklog.DeleteLabelValues(g.tenant, "pending")
+	g.fm.tenantBacklog.DeleteLabelValues(g.tenant, "dead_lettered")
+	g.fm.tenantAge.DeleteLabelValues(g.tenant)
+}
