@@ -17,7 +17,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -439,30 +438,9 @@ func (a *App) Run(ctx context.Context) error {
 	return a.relay.Run(ctx)
 }
 
-// onExhausted records a message the consumer gave up on: JetStream has no
-// dead-letter queue, so the relay makes it as visible as its own dead
-// letters (log, metric, and a row that dead-letters list --consumer shows).
-func (a *App) onExhausted(e streamsync.Exhausted) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	isNew, err := admin.RecordExhausted(ctx, a.db, admin.Exhausted{
-		EventID: e.EventID, Stream: e.Stream, Consumer: e.Consumer, StreamSeq: e.StreamSeq,
-		Subject: e.Subject, Deliveries: e.Deliveries, ObservedAt: time.Now(),
-	})
-	if err != nil {
-		a.log.Warn("record exhausted message", zap.Uint64("stream_seq", e.StreamSeq), zap.Error(err))
-	}
-	if !isNew && err == nil {
-		return // another relay recorded it
-	}
-	a.metrics.ConsumerExhausted.Inc()
-	fields := []zap.Field{zap.String("event_id", e.EventID), zap.String("stream", e.Stream), zap.String("consumer", e.Consumer),
-		zap.Uint64("stream_seq", e.StreamSeq), zap.String("subject", e.Subject), zap.Int64("deliveries", e.Deliveries)}
-	if e.Err != nil {
-		fields = append(fields, zap.NamedError("read_error", e.Err))
-	}
-	a.log.Error("event exhausted max deliveries", fields...)
-}
+// onExhausted records a message the consumer gave up on (see
+// recordExhausted) in the file.
+func (a *App) onExhausted(e streamsync.Exhausted) { recordExhausted(a.db, a.metrics, a.log, e) }
 
 // Close releases everything Open opened, in reverse order, and
 // Options.Listener.

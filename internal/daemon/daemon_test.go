@@ -2,15 +2,19 @@ package daemon
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -157,4 +161,42 @@ func TestReadinessSaysWhichPartIsNot(t *testing.T) {
 	})
 	n.Restart()
 	testenv.Eventually(t, 30*time.Second, "ready once the broker is back", func() bool { return a.Ready(ctx) == nil })
+}
+
+// TestFleetRecordsExhaustedInTheTenantsFile: a fleet records a message
+// its consumer gave up on in the file its Outbox-Tenant names, once
+// however many times the advisory arrives; one naming no file of the
+// fleet is counted and logged, and recorded nowhere.
+func TestFleetRecordsExhaustedInTheTenantsFile(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	for _, tenant := range []string{"acme", "globex"} {
+		if err := os.Rename(testenv.NewDB(t), filepath.Join(dir, tenant+".db")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := config.Default()
+	cfg.Database.Path = filepath.Join(dir, "*.db")
+	cfg.NATS.URL = n.URL()
+	f, err := OpenFleet(context.Background(), cfg, zap.NewNop(), Options{Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	e := streamsync.Exhausted{EventID: "e-1", Stream: cfg.Stream.Name, Consumer: "workers", StreamSeq: 42, Subject: "events.T", Deliveries: 5,
+		Header: nats.Header{publish.HeaderTenant: []string{"globex"}}}
+	f.onExhausted(e)
+	f.onExhausted(e)
+	e.StreamSeq, e.Header = 43, nats.Header{publish.HeaderTenant: []string{"initech"}}
+	f.onExhausted(e)
+	if got := metrics.Value(f.metrics.ConsumerExhausted); got != 2 {
+		t.Fatalf("consumer_exhausted_total %v, want 2 (globex's once, initech's)", got)
+	}
+	for tenant, want := range map[string]int{"acme": 0, "globex": 1} {
+		var rows int
+		db := testenv.AppDB(t, filepath.Join(dir, tenant+".db"))
+		if err := db.QueryRow(`SELECT count(*) FROM outbox_relay_exhausted`).Scan(&rows); err != nil || rows != want {
+			t.Errorf("%s: %d exhausted rows (%v), want %d", tenant, rows, err, want)
+		}
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
+	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
 
 // Fleet timings and bounds.
@@ -60,6 +61,7 @@ type Fleet struct {
 	metrics  *metrics.Metrics
 	embedded *publish.Embedded
 	conn     *publish.Conn
+	js       *publish.JetStream // for the consumer's advisories; nil in core mode
 	natsURL  string
 	slots    chan struct{} // one per file open at once
 
@@ -138,6 +140,11 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	if f.conn, err = publish.Connect(ctx, natsOpts, log.Named("nats")); err != nil {
 		return nil, err
 	}
+	if cfg.NATS.Mode == config.ModeJetStream {
+		if f.js, err = publish.NewJetStream(f.conn, cfg.Stream.Name, 1, cfg.Relay.AckTimeout); err != nil {
+			return nil, err
+		}
+	}
 	return f, nil
 }
 
@@ -154,6 +161,18 @@ func (f *Fleet) Run(ctx context.Context) error {
 		zap.String("table", f.cfg.Database.Table), zap.String("nats", natsname.RedactURLs(f.natsURL)),
 		zap.String("stream", f.cfg.Stream.Name), zap.String("subjects", f.cfg.Stream.SubjectPrefix+"."+f.cfg.Stream.SubjectTemplate))
 	defer f.stopAll()
+	if f.js != nil && f.cfg.Consumer.Durable != "" {
+		// One watch for the fleet: a file's own App does not watch.
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			if err := streamsync.WatchExhausted(watchCtx, f.conn.NC, f.js.API(), f.cfg.Stream.Name, f.cfg.Consumer.Durable, f.onExhausted); err != nil {
+				f.log.Warn("cannot watch max-deliveries advisories", zap.Error(err))
+			}
+		}()
+		defer func() { stopWatch(); <-watchDone }()
+	}
 	var written <-chan string
 	var changed <-chan struct{}
 	if w := fleet.Watch(ctx, f.cfg.Database.Path); w != nil {

@@ -25,7 +25,8 @@ type Exhausted struct {
 	Deliveries       int64
 	EventID          string // the message's Nats-Msg-Id; empty if the message is gone
 	Subject          string
-	Err              error // why the message could not be read, if it could not
+	Header           nats.Header // the message's headers; nil if it is gone
+	Err              error       // why the message could not be read, if it could not
 }
 
 // WatchExhausted listens for max-deliveries advisories of stream/consumer
@@ -64,7 +65,7 @@ func WatchExhausted(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, 
 			if err != nil {
 				e.Err = fmt.Errorf("read message %d of stream %s: %w", adv.StreamSeq, adv.Stream, err)
 			} else {
-				e.EventID, e.Subject = raw.Header.Get(jetstream.MsgIDHeader), raw.Subject
+				e.EventID, e.Subject, e.Header = raw.Header.Get(jetstream.MsgIDHeader), raw.Subject, raw.Header
 			}
 			fn(e)
 		}
