@@ -324,7 +324,8 @@ func TestIdleFilesCloseAndWakeOnTheirCommits(t *testing.T) {
 
 // TestBrokenFilesAffectOnlyThemselves: among healthy files, one is held
 // locked by its application (its write lock, rows due meanwhile), one
-// is not a database and one lacks the outbox table (schema.mode verify).
+// is not a database, one lacks the outbox table (schema.mode verify) and
+// one's name cannot be a subject's token.
 // The healthy files' rows are published while the lock is held, /readyz
 // stays ready and names the three, and once the lock is let go the
 // locked file's rows are published too.
@@ -342,6 +343,8 @@ func TestBrokenFilesAffectOnlyThemselves(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.MustExec(t, testenv.AppDB(t, filepath.Join(dir, "bare.db")), `CREATE TABLE notes (body TEXT)`)
+	tenantFile(t, dir, "acme.corp", 1) // its tenant cannot be a subject token
+	migrate(t, dir, "acme.corp")
 	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) {
 		cfg.Schema.Mode = config.SchemaVerify
 		cfg.Database.BusyTimeout = time.Second
@@ -372,7 +375,7 @@ func TestBrokenFilesAffectOnlyThemselves(t *testing.T) {
 	for _, db := range healthy {
 		waitDone(t, db, 10) // while the lock is held
 	}
-	body := h.waitReadyz(t, "umbrella (", "corrupt (", "bare (")
+	body := h.waitReadyz(t, "umbrella (", "corrupt (", "bare (", `tenant "acme.corp" cannot be a subject token`)
 	t.Logf("/readyz: %s", body)
 	if strings.Contains(body, "acme (") || strings.Contains(body, "globex (") {
 		t.Errorf("/readyz names a healthy file in trouble: %s", body)
