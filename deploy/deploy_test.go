@@ -26,6 +26,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/fleet"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -125,7 +126,7 @@ func env(s types.ServiceConfig, key string) string {
 }
 
 // dataVolume returns the named volume mounted at the directory of the
-// service's database path.
+// service's database path, or at a directory above it.
 func dataVolume(t *testing.T, s types.ServiceConfig) string {
 	t.Helper()
 	dbPath := env(s, config.EnvName("database.path"))
@@ -133,7 +134,7 @@ func dataVolume(t *testing.T, s types.ServiceConfig) string {
 		t.Fatalf("service %s does not set %s", s.Name, config.EnvName("database.path"))
 	}
 	for _, v := range s.Volumes {
-		if v.Target == filepath.Dir(dbPath) {
+		if dir := filepath.Dir(dbPath); v.Target == dir || strings.HasPrefix(dir, v.Target+"/") {
 			if v.Type != types.VolumeTypeVolume && v.Type != types.VolumeTypeBind {
 				t.Fatalf("service %s mounts %s as %s", s.Name, v.Target, v.Type)
 			}
@@ -467,5 +468,52 @@ func TestSystemdUnit(t *testing.T) {
 	t.Logf("systemd-analyze security: exposure %.1f %s", score, m[2])
 	if score >= 4.0 {
 		t.Errorf("exposure %.1f %s; want below 4.0 (OK)", score, m[2])
+	}
+}
+
+// TestComposeTenants: the tenants variant, laid over the compose file,
+// loads; the application and the relay share the tenants' directory; the
+// relay serves every file of it with the tenant in the subjects, on a
+// configuration that loads; and the application's files match the
+// relay's pattern.
+func TestComposeTenants(t *testing.T) {
+	opts, err := cli.NewProjectOptions([]string{"docker-compose.yml", "docker-compose.tenants.yml"}, cli.WithWorkingDirectory("."), cli.WithName("outbox-relay-demo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := cli.ProjectFromOptions(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("the tenants variant does not load: %v", err)
+	}
+	relay, app := service(t, p, "outbox-relay"), service(t, p, "app")
+	pattern := env(relay, config.EnvName("database.path"))
+	if !fleet.IsPattern(pattern) || env(app, config.EnvName("database.path")) != pattern {
+		t.Fatalf("relay serves %q, the application writes %q: want one pattern", pattern, env(app, config.EnvName("database.path")))
+	}
+	if a, r := dataVolume(t, app), dataVolume(t, relay); a != r {
+		t.Errorf("app mounts volume %q, the relay %q: they must share the tenants' directory", a, r)
+	}
+	if got := env(relay, config.EnvName("stream.subject_template")); !strings.Contains(got, "{tenant}") {
+		t.Errorf("subject template %q does not name the tenant", got)
+	}
+	var envList []string
+	for k, v := range relay.Environment {
+		if v != nil {
+			envList = append(envList, k+"="+*v)
+		}
+	}
+	setConfigEnv(t, envList)
+	if _, err := config.Load("", nil); err != nil {
+		t.Errorf("the relay's environment does not load: %v", err)
+	}
+	cmd := strings.Join(app.Command, " ")
+	if !strings.Contains(cmd, "--tenants") {
+		t.Fatalf("the application writes one file: %s", cmd)
+	}
+	if hc := strings.Join(app.HealthCheck.Test, " "); !strings.Contains(hc, "status --db tenant-") {
+		t.Errorf("app healthcheck %q does not wait for a tenant's file", hc)
+	}
+	if ok, _ := filepath.Match(filepath.Base(pattern), "tenant-05.db"); !ok {
+		t.Errorf("the application's files (tenant-05.db) do not match %s", pattern)
 	}
 }

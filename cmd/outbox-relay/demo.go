@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/demo"
+	"github.com/outbox-relay/outbox-relay/internal/fleet"
 )
 
 func (c *cli) demoCommand() *cobra.Command {
@@ -65,13 +69,15 @@ live progress line until Ctrl-C.`,
 // demoAppCommand is the example application of the compose file: it
 // creates the outbox schema (as the application's own migrations would)
 // and writes a row of its own plus an event in one transaction, rate times
-// a second, until stopped.
+// a second, until stopped; with a database.path pattern, into --tenants
+// files of its directory.
 func (c *cli) demoAppCommand() *cobra.Command {
-	var rate int
+	var rate, tenants int
 	cmd := &cobra.Command{
-		Use:     "demo-app [--rate N]",
-		Short:   "An example application writing events into database.path (the compose demo's app)",
-		Example: `  outbox-relay demo-app --database-path app.db --rate 50`,
+		Use:   "demo-app [--rate N] [--tenants N]",
+		Short: "An example application writing events into database.path (the compose demo's app)",
+		Example: `  outbox-relay demo-app --database-path app.db --rate 50
+  outbox-relay demo-app --database-path '/data/tenants/*.db' --tenants 5 --rate 50   # tenant-01.db ... tenant-05.db`,
 		Args:    cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if rate < 1 {
@@ -86,12 +92,52 @@ func (c *cli) demoAppCommand() *cobra.Command {
 				return err
 			}
 			defer stop()
-			if _, err := migrate(ctx, cfg); err != nil {
+			paths, err := demoTenants(cfg.Database.Path, tenants)
+			if err != nil {
 				return err
 			}
-			return demo.App(ctx, cfg.Database.Path, cfg.Database.Table, rate, log)
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			errs := make(chan error, len(paths))
+			for _, path := range paths {
+				cfg := cfg
+				cfg.Database.Path = path
+				if _, err := migrate(ctx, cfg); err != nil {
+					return err
+				}
+				go func() { errs <- demo.App(ctx, path, cfg.Database.Table, max(1, rate/len(paths)), log) }()
+			}
+			for range paths {
+				if e := <-errs; e != nil && err == nil {
+					err = e
+					cancel() // the others stop too
+				}
+			}
+			return err
 		},
 	}
-	cmd.Flags().IntVar(&rate, "rate", 20, "events per second")
+	cmd.Flags().IntVar(&rate, "rate", 20, "events per second (shared by the tenants)")
+	cmd.Flags().IntVar(&tenants, "tenants", 3, "with a database.path pattern: how many tenants' files to write, tenant-01 on")
 	return cmd
+}
+
+// demoTenants returns the files demo-app writes: database.path, or for a
+// pattern n files of its directory named tenant-01 on in its place.
+func demoTenants(path string, n int) ([]string, error) {
+	if !fleet.IsPattern(path) {
+		return []string{path}, nil
+	}
+	if n < 1 {
+		return nil, usagef("--tenants must be at least 1")
+	}
+	base := filepath.Base(path)
+	var paths []string
+	for i := 1; i <= n; i++ {
+		name := strings.Replace(base, "*", fmt.Sprintf("tenant-%02d", i), 1)
+		if ok, _ := filepath.Match(base, name); !ok || name == base {
+			return nil, usagef("database.path %s: demo-app names its files by putting tenant-NN in place of the pattern's *, which %s is not", path, name)
+		}
+		paths = append(paths, filepath.Join(filepath.Dir(path), name))
+	}
+	return paths, nil
 }
