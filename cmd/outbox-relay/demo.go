@@ -78,7 +78,7 @@ func (c *cli) demoAppCommand() *cobra.Command {
 		Short: "An example application writing events into database.path (the compose demo's app)",
 		Example: `  outbox-relay demo-app --database-path app.db --rate 50
   outbox-relay demo-app --database-path '/data/tenants/*.db' --tenants 5 --rate 50   # tenant-01.db ... tenant-05.db`,
-		Args:    cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if rate < 1 {
 				return usagef("--rate must be at least 1")
