@@ -75,15 +75,13 @@ type App struct {
 	// consumer was logged.
 	unreadableSaid atomic.Bool
 	conn           *publish.Conn
-	sharedConn     bool // Options.Conn: the fleet's, not closed by Close
-	// lastForeign is when another connection last committed to the file
-	// (Unix ns), or when Open returned (see Idle).
-	lastForeign atomic.Int64
-	js          *publish.JetStream // nil in core mode
-	pub         relay.Publisher
-	relay       *relay.Relay
-	keeper      *housekeeping.Keeper
-	synced      atomic.Bool // the stream was reconciled since start
+	sharedConn     bool               // Options.Conn: the fleet's, not closed by Close
+	opened         time.Time          // when Open returned (see Idle)
+	js             *publish.JetStream // nil in core mode
+	pub            relay.Publisher
+	relay          *relay.Relay
+	keeper         *housekeeping.Keeper
+	synced         atomic.Bool // the stream was reconciled since start
 	// atomicSaid: the atomic batch mode was logged (see noteAtomic).
 	atomicSaid atomic.Bool
 	stream     streamState
@@ -270,7 +268,6 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if a.js != nil {
 		ro.Reconcile = a.reconcile
 	}
-	ro.Watch = a.noteForeign(ro.Watch)
 	if hooks.Tune != nil {
 		hooks.Tune(&ro, &ko)
 	}
@@ -292,6 +289,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	}
 	ko.Commits, ko.Watching = a.relay.Commits(), a.relay.Watching
 	a.keeper = housekeeping.New(housekeeping.OnFile(a.db, cfg.Ordering.Parks()), ko)
+	a.opened = time.Now()
 	return a, nil
 }
 

@@ -104,6 +104,9 @@ type fileTrouble struct {
 type parkedFile struct {
 	file os.FileInfo
 	wake time.Time // zero: on its next commit only
+	// probing: a look at its rows is under way (see commitTo); again: it
+	// was written to meanwhile, so look once more.
+	probing, again bool
 }
 
 // OpenFleet connects to the broker (or starts the embedded server) for a
@@ -325,19 +328,55 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 	}
 }
 
-// commitTo opens the closed file at path: something wrote to it. A name
-// the fleet does not know makes it match the pattern again.
+// commitTo looks at the closed file at path, which something wrote to,
+// and opens it if a row in it is due; else it stays closed, to be opened
+// when its next row comes due. What wrote may be the application with
+// data and no event, or another relay of the directory (a heartbeat, a
+// settle): opening the file on every write, two relays would open it for
+// each other's heartbeats for ever. The look is a read of the pending
+// index on a connection of its own, in a goroutine (the application's
+// lock may hold it up); writes meanwhile make one more look. A name the
+// fleet does not know makes it match the pattern again.
 func (f *Fleet) commitTo(ctx context.Context, path string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if p := f.parked[path]; p != nil {
-		delete(f.parked, path)
-		f.wake(ctx, path, p.file)
+	p := f.parked[path]
+	if p == nil {
+		if f.files[path] == nil {
+			f.rescan = true
+		}
 		return
 	}
-	if f.files[path] == nil {
-		f.rescan = true
+	if p.probing {
+		p.again = true
+		return
 	}
+	p.probing = true
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for {
+			wake, due := f.nextDue(ctx, path)
+			f.mu.Lock()
+			if f.parked[path] != p { // removed, replaced or woken meanwhile
+				f.mu.Unlock()
+				return
+			}
+			switch {
+			case due:
+				delete(f.parked, path)
+				f.wake(ctx, path, p.file)
+			case p.again:
+				p.again = false
+				f.mu.Unlock()
+				continue
+			default:
+				p.wake, p.probing = wake, false
+			}
+			f.mu.Unlock()
+			return
+		}
+	}()
 }
 
 // wake serves a file that was closed while idle, its App logging only

@@ -395,3 +395,44 @@ func TestBrokenFilesAffectOnlyThemselves(t *testing.T) {
 		t.Errorf("%d messages, want %d", got, 3*10+8)
 	}
 }
+
+// TestTwoFleetsOnOneDirectory: two relays serve one directory. Each file
+// is led by one of them, every row is published once, and once the files
+// are idle both close them all: the relays' heartbeats, commits to each
+// other, do not keep a file open. A later commit opens the file again in
+// both, and its row is published once.
+func TestTwoFleetsOnOneDirectory(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	dbs := map[string]*sql.DB{}
+	for _, name := range []string{"acme", "globex", "initech"} {
+		dbs[name] = tenantFile(t, dir, name, 20)
+	}
+	a := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	b := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	for name, db := range dbs {
+		insertKeyed(t, db, name, 10) // while both run
+	}
+	for _, db := range dbs {
+		waitDone(t, db, 30)
+	}
+	for _, h := range []*fleetHarness{a, b} {
+		h.waitReadyz(t, ": 0 open (leading 0), 3 idle")
+	}
+	insertKeyed(t, dbs["globex"], "globex", 1)
+	waitDone(t, dbs["globex"], 31)
+	for _, h := range []*fleetHarness{a, b} {
+		h.waitReadyz(t, ": 0 open (leading 0), 3 idle")
+	}
+	seen := map[string]bool{}
+	for _, m := range testenv.StreamMessages(t, n.JetStream(t), "EVENTS") {
+		id := m.Header.Get(publish.HeaderMsgID)
+		if seen[id] {
+			t.Errorf("event %s stored twice", id)
+		}
+		seen[id] = true
+	}
+	if len(seen) != 91 {
+		t.Errorf("%d events in the stream, want 91", len(seen))
+	}
+}

@@ -1,53 +1,30 @@
 package daemon
 
 import (
-	"context"
 	"time"
 )
 
-// noteForeign wraps the relay's commit watch so that lastForeign follows
-// the commits of other connections (the application, another relay).
-func (a *App) noteForeign(watch func(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error) func(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
-	a.lastForeign.Store(time.Now().UnixNano())
-	if watch == nil {
-		return nil
-	}
-	return func(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
-		seen := make(chan struct{}, 1)
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			for {
-				select {
-				case <-done:
-					return
-				case <-seen:
-					a.lastForeign.Store(time.Now().UnixNano())
-					select {
-					case foreign <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
-		return watch(ctx, interval, seen, any...)
-	}
-}
-
-// Idle reports whether the file has been quiet for after: no commit by
-// another connection, nothing in flight, no outage, and, where this relay
-// leads, no pending row due before after from now. wake is when the next
-// pending row comes due (zero: none known). A fleet closes an idle file
-// and opens it again on its next commit or at wake.
+// Idle reports whether this relay may close its file for now: it leads,
+// has claimed no row for after (nor since Open), has nothing in flight,
+// no outage and no reconciliation, and no pending row comes due within
+// after. wake is when the next pending row comes due (zero: none known).
+// A fleet closes an idle file and opens it again on its next commit or
+// at wake.
+//
+// A relay that stands by is never idle: it is there to take over while
+// the file is busy. When the leader closes the file it leaves its lead,
+// the standby leads, and closes the file in its turn once idle. Commits
+// alone do not keep a file open: the relays' heartbeats are commits, and
+// two relays would keep each other open for ever.
 func (a *App) Idle(now time.Time, after time.Duration) (idle bool, wake time.Time) {
-	if now.Sub(time.Unix(0, a.lastForeign.Load())) < after || a.relay.InFlight() > 0 || a.relay.Paused() != nil {
+	if !a.relay.Leads() || a.relay.InFlight() > 0 || a.relay.Paused() != nil {
+		return false, time.Time{}
+	}
+	if now.Sub(a.opened) < after || now.Sub(a.relay.LastClaim()) < after {
 		return false, time.Time{}
 	}
 	if running, _ := a.relay.Reconciling(); running {
 		return false, time.Time{}
-	}
-	if !a.relay.Leads() {
-		return true, time.Time{} // the leader's commits (heartbeats) keep a standby open
 	}
 	quiet := a.claims.Quiet()
 	if quiet.IsZero() || quiet.Before(now.Add(after)) {

@@ -103,6 +103,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			continue
 		}
 		r.claimTrouble.OK()
+		r.lastClaim.Store(time.Now().UnixNano())
 		r.inFlightGauge.Set(float64(r.inflight.Add(int64(len(rows)))))
 		bytes := event.PayloadBytes(rows)
 		r.inflightBytes.Add(bytes)

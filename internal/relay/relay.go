@@ -129,6 +129,7 @@ type Relay struct {
 	o       Options
 	log     *zap.Logger
 	m       *metrics.Metrics
+	lastClaim atomic.Int64 // when a claim last took rows (Unix ns)
 	// This file's shares of the gauges a fleet's files sum.
 	inFlightGauge, leaderGauge *metrics.Part
 
@@ -241,6 +242,14 @@ func (r *Relay) Role() string {
 		return "standing by: another relay of this outbox table leads"
 	}
 	return fmt.Sprintf("leading, %d rows in flight", r.inflight.Load())
+}
+
+// LastClaim returns when a claim last took rows (zero: never).
+func (r *Relay) LastClaim() time.Time {
+	if ns := r.lastClaim.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 // InFlight returns how many rows are claimed and not yet settled.
