@@ -123,12 +123,12 @@ type Options struct {
 
 // Relay moves outbox rows to the broker.
 type Relay struct {
-	store   Store
-	pub     Publisher
-	batcher Batcher // pub, when it publishes atomic batches; else nil
-	o       Options
-	log     *zap.Logger
-	m       *metrics.Metrics
+	store     Store
+	pub       Publisher
+	batcher   Batcher // pub, when it publishes atomic batches; else nil
+	o         Options
+	log       *zap.Logger
+	m         *metrics.Metrics
 	lastClaim atomic.Int64 // when a claim last took rows (Unix ns)
 	// This file's shares of the gauges a fleet's files sum.
 	inFlightGauge, leaderGauge *metrics.Part
