@@ -83,12 +83,13 @@ type Fleet struct {
 
 // member is one file open: its App, once opened, and its goroutine.
 type member struct {
-	tenant string
-	file   os.FileInfo // as first seen: another file at the path is a replacement
-	stop   context.CancelFunc
-	done   chan struct{}
-	app    *App // nil while it opens
-	quiet  bool // log warnings and errors only (see wake)
+	tenant  string
+	file    os.FileInfo // as first seen: another file at the path is a replacement
+	stop    context.CancelFunc
+	done    chan struct{}
+	app     *App // nil while it opens
+	quiet   bool // log warnings and errors only (see wake)
+	leaving bool // stopped because its file went or was replaced
 	// park is set when the fleet closes it as idle, with when to open it
 	// again (zero: on its next commit).
 	park *parkedFile
@@ -98,6 +99,12 @@ type member struct {
 type fileTrouble struct {
 	err   error
 	retry time.Time
+}
+
+// leave stops the member for good: its file went or was replaced.
+func (m *member) leave() {
+	m.leaving, m.park = true, nil
+	m.stop()
 }
 
 // parkedFile is a file closed while idle.
@@ -234,9 +241,9 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 			continue // gone since the match
 		}
 		if m := f.files[path]; m != nil {
-			if !os.SameFile(fi, m.file) {
+			if !m.leaving && !os.SameFile(fi, m.file) {
 				f.log.Info("database file replaced; serving the new one", zap.String("tenant", m.tenant), zap.String("database", path))
-				m.stop() // its goroutine removes it; the new file is taken up after
+				m.leave() // its goroutine removes it; the new file is taken up after
 			}
 			continue
 		}
@@ -259,10 +266,9 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 		f.start(ctx, path, fi, false)
 	}
 	for path, m := range f.files {
-		if !matched[path] {
+		if !matched[path] && !m.leaving {
 			f.log.Info("database file gone; no longer serving it", zap.String("tenant", m.tenant), zap.String("database", path))
-			m.park = nil
-			m.stop()
+			m.leave()
 		}
 	}
 	for path := range f.parked {
