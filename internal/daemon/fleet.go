@@ -348,16 +348,25 @@ func (f *Fleet) commitTo(ctx context.Context, path string) {
 	defer f.mu.Unlock()
 	p := f.parked[path]
 	if p == nil {
-		if f.files[path] == nil {
+		switch m := f.files[path]; {
+		case m == nil:
 			f.rescan = true
+		case m.park != nil:
+			m.park.again = true // being closed: look once it is
 		}
 		return
 	}
+	f.probe(ctx, path, p)
+}
+
+// probe looks at the pending rows of the closed file p at path (see
+// commitTo). Called with f.mu held.
+func (f *Fleet) probe(ctx context.Context, path string, p *parkedFile) {
 	if p.probing {
 		p.again = true
 		return
 	}
-	p.probing = true
+	p.probing, p.again = true, false
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -417,6 +426,9 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		delete(f.files, path)
 		if m.park != nil && ctx.Err() == nil && err == nil {
 			f.parked[path] = m.park
+			if m.park.again { // written to while it closed
+				f.probe(ctx, path, m.park)
+			}
 			return
 		}
 		f.forget(path) // gone, replaced or in trouble: its figures are not known
