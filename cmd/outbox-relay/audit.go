@@ -46,7 +46,7 @@ func (c *cli) audit(since time.Duration, limit int, asJSON bool) error {
 		return usagef("audit: --since and --limit must not be negative")
 	}
 	ctx := context.Background()
-	db, _, err := c.openDB(ctx, true) // first: a missing table needs no server to report
+	db, dbCfg, err := c.openDB(ctx, true) // first: a missing table needs no server to report
 	if err != nil {
 		return err
 	}
@@ -68,7 +68,8 @@ func (c *cli) audit(since time.Duration, limit int, asJSON bool) error {
 	if err != nil {
 		return err
 	}
-	sum := audit.Summary{Database: cfg.Database.Path, Table: cfg.Database.Table, Stream: cfg.Stream.Name, Since: since, SinceSeconds: since.Seconds(), Report: r}
+	// dbCfg names the file audited: on a fleet, the one --db chose.
+	sum := audit.Summary{Database: dbCfg.Database.Path, Table: cfg.Database.Table, Stream: cfg.Stream.Name, Since: since, SinceSeconds: since.Seconds(), Report: r}
 	if err := c.output(asJSON, sum, sum.Print); err != nil || len(r.Mismatches) == 0 {
 		return err
 	}

@@ -29,7 +29,7 @@ func (c *cli) deadLettersCommand() *cobra.Command {
 	retry := c.deadLettersBulkCommand("retry", "Requeue dead-lettered rows: pending, attempts 0, available now (last_error kept until the next attempt)", "requeued", admin.Requeue)
 	discard := c.deadLettersBulkCommand("discard", "Delete dead-lettered rows", "discarded", admin.Discard)
 	for _, sub := range []*cobra.Command{c.deadLettersListCommand(), c.deadLettersShowCommand(), retry, discard} {
-		cmd.AddCommand(c.withConfig(sub, databaseKeys))
+		cmd.AddCommand(c.withConfig(c.withDB(sub), databaseKeys))
 	}
 	return cmd
 }

@@ -72,6 +72,8 @@ type cli struct {
 	stdout, stderr io.Writer
 	configFile     string
 	flags          *pflag.FlagSet // the running command's flags, config keys among them
+	// db is --db: the file of a fleet a command works on (chooseDB).
+	db string
 	// jsonLog is the logger of a long-running command whose logs are
 	// JSON: the error it ends on is logged there (reportError).
 	jsonLog *zap.Logger
@@ -131,9 +133,9 @@ func (c *cli) commands() []*cobra.Command {
 		c.withConfig(c.runCommand(), allKeys),
 		c.withConfig(c.migrateCommand(), databaseKeys),
 		c.withConfig(c.streamsyncCommand(), streamKeys),
-		c.withConfig(c.statusCommand(), statusKeys),
-		c.withConfig(c.auditCommand(), auditKeys),
-		c.deadLettersCommand(), // its subcommands: databaseKeys
+		c.withConfig(c.withDB(c.statusCommand()), statusKeys),
+		c.withConfig(c.withDB(c.auditCommand()), auditKeys),
+		c.deadLettersCommand(), // its subcommands: --db and databaseKeys
 		c.withConfig(c.healthcheckCommand(), keysOf([]string{"metrics"})),
 		c.withConfig(c.demoAppCommand(), keysOf([]string{"database", "log"})),
 		c.withConfig(c.benchCommand(), connectionKeys),
