@@ -18,7 +18,8 @@ const tenantsNamed = 5
 // read one database (status, audit, dead-letters) work on one file of a
 // fleet, which --db chooses.
 func (c *cli) withDB(cmd *cobra.Command) *cobra.Command {
-	cmd.Flags().StringVar(&c.db, "db", "", "when database.path is a fleet's pattern, the file to work on: its tenant (acme), file name (acme.db) or path")
+	cmd.Flags().StringVar(&c.db, "db", "", "when database.path is a fleet's pattern, the file to work on: its "+
+		"`TENANT` (acme), file name (acme.db) or path")
 	return cmd
 }
 

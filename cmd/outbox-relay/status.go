@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
+	"github.com/outbox-relay/outbox-relay/internal/fleet"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 	"github.com/outbox-relay/outbox-relay/ledger"
 )
@@ -27,14 +28,30 @@ func (c *cli) statusCommand() *cobra.Command {
 	var asJSON, stream bool
 	var last int
 	cmd := &cobra.Command{
-		Use:   "status [--json] [--last N]",
+		Use:   "status [--json] [--last N] [--db TENANT]",
 		Short: "Rows per status, oldest pending age, relays, parked keys, last dead letters (read-only)",
+		Long: `status shows one database file at a glance: rows per status, the oldest due
+row's age, the relays and which one leads, parked ordering keys and the last
+dead letters. It only reads the file, and is safe while relays run.
+
+When database.path is a fleet's pattern (/data/tenants/*.db), status without
+--db prints one line a file, worst first: files that could not be read, with
+why, then the largest backlogs. --db TENANT shows that tenant's file in full.`,
 		Example: `  outbox-relay status --database-path /var/lib/app/app.db
   outbox-relay status --config /etc/outbox-relay.yaml --json | jq .relays
-  outbox-relay status --last 20`,
+  outbox-relay status --last 20
+  outbox-relay status --database-path '/data/tenants/*.db'
+  outbox-relay status --database-path '/data/tenants/*.db' --db acme`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			ctx := context.Background()
+			cfg, err := c.loadConfig()
+			if err != nil {
+				return err
+			}
+			if fleet.IsPattern(cfg.Database.Path) && c.db == "" {
+				return c.fleetStatus(ctx, cfg, stream, asJSON)
+			}
 			s, cfg, err := c.openDB(ctx, true, admin.StatusTables...)
 			if err != nil {
 				return err
