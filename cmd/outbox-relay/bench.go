@@ -52,7 +52,18 @@ func (c *cli) benchCommand() *cobra.Command {
     baselines: the writer with no relay, and the standard client (nats.go)
     publishing R messages/s alone, awaiting each PubAck, in a process of its
     own: its CPU is the floor of any relay's at that rate;
-  with --idle D: the relay's CPU over D on an empty table, connected.
+  with --idle D: the relay's CPU over D on an empty table, connected;
+  with --fleet N, instead of all the above: one relay serving N database
+    files (database.path a glob, subjects {tenant}.{event_type}), each
+    figure beside a single-file relay of the same run: its CPU over --idle
+    (30s unless set) with every file idle, and its peak RSS; 50 of the
+    files each written 20 single-row transactions a second for --duration:
+    commit-to-PubAck lag and CPU, against one file written at the total
+    rate; a backlog of --rows rows in one file, and --rows spread over 100
+    files (each file's time to done, max over mean), against one file's
+    relay draining --rows (each backlog seeded with the relay stopped, so
+    that it appears at once); new files moved into and created in the
+    directory, each with one row: commit to PubAck.
 With --config, the bench's connection and every process it starts read the
 same file (credentials, TLS, and the children's relay settings). With
 --delete-done, every relay child runs with retention.done_rows: delete, and
@@ -61,11 +72,12 @@ the --done-rows are seeded as records in the table's records table.`,
   outbox-relay bench --done-rows 1000000 --rate 1000 --duration 30s --idle 60s
   outbox-relay bench --rows 20000 --group 10 --json
   outbox-relay bench --keys 1000 --nats-url nats://nats:4222 --config /etc/outbox-relay.yaml --json
-  outbox-relay bench --rows 3000 --size 65536 --delete-done`,
+  outbox-relay bench --rows 3000 --size 65536 --delete-done
+  outbox-relay bench --fleet 1000 --rows 200000 --duration 30s --idle 30s`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if o.Rows < 1 || o.Size < 0 || o.Rate < 0 || o.DoneRows < 0 || o.Keys < 0 || o.WriterCheckpoint < 0 {
-				return usagef("bench: --rows must be positive; --size, --rate, --done-rows, --keys, --writer-autocheckpoint not negative")
+			if o.Rows < 1 || o.Size < 0 || o.Rate < 0 || o.DoneRows < 0 || o.Keys < 0 || o.WriterCheckpoint < 0 || o.Fleet < 0 {
+				return usagef("bench: --rows must be positive; --size, --rate, --done-rows, --keys, --writer-autocheckpoint, --fleet not negative")
 			}
 			if o.Group < 0 || o.Group > publish.MaxBatch {
 				return usagef("bench: --group must be between 0 and %d (the most rows an atomic batch holds)", publish.MaxBatch)
@@ -103,6 +115,7 @@ func benchFlags(f *pflag.FlagSet, o *bench.Options) {
 	f.IntVar(&o.WriterCheckpoint, "writer-autocheckpoint", 1000, "the --rate writer's PRAGMA wal_autocheckpoint (SQLite's default 1000; 0 leaves checkpoints to the relay)")
 	f.IntVar(&o.Reconcile, "reconcile", 0, "also start a relay on a backup taken before this many rows were published, and measure how fast it finds them in the stream (0: not)")
 	f.DurationVar(&o.Idle, "idle", 0, "also measure the relay's CPU while idle for this long (e.g. 60s)")
+	f.IntVar(&o.Fleet, "fleet", 0, "measure a fleet of this many database files (e.g. 1000) against single-file relays instead (0: not)")
 	f.StringVar(&o.NATSURL, "nats-url", "", "use this server instead of an embedded one")
 	f.StringVar(&o.Dir, "dir", "", "work directory (default: a new temporary directory, removed after)")
 	f.IntSliceVar(&o.CeilingBatches, "ceiling-in-flight", []int{500, 1000, 2000, 4000}, "in-flight limits the ceiling is measured with")

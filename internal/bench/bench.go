@@ -64,6 +64,10 @@ type Options struct {
 	// Reconcile > 0 measures a relay started on a backup taken before that
 	// many rows were published: it finds them in the stream.
 	Reconcile int
+	// Fleet > 0 measures a fleet of that many database files (one relay
+	// serving a glob) instead, each figure against a single-file relay
+	// measured in the same run (see benchFleet).
+	Fleet int
 	// Progress receives a line per measurement as it completes.
 	Progress io.Writer
 }
@@ -175,6 +179,9 @@ type Report struct {
 	// With --reconcile N: the relay on a restored backup.
 	Reconcile   *ReconcileRun `json:"reconcile,omitempty"`
 	IdleSeconds float64       `json:"idle_seconds,omitempty"`
+	// With --fleet N: a fleet of N files and its single-file yardsticks;
+	// nothing else is measured then.
+	Fleet *FleetReport `json:"fleet,omitempty"`
 }
 
 // Run measures what o asks for and returns the report.
@@ -248,6 +255,15 @@ func (b *bench) run() (*Report, error) {
 		}
 	}
 
+	if o.Fleet > 0 {
+		// The fleet's yardsticks are single-file relays of its own run:
+		// the ceiling and the drains above would only add minutes.
+		rep.CeilingByBatch = nil
+		if rep.Fleet, err = b.benchFleet(ctx, dir, url, js.API(), prefix, stream, progress); err != nil {
+			return nil, err
+		}
+		return rep, nil
+	}
 	for _, inFlight := range o.CeilingBatches {
 		if _, err := stream(fmt.Sprintf("ceiling-%d", inFlight), prefix+"_ceiling.>"); err != nil {
 			return nil, err
@@ -406,9 +422,18 @@ const relayStopTimeout = time.Minute
 // relay settings in it), metrics off, info level (which logs "relay
 // starting"), and returns once it has started (startRelay).
 func (b *bench) startChild(path, url string, names benchNames) (*child.Process, time.Time, error) {
-	self, err := b.executable()
+	cmd, err := b.childCommand(path, url, names)
 	if err != nil {
 		return nil, time.Time{}, err
+	}
+	return startRelay(cmd)
+}
+
+// childCommand is the command startChild runs, not yet started.
+func (b *bench) childCommand(path, url string, names benchNames) (*exec.Cmd, error) {
+	self, err := b.executable()
+	if err != nil {
+		return nil, err
 	}
 	// Metrics off, or the child would take :9108 and fail where something
 	// has it; the flag wins over whatever the environment says.
@@ -424,7 +449,7 @@ func (b *bench) startChild(path, url string, names benchNames) (*child.Process, 
 	if b.o.DeleteDone {
 		cmd.Env = append(cmd.Env, config.EnvName("retention.done_rows")+"="+config.DoneRowsDelete)
 	}
-	return startRelay(cmd)
+	return cmd, nil
 }
 
 // startRelay starts a relay child and waits for its "relay starting" line
@@ -432,11 +457,16 @@ func (b *bench) startChild(path, url string, names benchNames) (*child.Process, 
 // A child that exits first, or does not start within relayStartTimeout,
 // is an error with its last log lines, and is not left running.
 func startRelay(cmd *exec.Cmd) (*child.Process, time.Time, error) {
+	return startRelayLogging(cmd, "relay starting")
+}
+
+// startRelayLogging is startRelay waiting for the line msg instead.
+func startRelayLogging(cmd *exec.Cmd, msg string) (*child.Process, time.Time, error) {
 	ch, err := child.Start(cmd)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	line, err := ch.WaitFor("relay starting", relayStartTimeout)
+	line, err := ch.WaitFor(msg, relayStartTimeout)
 	if err != nil {
 		ch.Kill()
 		return nil, time.Time{}, fmt.Errorf("the relay %w", err)
@@ -961,6 +991,10 @@ func machine() string {
 
 // Print writes the report for people.
 func Print(w io.Writer, r *Report) {
+	if r.Fleet != nil {
+		printFleet(w, r)
+		return
+	}
 	fmt.Fprintf(w, "outbox-relay bench: %d rows of %d bytes (%s)\n", r.Rows, r.PayloadBytes, r.Machine)
 	if r.DoneRowsMode != "" {
 		fmt.Fprintf(w, "  %-27s retention.done_rows: %s (settled rows deleted, recorded in %s)\n", "relay children", r.DoneRowsMode, schema.DoneTable("event_queue"))
@@ -1066,6 +1100,9 @@ type bench struct {
 	// exe is the binary whose run and bench-client commands the children
 	// run; empty: this one.
 	exe string
+	// fleetSettle, when set, replaces the fleet's waits for its start to
+	// settle and for its files to close as idle (a test's short run).
+	fleetSettle *time.Duration
 }
 
 // executable is the binary the children run.
