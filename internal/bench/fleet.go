@@ -27,6 +27,9 @@ type FleetReport struct {
 	Drains    *FleetDrains   `json:"drains"`
 	NewFiles  *FleetNewFiles `json:"new_files"`
 	PeakRSSMi float64        `json:"peak_rss_mib"` // the fleet's relay, over the whole run
+	// FileOpens is how many times the fleet opened one of its files (its
+	// "relay starting" lines) over the whole run.
+	FileOpens int `json:"file_opens"`
 }
 
 // FleetIdle is the fleet's relay with every file idle.
@@ -34,6 +37,9 @@ type FleetIdle struct {
 	Seconds    float64 `json:"seconds"` // the window, after startup settled
 	CPUPercent float64 `json:"cpu_percent_of_one_core"`
 	PeakRSSMiB float64 `json:"peak_rss_mib"` // from its start to the window's end
+	// FileOpens is how many files the fleet opened before the window's
+	// end (none should be: none has anything to do).
+	FileOpens int `json:"file_opens"`
 }
 
 // FleetTrickle is writers committing single-row transactions to some of
@@ -99,10 +105,11 @@ func (b *bench) benchFleet(ctx context.Context, dir, url string, js jetstream.Je
 	o := b.o
 	f := &fleetRun{b: b, dir: filepath.Join(dir, "fleet"), js: js, url: url, progress: progress}
 	var err error
+	began := time.Now()
 	if f.files, err = makeFleet(ctx, dir, f.dir, o.Fleet); err != nil {
 		return nil, err
 	}
-	progress("fleet: %d database files in %s", len(f.files), f.dir)
+	progress("fleet: %d database files in %s, made in %.1f s", len(f.files), f.dir, time.Since(began).Seconds())
 	// One stream for the fleet's relay, for its whole life, beside the
 	// single-file relays' streams, which stream() replaces.
 	f.names = benchNames{stream: strings.ToUpper(prefix) + "_FLEET", prefix: prefix + "_fleet"}
@@ -141,7 +148,7 @@ func (b *bench) benchFleet(ctx context.Context, dir, url string, js jetstream.Je
 	if rep.Idle, err = f.idle(); err != nil {
 		return nil, err
 	}
-	progress("fleet idle: %.2f%% of one core over %.0f s, peak RSS %.1f MiB", rep.Idle.CPUPercent, rep.Idle.Seconds, rep.Idle.PeakRSSMiB)
+	progress("fleet idle: %.2f%% of one core over %.0f s, peak RSS %.1f MiB, %d files opened", rep.Idle.CPUPercent, rep.Idle.Seconds, rep.Idle.PeakRSSMiB, rep.Idle.FileOpens)
 	if rep.Trickle, err = f.trickle(ctx); err != nil {
 		return nil, err
 	}
@@ -151,20 +158,25 @@ func (b *bench) benchFleet(ctx context.Context, dir, url string, js jetstream.Je
 	if rep.NewFiles, err = f.newFiles(ctx); err != nil {
 		return nil, err
 	}
+	rep.FileOpens = f.opens()
 	_, rep.PeakRSSMi, err = stopRelay(f.ch)
 	f.ch = nil
 	return rep, err
 }
 
-// makeFleet creates n migrated database files in fleetDir: copies of one
-// migrated in dir (as fast as a copy, where migrating each would take
-// seconds per hundred).
+// makeFleet creates n migrated database files in fleetDir as
+// "outbox-relay migrate" leaves them: copies of one migrated in dir (a
+// copy is faster than creating a file), each opened and checked by the
+// migration again, which leaves its -wal and -shm files beside it. (A
+// file without them, as an application's last connection leaves it, the
+// fleet cannot read without opening it for writing: at start it opens
+// every such file.)
 func makeFleet(ctx context.Context, dir, fleetDir string, n int) ([]string, error) {
 	tmpl := filepath.Join(dir, "fleet-template.db")
 	if err := migrateBenchDB(ctx, tmpl); err != nil {
 		return nil, err
 	}
-	raw, err := os.ReadFile(tmpl) // closed: its WAL is checkpointed and gone
+	raw, err := os.ReadFile(tmpl) // closed: its WAL is checkpointed and empty
 	if err != nil {
 		return nil, err
 	}
@@ -175,6 +187,9 @@ func makeFleet(ctx context.Context, dir, fleetDir string, n int) ([]string, erro
 	for i := range files {
 		files[i] = filepath.Join(fleetDir, fmt.Sprintf("t%05d.db", i))
 		if err := os.WriteFile(files[i], raw, 0o644); err != nil {
+			return nil, err
+		}
+		if err := migrateBenchDB(ctx, files[i]); err != nil {
 			return nil, err
 		}
 	}
@@ -222,7 +237,12 @@ func (f *fleetRun) idle() (*FleetIdle, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &FleetIdle{Seconds: took.Seconds(), CPUPercent: 100 * (after - before).Seconds() / took.Seconds(), PeakRSSMiB: hwm}, nil
+	return &FleetIdle{Seconds: took.Seconds(), CPUPercent: 100 * (after - before).Seconds() / took.Seconds(), PeakRSSMiB: hwm, FileOpens: f.opens()}, nil
+}
+
+// opens is how many times the fleet opened one of its files so far.
+func (f *fleetRun) opens() int {
+	return len(f.ch.Find("relay starting"))
 }
 
 // openDBs opens the application's connections to paths.
@@ -259,7 +279,7 @@ func printFleet(w io.Writer, r *Report) {
 	x := r.Fleet
 	fmt.Fprintf(w, "outbox-relay bench --fleet: %d database files, rows of %d bytes (%s)\n", x.Files, r.PayloadBytes, r.Machine)
 	if i := x.Idle; i != nil {
-		fmt.Fprintf(w, "  %-31s %8.2f %% of one core over %.0f s  peak RSS %.1f MiB\n", "all idle", i.CPUPercent, i.Seconds, i.PeakRSSMiB)
+		fmt.Fprintf(w, "  %-31s %8.2f %% of one core over %.0f s  peak RSS %.1f MiB  files opened %d\n", "all idle", i.CPUPercent, i.Seconds, i.PeakRSSMiB, i.FileOpens)
 	}
 	if t := x.Trickle; t != nil {
 		fmt.Fprintf(w, "  trickle: %d files x %d rows/s, single-row transactions, against one file at %d rows/s\n", t.FilesWritten, t.PerFileRate, t.Rate)
@@ -290,5 +310,5 @@ func printFleet(w io.Writer, r *Report) {
 		nf("new file, moved in", n.MovedIn)
 		nf("new file, created in place", n.CreatedInPlace)
 	}
-	fmt.Fprintf(w, "  %-31s %8.1f MiB over the whole run\n", "fleet peak RSS", x.PeakRSSMi)
+	fmt.Fprintf(w, "  %-31s %8.1f MiB over the whole run; files opened %d times\n", "fleet peak RSS", x.PeakRSSMi, x.FileOpens)
 }
