@@ -44,6 +44,9 @@ const (
 	// fleetMaxOpen bounds the files open at once; the others wait their
 	// turn, in the order they came due.
 	fleetMaxOpen = 256
+	// fleetMaxLooks bounds the looks at closed files' rows under way at
+	// once (each a connection of its own).
+	fleetMaxLooks = 16
 )
 
 // Fleet is a relay serving every database file that database.path's
@@ -64,6 +67,7 @@ type Fleet struct {
 	js       *publish.JetStream // for the consumer's advisories; nil in core mode
 	natsURL  string
 	slots    chan struct{} // one per file open at once
+	looks    chan struct{} // one per look at a closed file's rows under way (nextDue)
 
 	mu    sync.Mutex
 	files map[string]*member // by path: the files open, or opening
@@ -124,7 +128,7 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	}
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, gauges: map[string]*housekeeping.Gauges{},
-		slots: make(chan struct{}, fleetMaxOpen)}
+		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks)}
 	if f.metrics == nil {
 		f.metrics = metrics.New(oo.Version, oo.Commit)
 	}
@@ -184,9 +188,9 @@ func (f *Fleet) Run(ctx context.Context) error {
 		defer func() { stopWatch(); <-watchDone }()
 	}
 	var written <-chan string
-	var changed <-chan struct{}
+	var changed, missed <-chan struct{}
 	if w := fleet.Watch(ctx, f.cfg.Database.Path); w != nil {
-		written, changed = w.Written, w.Changed
+		written, changed, missed = w.Written, w.Changed, w.Missed
 		f.parks = true
 	} else {
 		f.log.Warn("no file-system notifications for the database directory: every file stays open, and new files are found by looking every " + fleetRescan.String())
@@ -206,6 +210,9 @@ func (f *Fleet) Run(ctx context.Context) error {
 			f.mu.Lock()
 			f.rescan = true
 			f.mu.Unlock()
+			continue
+		case <-missed:
+			f.probeAll(ctx)
 			continue
 		case <-tick.C:
 		}
@@ -294,8 +301,16 @@ func (f *Fleet) idleAfter() time.Duration {
 
 // nextDue says whether a row of the file at path is due now, else when
 // the next one is (zero: none pending). A file it cannot read counts as
-// due: opening it says why.
+// due: opening it says why. Read-only: a look changes nothing in the
+// file (a file in WAL mode whose application removed its -wal and -shm
+// on its last close is read, the look creating them again).
 func (f *Fleet) nextDue(ctx context.Context, path string) (time.Time, bool) {
+	select {
+	case f.looks <- struct{}{}:
+		defer func() { <-f.looks }()
+	case <-ctx.Done():
+		return time.Time{}, true
+	}
 	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: f.cfg.Database.Table, BusyTimeout: f.cfg.Database.BusyTimeout, ReadOnly: true})
 	if err != nil {
 		return time.Time{}, true
@@ -357,6 +372,17 @@ func (f *Fleet) commitTo(ctx context.Context, path string) {
 		return
 	}
 	f.probe(ctx, path, p)
+}
+
+// probeAll looks at every closed file, as if each had been written to:
+// notifications were lost, and a commit among them would wait for ever.
+func (f *Fleet) probeAll(ctx context.Context) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.log.Warn("file-system notifications were lost; looking at every idle file for due rows", zap.Int("idle", len(f.parked)))
+	for path, p := range f.parked {
+		f.probe(ctx, path, p)
+	}
 }
 
 // probe looks at the pending rows of the closed file p at path (see

@@ -436,3 +436,33 @@ func TestTwoFleetsOnOneDirectory(t *testing.T) {
 		t.Errorf("%d events in the stream, want 91", len(seen))
 	}
 }
+
+// TestFilesTheirApplicationClosedStayClosed: files whose application
+// closed its last connection (SQLite then removes the -wal and -shm) and
+// which have nothing due are not opened at start; one whose row is due
+// is, and its row is published.
+func TestFilesTheirApplicationClosedStayClosed(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	for _, name := range []string{"acme", "globex", "initech"} {
+		tenantFile(t, dir, name, 0).Close()
+	}
+	migrate(t, dir, "acme", "globex", "initech")
+	for _, name := range []string{"acme", "globex", "initech"} {
+		db := testenv.AppDB(t, filepath.Join(dir, name+".db"))
+		insertKeyed(t, db, name, 2)
+		testenv.MustExec(t, db, `UPDATE event_queue SET status = 'done'`) // nothing pending...
+		if name == "initech" {
+			insertKeyed(t, db, name, 1) // ... but initech's new row
+		}
+		db.Close()
+	}
+	for _, name := range []string{"acme", "globex", "initech"} {
+		if _, err := os.Stat(filepath.Join(dir, name+".db-wal")); !os.IsNotExist(err) {
+			t.Fatalf("%s.db-wal is there (%v): the test needs files their application closed", name, err)
+		}
+	}
+	h := startFleet(t, dir, n.URL(), time.Minute)
+	waitDone(t, testenv.AppDB(t, filepath.Join(dir, "initech.db")), 3)
+	h.waitReadyz(t, ": 1 open (leading 1), 2 idle")
+}

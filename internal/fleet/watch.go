@@ -19,6 +19,9 @@ type Watcher struct {
 	base    string // the pattern's file name
 	Written chan string
 	Changed chan struct{}
+	// Missed says notifications were lost (the kernel's queue overflowed,
+	// or Written was full): a reader looks at every file again.
+	Missed chan struct{}
 }
 
 // Watch starts watching pattern's directory until ctx ends; it returns
@@ -33,7 +36,7 @@ func Watch(ctx context.Context, pattern string) *Watcher {
 		w.Close()
 		return nil
 	}
-	fw := &Watcher{w: w, base: filepath.Base(pattern), Written: make(chan string, 1024), Changed: make(chan struct{}, 1)}
+	fw := &Watcher{w: w, base: filepath.Base(pattern), Written: make(chan string, 1024), Changed: make(chan struct{}, 1), Missed: make(chan struct{}, 1)}
 	go fw.run(ctx)
 	return fw
 }
@@ -47,6 +50,7 @@ func (fw *Watcher) run(ctx context.Context) {
 		case <-fw.w.Errors:
 			// An overflow: changes may have been missed; look again.
 			fw.changed()
+			fw.missed()
 		case ev, ok := <-fw.w.Events:
 			if !ok {
 				return
@@ -68,7 +72,15 @@ func (fw *Watcher) event(ev fsnotify.Event) {
 		select {
 		case fw.Written <- db:
 		default:
+			fw.missed()
 		}
+	}
+}
+
+func (fw *Watcher) missed() {
+	select {
+	case fw.Missed <- struct{}{}:
+	default:
 	}
 }
 
