@@ -7,7 +7,6 @@
 package daemon
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -107,9 +106,6 @@ type Options struct {
 	// carry it (Outbox-Tenant) and stream.subject_template's {tenant}
 	// is it.
 	Tenant string
-	// MaxInFlightBytes, when set, replaces the payload bytes in flight at
-	// most (a fleet's files share the process's memory).
-	MaxInFlightBytes int
 	// Gauges, when set, are the file's shares of the backlog gauges,
 	// kept by a fleet while the file is closed (housekeeping.NewGauges).
 	Gauges *housekeeping.Gauges
@@ -242,7 +238,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 			Source: cfg.Message.Source, ContentType: cfg.Message.ContentType, Origin: a.origin, Tenant: oo.Tenant},
 		BatchSize:         cfg.Relay.BatchSize,
 		MaxInFlight:       cfg.Relay.MaxInFlight,
-		MaxInFlightBytes:  cmp.Or(oo.MaxInFlightBytes, maxInFlightBytes),
+		MaxInFlightBytes:  maxInFlightBytes,
 		PollInterval:      cfg.Relay.PollInterval,
 		WatchInterval:     watchInterval,
 		Watch:             a.db.Watch,

@@ -47,11 +47,6 @@ const (
 	// fleetMaxLooks bounds the looks at closed files' rows under way at
 	// once (each a connection of its own).
 	fleetMaxLooks = 16
-	// fleetMaxInFlight and fleetMaxInFlightBytes bound a fleet's file's
-	// rows and payload in flight (a single file's: relay.max_in_flight
-	// and 8 MiB).
-	fleetMaxInFlight      = 1000
-	fleetMaxInFlightBytes = 1 << 20
 )
 
 // Fleet is a relay serving every database file that database.path's
@@ -487,17 +482,13 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 	cfg := f.cfg
 	cfg.Database.Path = path
 	cfg.Metrics.Listen = "" // the fleet serves HTTP
-	// The files share the process's memory: a file's pipeline is smaller
-	// than a single file's, so that many draining at once stay within it.
-	cfg.Relay.MaxInFlight = min(cfg.Relay.MaxInFlight, fleetMaxInFlight)
-	cfg.Relay.BatchSize = min(cfg.Relay.BatchSize, cfg.Relay.MaxInFlight)
 	log := f.log.With(zap.String("tenant", m.tenant))
 	if m.quiet {
 		log = log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
 	}
 	app, err := Open(ctx, cfg, log, Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.metrics, Conn: f.conn, Tenant: m.tenant,
-		Gauges: f.gaugesOf(path, m.tenant), MaxInFlightBytes: fleetMaxInFlightBytes, Test: f.oo.Test,
+		Gauges: f.gaugesOf(path, m.tenant), Test: f.oo.Test,
 	})
 	if err != nil {
 		if ctx.Err() != nil {
