@@ -187,16 +187,7 @@ func TestComposeSidecar(t *testing.T) {
 			}
 		}
 	}
-	var envList []string
-	for k, v := range relay.Environment {
-		if v != nil {
-			envList = append(envList, k+"="+*v)
-		}
-	}
-	setConfigEnv(t, envList)
-	if _, err := config.Load("", nil); err != nil {
-		t.Errorf("the relay's environment does not load: %v", err)
-	}
+	loadsItsEnvironment(t, relay)
 
 	// Prometheus scrapes the port the relay listens on.
 	_, port, err := net.SplitHostPort(env(relay, config.EnvName("metrics.listen")))
@@ -232,6 +223,22 @@ func TestComposeSidecar(t *testing.T) {
 	}
 	if relay.StopGracePeriod == nil || time.Duration(*relay.StopGracePeriod) <= shutdown+5*time.Second {
 		t.Errorf("relay stop_grace_period %v must exceed shutdown_timeout %v + 5 s", relay.StopGracePeriod, shutdown)
+	}
+}
+
+// loadsItsEnvironment checks that the configuration loads from the
+// service's environment.
+func loadsItsEnvironment(t *testing.T, s types.ServiceConfig) {
+	t.Helper()
+	var envList []string
+	for k, v := range s.Environment {
+		if v != nil {
+			envList = append(envList, k+"="+*v)
+		}
+	}
+	setConfigEnv(t, envList)
+	if _, err := config.Load("", nil); err != nil {
+		t.Errorf("service %s's environment does not load: %v", s.Name, err)
 	}
 }
 
@@ -496,16 +503,7 @@ func TestComposeTenants(t *testing.T) {
 	if got := env(relay, config.EnvName("stream.subject_template")); !strings.Contains(got, "{tenant}") {
 		t.Errorf("subject template %q does not name the tenant", got)
 	}
-	var envList []string
-	for k, v := range relay.Environment {
-		if v != nil {
-			envList = append(envList, k+"="+*v)
-		}
-	}
-	setConfigEnv(t, envList)
-	if _, err := config.Load("", nil); err != nil {
-		t.Errorf("the relay's environment does not load: %v", err)
-	}
+	loadsItsEnvironment(t, relay)
 	cmd := strings.Join(app.Command, " ")
 	if !strings.Contains(cmd, "--tenants") {
 		t.Fatalf("the application writes one file: %s", cmd)

@@ -7,10 +7,12 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -151,16 +153,8 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	}()
 	if oo.Conn != nil {
 		a.conn, a.sharedConn, a.natsURL = oo.Conn, true, oo.Conn.NC.ConnectedUrlRedacted()
-	} else if cfg.NATS.URL == config.EmbeddedURL {
-		dir := cfg.NATS.Embedded.StoreDir
-		if dir == "" {
-			dir = cfg.Database.Path + ".nats"
-		}
-		if a.embedded, err = publish.StartEmbedded(cfg.NATS.Embedded.Listen, dir); err != nil {
-			return nil, err
-		}
-		a.natsURL = a.embedded.URL()
-		log.Info("started embedded jetstream server", zap.String("url", a.natsURL), zap.String("store_dir", dir))
+	} else if a.embedded, a.natsURL, err = startEmbedded(cfg, cfg.Database.Path+".nats", log); err != nil {
+		return nil, err
 	}
 	hooks := oo.Test
 	if hooks == nil {
@@ -212,9 +206,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		a.readFilter = subjects.Prefix + ".>"
 	}
 	if a.conn == nil {
-		natsOpts := ConnectOptions(cfg.NATS, "outbox-relay")
-		natsOpts.URLs = a.natsURL // the embedded server's, when nats.url is embedded
-		if a.conn, err = publish.Connect(ctx, natsOpts, log.Named("nats")); err != nil {
+		if a.conn, err = connectBroker(ctx, cfg, a.natsURL, log); err != nil {
 			return nil, err
 		}
 	}
@@ -291,6 +283,30 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	a.keeper = housekeeping.New(housekeeping.OnFile(a.db, cfg.Ordering.Parks()), ko)
 	a.opened = time.Now()
 	return a, nil
+}
+
+// startEmbedded starts the in-process server when nats.url is embedded,
+// its store in nats.embedded.store_dir or else defaultDir; it returns the
+// URL to connect to (nats.url when no server is started).
+func startEmbedded(cfg config.Config, defaultDir string, log *zap.Logger) (*publish.Embedded, string, error) {
+	if cfg.NATS.URL != config.EmbeddedURL {
+		return nil, cfg.NATS.URL, nil
+	}
+	dir := cmp.Or(cfg.NATS.Embedded.StoreDir, defaultDir)
+	e, err := publish.StartEmbedded(cfg.NATS.Embedded.Listen, dir)
+	if err != nil {
+		return nil, "", err
+	}
+	log.Info("started embedded jetstream server", zap.String("url", e.URL()), zap.String("store_dir", dir))
+	return e, e.URL(), nil
+}
+
+// connectBroker connects to the broker at url (nats.url, or the embedded
+// server's) with cfg's settings.
+func connectBroker(ctx context.Context, cfg config.Config, url string, log *zap.Logger) (*publish.Conn, error) {
+	o := ConnectOptions(cfg.NATS, "outbox-relay")
+	o.URLs = url
+	return publish.Connect(ctx, o, log.Named("nats"))
 }
 
 // subjectsOf returns the subjects of the rows of cfg's database file,
@@ -385,18 +401,23 @@ func (a *App) Live(context.Context) error {
 // metrics.listen (none if neither is set) until stop is called; stop
 // waits for the server to end.
 func (a *App) serveHTTP() (stop func(), err error) {
-	ln := a.listener
+	return serveHTTP(a.listener, a.cfg.Metrics.Listen, a.log, a.metrics.Handler(a.Live, a.Ready, a.role))
+}
+
+// serveHTTP serves h on ln, or else on listen (nothing if it is empty),
+// until stop is called; stop waits for the server to end.
+func serveHTTP(ln net.Listener, listen string, log *zap.Logger, h http.Handler) (stop func(), err error) {
 	if ln == nil {
-		if a.cfg.Metrics.Listen == "" {
+		if listen == "" {
 			return func() {}, nil
 		}
-		if ln, err = net.Listen("tcp", a.cfg.Metrics.Listen); err != nil {
-			return nil, fmt.Errorf("metrics.listen %s: %w", a.cfg.Metrics.Listen, err)
+		if ln, err = net.Listen("tcp", listen); err != nil {
+			return nil, fmt.Errorf("metrics.listen %s: %w", listen, err)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	wait := metrics.Serve(ctx, ln, a.metrics.Handler(a.Live, a.Ready, a.role))
-	a.log.Info("serving metrics", zap.Stringer("listen", ln.Addr()))
+	wait := metrics.Serve(ctx, ln, h)
+	log.Info("serving metrics", zap.Stringer("listen", ln.Addr()))
 	return func() { cancel(); wait() }, nil
 }
 

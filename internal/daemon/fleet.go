@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -138,20 +137,10 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 			f.Close()
 		}
 	}()
-	if cfg.NATS.URL == config.EmbeddedURL {
-		dir := cfg.NATS.Embedded.StoreDir
-		if dir == "" {
-			dir = filepath.Join(filepath.Dir(cfg.Database.Path), "outbox-relay.nats")
-		}
-		if f.embedded, err = publish.StartEmbedded(cfg.NATS.Embedded.Listen, dir); err != nil {
-			return nil, err
-		}
-		f.natsURL = f.embedded.URL()
-		log.Info("started embedded jetstream server", zap.String("url", f.natsURL), zap.String("store_dir", dir))
+	if f.embedded, f.natsURL, err = startEmbedded(cfg, filepath.Join(filepath.Dir(cfg.Database.Path), "outbox-relay.nats"), log); err != nil {
+		return nil, err
 	}
-	natsOpts := ConnectOptions(cfg.NATS, "outbox-relay")
-	natsOpts.URLs = f.natsURL
-	if f.conn, err = publish.Connect(ctx, natsOpts, log.Named("nats")); err != nil {
+	if f.conn, err = connectBroker(ctx, cfg, f.natsURL, log); err != nil {
 		return nil, err
 	}
 	if cfg.NATS.Mode == config.ModeJetStream {
@@ -590,19 +579,7 @@ func (f *Fleet) role() string {
 
 // serveHTTP is App.serveHTTP for the fleet.
 func (f *Fleet) serveHTTP() (stop func(), err error) {
-	ln := f.oo.Listener
-	if ln == nil {
-		if f.cfg.Metrics.Listen == "" {
-			return func() {}, nil
-		}
-		if ln, err = net.Listen("tcp", f.cfg.Metrics.Listen); err != nil {
-			return nil, fmt.Errorf("metrics.listen %s: %w", f.cfg.Metrics.Listen, err)
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	wait := metrics.Serve(ctx, ln, f.metrics.Handler(f.Live, f.Ready, f.role))
-	f.log.Info("serving metrics", zap.Stringer("listen", ln.Addr()))
-	return func() { cancel(); wait() }, nil
+	return serveHTTP(f.oo.Listener, f.cfg.Metrics.Listen, f.log, f.metrics.Handler(f.Live, f.Ready, f.role))
 }
 
 // Close closes the broker connection and the embedded server.
