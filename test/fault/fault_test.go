@@ -343,8 +343,14 @@ type writer struct {
 // writer starts the application process.
 func (e *env) writer(args ...string) *writer {
 	e.t.Helper()
+	return e.writerOn(e.db, args...)
+}
+
+// writerOn starts the application process on the database file db.
+func (e *env) writerOn(db string, args ...string) *writer {
+	e.t.Helper()
 	w := &writer{}
-	cmd := exec.Command(bin.writer, append([]string{"-db", e.db}, args...)...)
+	cmd := exec.Command(bin.writer, append([]string{"-db", db}, args...)...)
 	cmd.Stdout = &w.out
 	p, err := child.Start(cmd)
 	if err != nil {
