@@ -153,4 +153,3 @@ func eventIDs(t *testing.T, db *sql.DB) []string {
 	}
 	return ids
 }
-
