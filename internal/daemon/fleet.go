@@ -305,7 +305,7 @@ func (f *Fleet) nextDue(ctx context.Context, path string) (time.Time, bool) {
 		return time.Time{}, true
 	}
 	defer db.Close()
-	next, any, err := claim.NextDue(ctx, db)
+	next, any, err := claim.NextDue(ctx, db, f.cfg.Ordering.Parks())
 	switch {
 	case err != nil:
 		return time.Time{}, true
