@@ -48,6 +48,13 @@ const (
 	fleetMaxLooks = 16
 )
 
+// fleetRelooks are the looks again at a closed file, after a look that a
+// write made found nothing due, counted from that look: a commit's
+// notification can come before the commit can be read (its WAL frames are
+// written, then the WAL index says they count), and a look between the two
+// misses it. Nothing else would open the file until its next commit.
+var fleetRelooks = []time.Duration{fleetTick, fleetRescan}
+
 // Fleet is a relay serving every database file that database.path's
 // pattern matches: a tenant's file each. A file with rows to publish, or
 // commits, has its own App (its lead, lanes, outage handling, retention,
@@ -117,6 +124,10 @@ type parkedFile struct {
 	// probing: a look at its rows is under way (see commitTo); again: it
 	// was written to meanwhile, so look once more.
 	probing, again bool
+	// relook is when to look again after an empty look (zero: not), the
+	// relooks-th of fleetRelooks.
+	relook  time.Time
+	relooks int
 }
 
 // OpenFleet connects to the broker (or starts the embedded server) for a
@@ -331,9 +342,13 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 	}
 	defer f.count()
 	for path, p := range f.parked {
-		if !p.wake.IsZero() && !now.Before(p.wake) {
+		switch {
+		case !p.wake.IsZero() && !now.Before(p.wake):
 			delete(f.parked, path)
 			f.wake(ctx, path, p.file)
+		case !p.relook.IsZero() && !now.Before(p.relook) && !p.probing:
+			p.relook = time.Time{}
+			f.look(ctx, path, p)
 		}
 	}
 }
@@ -352,13 +367,10 @@ func (f *Fleet) commitTo(ctx context.Context, path string) {
 	defer f.mu.Unlock()
 	p := f.parked[path]
 	if p == nil {
-		switch m := f.files[path]; {
-		case m == nil:
+		if f.files[path] == nil {
 			f.rescan = true
-		case m.park != nil:
-			m.park.again = true // being closed: look once it is
 		}
-		return
+		return // an open file's relay sees it; one closing is looked at once closed
 	}
 	f.probe(ctx, path, p)
 }
@@ -374,9 +386,16 @@ func (f *Fleet) probeAll(ctx context.Context) {
 	}
 }
 
-// probe looks at the pending rows of the closed file p at path (see
-// commitTo). Called with f.mu held.
+// probe looks at the pending rows of the closed file p at path, which was
+// written to (see commitTo), and again after fleetRelooks if it finds
+// nothing due. Called with f.mu held.
 func (f *Fleet) probe(ctx context.Context, path string, p *parkedFile) {
+	p.relooks = 0
+	f.look(ctx, path, p)
+}
+
+// look is probe's look, once. Called with f.mu held.
+func (f *Fleet) look(ctx context.Context, path string, p *parkedFile) {
 	if p.probing {
 		p.again = true
 		return
@@ -402,6 +421,10 @@ func (f *Fleet) probe(ctx context.Context, path string, p *parkedFile) {
 				continue
 			default:
 				p.wake, p.probing = wake, false
+				if p.relooks < len(fleetRelooks) {
+					p.relook = time.Now().Add(fleetRelooks[p.relooks])
+					p.relooks++
+				}
 			}
 			f.mu.Unlock()
 			return
@@ -440,10 +463,10 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		defer f.mu.Unlock()
 		delete(f.files, path)
 		if m.park != nil && ctx.Err() == nil && err == nil {
+			// A commit since its relay last looked, up to its close, is
+			// seen by this look, notified or not.
 			f.parked[path] = m.park
-			if m.park.again { // written to while it closed
-				f.probe(ctx, path, m.park)
-			}
+			f.probe(ctx, path, m.park)
 			return
 		}
 		f.forget(path) // gone, replaced or in trouble: its figures are not known

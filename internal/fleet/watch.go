@@ -12,8 +12,8 @@ import (
 // notification for every file in it: a write to a database or its -wal
 // file (a commit) is sent on Written, the database's path; a file
 // created, removed or renamed is sent on Changed. Neither blocks: a
-// reader that is behind misses sends (Changed coalesces; a missed commit
-// is found by the reader's own periodic looks).
+// reader that is behind misses sends (Changed coalesces; a missed Written
+// is said on Missed).
 type Watcher struct {
 	w       *fsnotify.Watcher
 	base    string // the pattern's file name

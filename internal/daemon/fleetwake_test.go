@@ -1,0 +1,61 @@
+package daemon_test
+
+import (
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestEveryCommitToAnIdleFileOpensIt: a commit to a file that is closed,
+// or being closed as idle, opens it, whenever it comes: while the file's
+// relay decides it is idle, while it closes, or just after. (A commit's
+// notification may also come before the commit can be read: its WAL
+// frames are written, then the WAL index says they count.) Each file
+// gets commits at random moments around its idle time; every row is
+// published, though no later commit wakes its file.
+func TestEveryCommitToAnIdleFileOpensIt(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	const files, commits = 16, 10
+	const idleAfter = 200 * time.Millisecond
+	var dbs []*sql.DB
+	for i := 0; i < files; i++ {
+		dbs = append(dbs, tenantFile(t, dir, fmt.Sprintf("t%d", i), 0))
+	}
+	startFleet(t, dir, n.URL(), idleAfter)
+	var wg sync.WaitGroup
+	for i, db := range dbs {
+		if i%2 == 1 { // an application that opens the file for each transaction
+			db.SetMaxIdleConns(0)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := 0; c < commits; c++ {
+				// From well inside the idle time to well past it.
+				time.Sleep(idleAfter/2 + time.Duration(rand.Int64N(int64(3*idleAfter))))
+				if err := testenv.Insert(db, testenv.NewEvent("order.placed", []byte(fmt.Sprintf("t%d", i)))); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Without a later commit, a row whose commit was missed waits for
+	// ever: 30 s is far past any look's delay.
+	deadline := time.Now().Add(30 * time.Second)
+	for i, db := range dbs {
+		for testenv.Counts(t, db)["done"] != commits {
+			if time.Now().After(deadline) {
+				t.Fatalf("t%d: %v: a commit to it did not open it", i, testenv.Counts(t, db))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
