@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,8 +24,20 @@ import (
 // other takes over every file within 10 s of the kill (a row written
 // into each file just after the kill is published by then), every row of
 // every file is stored once, with its tenant, and each file's key in
-// order.
+// order. On one host the survivor sees that the killed relay's process is
+// gone; relays on two hosts (here: each in a pid namespace of its own,
+// as in containers of their own) wait for its heartbeats to go stale.
 func TestTwoFleetRelaysKill9(t *testing.T) {
+	t.Run("one host", func(t *testing.T) { twoFleetRelaysKill9(t, false) })
+	t.Run("two hosts", func(t *testing.T) { twoFleetRelaysKill9(t, true) })
+}
+
+func twoFleetRelaysKill9(t *testing.T, hosts bool) {
+	if hosts {
+		if err := ownPIDNamespaceAllowed(); err != nil {
+			t.Skipf("cannot start a relay in a pid namespace of its own: %v", err)
+		}
+	}
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
 	tenants := []string{"acme", "globex", "initech", "umbrella", "hooli", "stark"}
@@ -39,7 +53,12 @@ func TestTwoFleetRelaysKill9(t *testing.T) {
 		"OUTBOX_RELAY_STREAM_SUBJECT_TEMPLATE={tenant}.{event_type}"}
 	pattern := filepath.Join(dir, "*.db")
 	start := func() *process {
-		p := startDaemon(t, env, "run", "--database-path", pattern)
+		cmd := exec.Command(buildBinary(t), "run", "--database-path", pattern)
+		cmd.Env = append(append(os.Environ(), "OUTBOX_RELAY_LOG_LEVEL=debug"), env...)
+		if hosts {
+			inOwnPIDNamespace(cmd)
+		}
+		p := startProcess(t, cmd)
 		p.waitFor("relay starting for a fleet of database files")
 		return p
 	}
@@ -88,8 +107,8 @@ func TestTwoFleetRelaysKill9(t *testing.T) {
 		}
 	}
 	// leaderOf returns the relay that leads most files (the longest-running
-	// heartbeat row of each file names its pid), and how many it leads,
-	// once every file has a leader.
+	// heartbeat row of each file names its process: its pid in its pid
+	// namespace), and how many it leads, once every file has a leader.
 	leaderOf := func() (int, int) {
 		t.Helper()
 		var counts [2]int
@@ -97,11 +116,12 @@ func TestTwoFleetRelaysKill9(t *testing.T) {
 			counts = [2]int{}
 			for _, tenant := range tenants {
 				var pid int
-				if dbs[tenant].QueryRow(`SELECT pid FROM outbox_relay_instances ORDER BY started_at, rowid LIMIT 1`).Scan(&pid) != nil {
+				var scope string
+				if dbs[tenant].QueryRow(`SELECT pid, process_scope FROM outbox_relay_instances ORDER BY started_at, rowid LIMIT 1`).Scan(&pid, &scope) != nil {
 					return false
 				}
 				for i, r := range relays {
-					if r.Pid() == pid {
+					if (!hosts && r.Pid() == pid) || (hosts && strings.HasSuffix(scope, "/"+pidNamespace(t, r.Pid()))) {
 						counts[i]++
 					}
 				}
