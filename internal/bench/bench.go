@@ -287,7 +287,7 @@ func (b *bench) run() (*Report, error) {
 		r, err := b.benchRelay(ctx, path, url, names, d)
 		if err == nil && d.rate > 0 {
 			var lags []int64
-			if lags, err = storedLags(ctx, js.API(), names.stream); err == nil {
+			if lags, err = storedLags(ctx, js.API(), names.stream, time.Time{}); err == nil {
 				r.AckLagRows = len(lags)
 				r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs = spread(lags)
 				progress("%s: commit to PubAck p50 %.1f ms p99 %.1f ms max %.1f ms", name, r.AckLagP50Ms, r.AckLagP99Ms, r.AckLagMaxMs)
@@ -650,13 +650,17 @@ func (b *bench) seed(ctx context.Context, db *sql.DB, d drain) error {
 }
 
 // storedLags reads every message of stream and returns the milliseconds
-// from its Outbox-Created-At to its store time in the stream.
-func storedLags(ctx context.Context, js jetstream.JetStream, stream string) ([]int64, error) {
+// from its Outbox-Created-At to its store time in the stream, of the
+// messages created at since or later (zero: all).
+func storedLags(ctx context.Context, js jetstream.JetStream, stream string, since time.Time) ([]int64, error) {
 	var lags []int64
 	err := readStream(ctx, js, stream, func(msg jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		created, err := time.Parse(time.RFC3339Nano, msg.Headers().Get(publish.HeaderCreatedAt))
 		if err != nil {
 			return fmt.Errorf("message %d: %s: %w", meta.Sequence.Stream, publish.HeaderCreatedAt, err)
+		}
+		if created.Before(since) {
+			return nil
 		}
 		lags = append(lags, meta.Timestamp.UnixMilli()-created.UnixMilli())
 		return nil

@@ -32,7 +32,7 @@ func (f *fleetRun) trickle(ctx context.Context) (*FleetTrickle, error) {
 		return nil, err
 	}
 	f.quiet = time.Now()
-	if t.Fleet.AckLagP50Ms, t.Fleet.AckLagP99Ms, t.Fleet.AckLagMaxMs, err = ackLags(ctx, f, f.names.stream, t.Fleet.Rows); err != nil {
+	if err = ackLags(ctx, f, f.names.stream, t.Fleet); err != nil {
 		return nil, err
 	}
 	f.progress("fleet trickle, %d files x %d rows/s: commit to PubAck p50 %.1f ms p99 %.1f ms max %.1f ms, CPU %.1f%% of one core",
@@ -50,7 +50,7 @@ func (f *fleetRun) trickle(ctx context.Context) (*FleetTrickle, error) {
 	if err != nil {
 		return nil, err
 	}
-	if t.Single.AckLagP50Ms, t.Single.AckLagP99Ms, t.Single.AckLagMaxMs, err = ackLags(ctx, f, names.stream, t.Single.Rows); err != nil {
+	if err = ackLags(ctx, f, names.stream, t.Single); err != nil {
 		return nil, err
 	}
 	t.CPURatio = t.Fleet.CPUPercent / max(0.01, t.Single.CPUPercent)
@@ -85,20 +85,25 @@ func trickleRun(ctx context.Context, ch *child.Process, paths []string, rate int
 	if err := waitAllDrained(ctx, dbs, ch); err != nil {
 		return nil, err
 	}
-	return &TrickleRun{Rows: rows, Seconds: took.Seconds(), CPUPercent: 100 * (after - before).Seconds() / took.Seconds()}, nil
+	return &TrickleRun{Rows: rows, Seconds: took.Seconds(), CPUPercent: 100 * (after - before).Seconds() / took.Seconds(), began: began}, nil
 }
 
-// ackLags reads the stream's commit-to-PubAck lags: want messages.
-func ackLags(ctx context.Context, f *fleetRun, stream string, want int) (p50, p99, maxV float64, err error) {
-	lags, err := storedLags(ctx, f.js, stream)
+// ackLags reads run's commit-to-PubAck lags from the stream: one for each
+// of its rows.
+func ackLags(ctx context.Context, f *fleetRun, stream string, run *TrickleRun) error {
+	lags, err := storedLags(ctx, f.js, stream, time.Time{})
 	if err != nil {
-		return 0, 0, 0, err
+		return err
 	}
-	if len(lags) != want {
-		return 0, 0, 0, fmt.Errorf("stream %s holds %d messages of the trickle's %d rows", stream, len(lags), want)
+	if len(lags) != run.Rows {
+		return fmt.Errorf("stream %s holds %d messages of the trickle's %d rows", stream, len(lags), run.Rows)
 	}
-	p50, p99, maxV = spread(lags)
-	return p50, p99, maxV, nil
+	run.AckLagP50Ms, run.AckLagP99Ms, run.AckLagMaxMs = spread(lags)
+	if lags, err = storedLags(ctx, f.js, stream, run.began.Add(time.Second)); err != nil {
+		return err
+	}
+	_, run.AckLagSteadyP99Ms, _ = spread(lags)
+	return nil
 }
 
 // writeFleet is the fleet's application: a writer per file, each
