@@ -64,16 +64,19 @@ var fleetRelooks = []time.Duration{fleetTick, fleetRescan}
 // due. A file that cannot be served affects that file alone, and is tried
 // again.
 type Fleet struct {
-	cfg      config.Config
-	log      *zap.Logger
-	oo       Options
-	metrics  *metrics.Metrics
-	embedded *publish.Embedded
-	conn     *publish.Conn
-	js       *publish.JetStream // for the consumer's advisories; nil in core mode
-	natsURL  string
-	slots    chan struct{} // one per file open at once
-	looks    chan struct{} // one per look at a closed file's rows under way (nextDue)
+	cfg     config.Config
+	log     *zap.Logger
+	oo      Options
+	metrics *metrics.Metrics
+	// fileMetrics are metrics with broker_connected the fleet's to set
+	// (see tend), for the files' relays.
+	fileMetrics *metrics.Metrics
+	embedded    *publish.Embedded
+	conn        *publish.Conn
+	js          *publish.JetStream // for the consumer's advisories; nil in core mode
+	natsURL     string
+	slots       chan struct{} // one per file open at once
+	looks       chan struct{} // one per look at a closed file's rows under way (nextDue)
 
 	mu    sync.Mutex
 	files map[string]*member // by path: the files open, or opening
@@ -143,6 +146,7 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 		f.metrics = metrics.New(oo.Version, oo.Commit)
 	}
 	f.fleetM = f.metrics.ServeFleet(cfg.Metrics.TenantLabel)
+	f.fileMetrics = f.metrics.ForFiles()
 	defer func() {
 		if err != nil {
 			f.Close()
@@ -326,12 +330,18 @@ func (f *Fleet) nextDue(ctx context.Context, path string) (time.Time, bool) {
 	return next, !next.After(time.Now())
 }
 
-// tend closes the open files that have been idle for fleetIdleAfter and
-// opens the closed ones whose next row came due.
+// tend closes the open files that have been idle for fleetIdleAfter,
+// opens the closed ones whose next row came due, and sets
+// broker_connected: 1 while the connection is up and no open file's relay
+// is paused by an outage.
 func (f *Fleet) tend(ctx context.Context, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	connected := f.conn.Ready() == nil
 	for _, m := range f.files {
+		if m.app != nil && m.app.relay.Paused() != nil {
+			connected = false
+		}
 		if !f.parks || m.app == nil || m.park != nil {
 			continue
 		}
@@ -339,6 +349,11 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 			m.park = &parkedFile{file: m.file, wake: wake}
 			m.stop()
 		}
+	}
+	if connected {
+		f.metrics.BrokerConnected.Set(1)
+	} else {
+		f.metrics.BrokerConnected.Set(0)
 	}
 	defer f.count()
 	for path, p := range f.parked {
@@ -499,7 +514,7 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 		log = log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
 	}
 	app, err := Open(ctx, cfg, log, Options{
-		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.metrics, Conn: f.conn, Tenant: m.tenant,
+		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.fileMetrics, Conn: f.conn, Tenant: m.tenant,
 		Gauges: f.gaugesOf(path, m.tenant), Test: f.oo.Test,
 	})
 	if err != nil {

@@ -466,3 +466,29 @@ func TestFilesTheirApplicationClosedStayClosed(t *testing.T) {
 	waitDone(t, testenv.AppDB(t, filepath.Join(dir, "initech.db")), 3)
 	h.waitReadyz(t, ": 1 open (leading 1), 2 idle")
 }
+
+// TestFleetBrokerConnected: broker_connected is the fleet's, with every
+// file closed too: 0 while the broker is down (a row committed meanwhile
+// opens its file, paused without spending an attempt), 1 once it is back
+// and the row published.
+func TestFleetBrokerConnected(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	acme := tenantFile(t, dir, "acme", 1)
+	tenantFile(t, dir, "globex", 1)
+	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	h.waitReadyz(t, ": 0 open (leading 0), 2 idle")
+	h.waitMetrics(t, `outbox_relay_broker_connected 1`)
+
+	n.Stop()
+	h.waitMetrics(t, `outbox_relay_broker_connected 0`)
+	insertKeyed(t, acme, "acme", 1)
+	h.waitMetrics(t, `outbox_relay_fleet_files{state="open"} 1`, `outbox_relay_broker_connected 0`)
+	n.Restart()
+	waitDone(t, acme, 2)
+	h.waitMetrics(t, `outbox_relay_broker_connected 1`)
+	var attempts int
+	if err := acme.QueryRow(`SELECT max(attempts) FROM event_queue`).Scan(&attempts); err != nil || attempts != 0 {
+		t.Errorf("attempts %d (%v): the outage spent attempts", attempts, err)
+	}
+}

@@ -33,6 +33,16 @@ func (m *Metrics) ServeFleet(perTenant bool) *FleetMetrics {
 	return fm
 }
 
+// ForFiles returns the metrics a fleet's files' relays set: m's own but
+// broker_connected, which the fleet sets from its connection and every
+// open file's outage (a file's relay knows only its own, and with every
+// file closed none would set it).
+func (m *Metrics) ForFiles() *Metrics {
+	c := *m
+	c.BrokerConnected = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: Namespace, Name: "broker_connected"}) // not registered
+	return &c
+}
+
 // TenantGauges are one tenant's gauges.
 type TenantGauges struct {
 	fm     *FleetMetrics
