@@ -193,7 +193,8 @@ func (f *Fleet) Run(ctx context.Context) error {
 	}
 	var written <-chan string
 	var changed, missed <-chan struct{}
-	if w := fleet.Watch(ctx, f.cfg.Database.Path); w != nil {
+	w := fleet.Watch(ctx, f.cfg.Database.Path)
+	if w != nil {
 		written, changed, missed = w.Written, w.Changed, w.Missed
 		f.parks = true
 	} else {
@@ -225,6 +226,17 @@ func (f *Fleet) Run(ctx context.Context) error {
 		f.rescan = false
 		f.mu.Unlock()
 		if rescan {
+			if w != nil && w.Replaced(f.cfg.Database.Path) {
+				// Its files are new files to the scan; the watch is moved
+				// first, so that a commit after the scan is notified.
+				w.Close()
+				if w = fleet.Watch(ctx, f.cfg.Database.Path); w == nil {
+					f.log.Error("the database directory was replaced and the new one cannot be watched: restart the relay", zap.String("database", f.cfg.Database.Path))
+					return fmt.Errorf("watch the replaced directory of %s: no file-system notifications", f.cfg.Database.Path)
+				}
+				written, changed, missed = w.Written, w.Changed, w.Missed
+				f.log.Info("database directory replaced; watching the new one", zap.String("database", f.cfg.Database.Path))
+			}
 			f.scan(ctx, false)
 			lastScan = time.Now()
 		}

@@ -492,3 +492,43 @@ func TestFleetBrokerConnected(t *testing.T) {
 		t.Errorf("attempts %d (%v): the outage spent attempts", attempts, err)
 	}
 }
+
+// TestFleetDirectoryReplaced: the tenants' directory is moved away and
+// another put in its place (a restore of the whole directory): the relay
+// serves the new directory's files, and a commit to one of them, closed
+// as idle, opens it as before.
+func TestFleetDirectoryReplaced(t *testing.T) {
+	n := testenv.StartNATS(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "tenants")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old := tenantFile(t, dir, "acme", 1)
+	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	waitDone(t, old, 1)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+
+	staged := filepath.Join(root, "restored")
+	if err := os.Mkdir(staged, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	acme := tenantFile(t, staged, "acme", 0)
+	globex := tenantFile(t, staged, "globex", 2)
+	if err := os.Rename(dir, filepath.Join(root, "before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(staged, dir); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, globex, 2)
+	h.waitReadyz(t, ": 0 open (leading 0), 2 idle")
+	// Past the looks that follow a close: only a notification opens
+	// acme now.
+	time.Sleep(6 * time.Second)
+	insertKeyed(t, acme, "acme", 1) // the connection opened in staged: the same file
+	waitDone(t, acme, 1)
+	if got := logCountOf(h.logs, "database directory replaced; watching the new one"); got != 1 {
+		t.Errorf("%d log lines saying the directory was replaced, want 1", got)
+	}
+}

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -16,7 +17,9 @@ import (
 // is said on Missed).
 type Watcher struct {
 	w       *fsnotify.Watcher
-	base    string // the pattern's file name
+	stop    context.CancelFunc
+	base    string      // the pattern's file name
+	dir     os.FileInfo // the directory watched
 	Written chan string
 	Changed chan struct{}
 	// Missed says notifications were lost (the kernel's queue overflowed,
@@ -24,22 +27,40 @@ type Watcher struct {
 	Missed chan struct{}
 }
 
-// Watch starts watching pattern's directory until ctx ends; it returns
-// nil where notifications are unavailable (the caller then looks
+// Watch starts watching pattern's directory until ctx ends or Close; it
+// returns nil where notifications are unavailable (the caller then looks
 // periodically).
 func Watch(ctx context.Context, pattern string) *Watcher {
+	dir := filepath.Dir(pattern)
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return nil
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil
 	}
-	if err := w.Add(filepath.Dir(pattern)); err != nil {
+	if err := w.Add(dir); err != nil {
 		w.Close()
 		return nil
 	}
-	fw := &Watcher{w: w, base: filepath.Base(pattern), Written: make(chan string, 1024), Changed: make(chan struct{}, 1), Missed: make(chan struct{}, 1)}
+	ctx, stop := context.WithCancel(ctx)
+	fw := &Watcher{w: w, stop: stop, base: filepath.Base(pattern), dir: fi,
+		Written: make(chan string, 1024), Changed: make(chan struct{}, 1), Missed: make(chan struct{}, 1)}
 	go fw.run(ctx)
 	return fw
 }
+
+// Replaced reports whether the directory's path names another directory
+// now than the one watched (moved away and another put in its place):
+// nothing in the new one is notified; watch it instead.
+func (fw *Watcher) Replaced(pattern string) bool {
+	fi, err := os.Stat(filepath.Dir(pattern))
+	return err == nil && !os.SameFile(fi, fw.dir)
+}
+
+// Close stops the watch.
+func (fw *Watcher) Close() { fw.stop() }
 
 func (fw *Watcher) run(ctx context.Context) {
 	defer fw.w.Close()
