@@ -132,6 +132,9 @@ type TestHooks struct {
 	// IdleAfter, when set, replaces how long a fleet's file stays open
 	// idle.
 	IdleAfter time.Duration
+	// MaxOpen, when set, replaces how many of a fleet's files are open
+	// at once.
+	MaxOpen int
 	// Relay is given the relay Open built, whose state tests follow.
 	Relay func(*relay.Relay)
 }

@@ -41,7 +41,8 @@ const (
 	// file costs no connection, goroutine, timer or heartbeat.
 	fleetIdleAfter = 10 * time.Second
 	// fleetMaxOpen bounds the files open at once; the others wait their
-	// turn, in the order they came due.
+	// turn, in the order they came due. A file waits for the idle time
+	// at most: then the file served longest is closed for it (takeTurns).
 	fleetMaxOpen = 256
 	// fleetMaxLooks bounds the looks at closed files' rows under way at
 	// once (each a connection of its own).
@@ -89,6 +90,8 @@ type Fleet struct {
 	gauges map[string]*housekeeping.Gauges
 	fleetM *metrics.FleetMetrics
 	rescan bool // the directory changed: match the pattern again
+	// turnsSaid: the log said files are served in turn (takeTurns).
+	turnsSaid bool
 	// parks: idle files are closed, notifications opening them again.
 	parks bool
 	wg    sync.WaitGroup // the members' goroutines
@@ -106,6 +109,9 @@ type member struct {
 	// park is set when the fleet closes it as idle, with when to open it
 	// again (zero: on its next commit).
 	park *parkedFile
+	// queued is when it began to wait for a slot among the files open,
+	// and slotted when it got one (zero: waiting).
+	queued, slotted time.Time
 }
 
 // fileTrouble is why a file is not served, and when it is tried again.
@@ -142,6 +148,9 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, gauges: map[string]*housekeeping.Gauges{},
 		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks)}
+	if oo.Test != nil && oo.Test.MaxOpen > 0 {
+		f.slots = make(chan struct{}, oo.Test.MaxOpen)
+	}
 	if f.metrics == nil {
 		f.metrics = metrics.New(oo.Version, oo.Commit)
 	}
@@ -367,6 +376,7 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 	} else {
 		f.metrics.BrokerConnected.Set(0)
 	}
+	f.takeTurns(now)
 	defer f.count()
 	for path, p := range f.parked {
 		switch {
@@ -377,6 +387,42 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 			p.relook = time.Time{}
 			f.look(ctx, path, p)
 		}
+	}
+}
+
+// takeTurns closes, for each file that has waited for a slot for the
+// idle time, one of the files served longest (for the idle time at
+// least): it waits its turn again at the end of the queue, its rows due,
+// so that with more busy files than slots each is served in turn rather
+// than the first ones for ever. Called with f.mu held.
+func (f *Fleet) takeTurns(now time.Time) {
+	turn := f.idleAfter()
+	need := 0
+	var served []*member
+	for _, m := range f.files {
+		switch {
+		case m.leaving:
+		case m.slotted.IsZero():
+			if now.Sub(m.queued) >= turn {
+				need++
+			}
+		case m.park != nil:
+			need-- // closing: its slot is about to be free
+		case m.app != nil && now.Sub(m.slotted) >= turn:
+			served = append(served, m)
+		}
+	}
+	if need <= 0 || len(served) == 0 {
+		return
+	}
+	if !f.turnsSaid {
+		f.turnsSaid = true
+		f.log.Info("more files have rows than may be open at once: they are served in turn", zap.Int("open_at_most", cap(f.slots)), zap.Duration("turn", turn))
+	}
+	sort.Slice(served, func(i, j int) bool { return served[i].slotted.Before(served[j].slotted) })
+	for _, m := range served[:min(need, len(served))] {
+		m.park = &parkedFile{file: m.file, wake: now} // opened again at once, after the files waiting
+		m.stop()
 	}
 }
 
@@ -472,7 +518,7 @@ func (f *Fleet) wake(ctx context.Context, path string, fi os.FileInfo) {
 // application's lock. Called with f.mu held.
 func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bool) {
 	mctx, cancel := context.WithCancel(ctx)
-	m := &member{tenant: fleet.Tenant(path), file: fi, stop: cancel, done: make(chan struct{}), quiet: quiet}
+	m := &member{tenant: fleet.Tenant(path), file: fi, stop: cancel, done: make(chan struct{}), quiet: quiet, queued: time.Now()}
 	f.files[path] = m
 	f.wg.Add(1)
 	go func() {
@@ -481,6 +527,9 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		var err error
 		select {
 		case f.slots <- struct{}{}:
+			f.mu.Lock()
+			m.slotted = time.Now()
+			f.mu.Unlock()
 			err = f.serve(mctx, path, m)
 			<-f.slots
 		case <-mctx.Done():
@@ -572,9 +621,22 @@ func (f *Fleet) forget(path string) {
 
 // count sets the fleet_files gauge. Called with f.mu held.
 func (f *Fleet) count() {
-	f.fleetM.Files.WithLabelValues("open").Set(float64(len(f.files)))
+	waiting := f.waiting()
+	f.fleetM.Files.WithLabelValues("open").Set(float64(len(f.files) - waiting))
+	f.fleetM.Files.WithLabelValues("waiting").Set(float64(waiting))
 	f.fleetM.Files.WithLabelValues("idle").Set(float64(len(f.parked)))
 	f.fleetM.Files.WithLabelValues("trouble").Set(float64(len(f.trouble)))
+}
+
+// waiting counts the files waiting for a slot. Called with f.mu held.
+func (f *Fleet) waiting() int {
+	n := 0
+	for _, m := range f.files {
+		if m.slotted.IsZero() {
+			n++
+		}
+	}
+	return n
 }
 
 // stopAll stops every file's relay and waits for them.
@@ -603,7 +665,7 @@ func (f *Fleet) Live(context.Context) error { return nil }
 func (f *Fleet) role() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	leading := 0
+	leading, waiting := 0, f.waiting()
 	var troubled []string
 	for path, m := range f.files {
 		if m.app == nil {
@@ -620,7 +682,11 @@ func (f *Fleet) role() string {
 		troubled = append(troubled, fmt.Sprintf("%s (%s): %v", fleet.Tenant(path), path, t.err))
 	}
 	sort.Strings(troubled)
-	s := fmt.Sprintf("serving %d database files of %s: %d open (leading %d), %d idle", len(f.files)+len(f.parked), f.cfg.Database.Path, len(f.files), leading, len(f.parked))
+	open := fmt.Sprintf("%d open (leading %d)", len(f.files)-waiting, leading)
+	if waiting > 0 {
+		open += fmt.Sprintf(", %d waiting their turn", waiting)
+	}
+	s := fmt.Sprintf("serving %d database files of %s: %s, %d idle", len(f.files)+len(f.parked), f.cfg.Database.Path, open, len(f.parked))
 	if len(troubled) > 0 {
 		s += fmt.Sprintf("; %d in trouble: %s", len(troubled), strings.Join(troubled, "; "))
 	}

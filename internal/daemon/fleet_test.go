@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,8 +46,9 @@ func startFleet(t *testing.T, dir, natsURL string, idleAfter time.Duration) *fle
 }
 
 // startFleetWith starts a fleet on dir/*.db whose files close after
-// idleAfter idle (0: the default), with the configuration edit changed.
-func startFleetWith(t *testing.T, dir, natsURL string, idleAfter time.Duration, edit func(*config.Config)) *fleetHarness {
+// idleAfter idle (0: the default), with the configuration edit changed,
+// and the test hooks too.
+func startFleetWith(t *testing.T, dir, natsURL string, idleAfter time.Duration, edit func(*config.Config), hooks ...func(*daemon.TestHooks)) *fleetHarness {
 	t.Helper()
 	cfg := harnessConfig(filepath.Join(dir, "*.db"), natsURL, harnessOptions{})
 	cfg.Stream.SubjectTemplate = "{tenant}.{event_type}"
@@ -56,11 +58,14 @@ func startFleetWith(t *testing.T, dir, natsURL string, idleAfter time.Duration, 
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	f, err := daemon.OpenFleet(context.Background(), cfg, zap.New(core), daemon.Options{Version: "test", Listener: ln,
-		Test: &daemon.TestHooks{IdleAfter: idleAfter, Tune: func(o *relay.Options, k *housekeeping.Options) {
-			o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
-			k.StatsInterval = 50 * time.Millisecond
-		}}})
+	th := &daemon.TestHooks{IdleAfter: idleAfter, Tune: func(o *relay.Options, k *housekeeping.Options) {
+		o.HeartbeatInterval, o.StaleAfter = 100*time.Millisecond, 2*time.Second
+		k.StatsInterval = 50 * time.Millisecond
+	}}
+	for _, h := range hooks {
+		h(th)
+	}
+	f, err := daemon.OpenFleet(context.Background(), cfg, zap.New(core), daemon.Options{Version: "test", Listener: ln, Test: th})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,6 +236,15 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 		dumpLogs(t, h.logs)
 	}
 
+	checkFleetStream(t, n, map[string]int{"acme": 50, "globex": 30, "initech": 25})
+}
+
+// checkFleetStream checks that the stream holds want[tenant] messages of
+// each tenant and no other's, each event once, on its tenant's subject with
+// its Outbox-Tenant and the tenant as payload, each tenant's rows (one key)
+// in order.
+func checkFleetStream(t *testing.T, n *testenv.NATS, want map[string]int) {
+	t.Helper()
 	msgs := testenv.StreamMessages(t, n.JetStream(t), "EVENTS")
 	perTenant := map[string][]int64{}
 	seen := map[string]bool{}
@@ -246,7 +260,7 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 		row, _ := strconv.ParseInt(m.Header.Get(publish.HeaderRowID), 10, 64)
 		perTenant[tenant] = append(perTenant[tenant], row)
 	}
-	for tenant, want := range map[string]int{"acme": 50, "globex": 30, "initech": 25} {
+	for tenant, want := range want {
 		rows := perTenant[tenant]
 		if len(rows) != want {
 			t.Errorf("%s: %d messages, want %d", tenant, len(rows), want)
@@ -257,8 +271,8 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 			}
 		}
 	}
-	if len(perTenant) != 3 {
-		t.Errorf("tenants in the stream: %v, want acme, globex and initech", perTenant)
+	if len(perTenant) != len(want) {
+		t.Errorf("tenants in the stream: %d, want %d", len(perTenant), len(want))
 	}
 }
 
@@ -531,4 +545,65 @@ func TestFleetDirectoryReplaced(t *testing.T) {
 	if got := logCountOf(h.logs, "database directory replaced; watching the new one"); got != 1 {
 		t.Errorf("%d log lines saying the directory was replaced, want 1", got)
 	}
+}
+
+// TestMoreBusyFilesThanSlotsAreServedInTurn: with more files written
+// continuously than may be open at once, each is served in turn: every
+// file's rows are published while all are being written (none waits
+// for the others to quiet down), each once and in its key's order.
+func TestMoreBusyFilesThanSlotsAreServedInTurn(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	names := []string{"acme", "globex", "initech", "umbrella", "hooli"}
+	dbs := map[string]*sql.DB{}
+	for _, name := range names {
+		dbs[name] = tenantFile(t, dir, name, 0)
+	}
+	h := startFleetWith(t, dir, n.URL(), 500*time.Millisecond, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto },
+		func(th *daemon.TestHooks) { th.MaxOpen = 2 })
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	written := make([]int, len(names))
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				e := testenv.NewEvent("order.placed", []byte(name))
+				e.OrderingKey = "k"
+				if err := testenv.Insert(dbs[name], e); err != nil {
+					t.Error(err)
+					return
+				}
+				written[i]++
+			}
+		}()
+	}
+	stopWriting := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	t.Cleanup(stopWriting) // before the files close
+	// Every file has rows published while every file is being written.
+	testenv.Eventually(t, 60*time.Second, "5 rows of every file done while all are written", func() bool {
+		for _, db := range dbs {
+			if testenv.Counts(t, db)["done"] < 5 {
+				return false
+			}
+		}
+		return true
+	})
+	body := h.waitReadyz(t, "waiting their turn")
+	stopWriting()
+	for i, name := range names {
+		waitDone(t, dbs[name], written[i])
+	}
+	if logCountOf(h.logs, "more files have rows than may be open at once: they are served in turn") != 1 {
+		t.Errorf("no log line, or more than one, said the files are served in turn")
+	}
+	checkFleetStream(t, n, map[string]int{"acme": written[0], "globex": written[1], "initech": written[2], "umbrella": written[3], "hooli": written[4]})
+	t.Log(body)
 }

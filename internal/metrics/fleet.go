@@ -17,9 +17,9 @@ type FleetMetrics struct {
 // metrics store can carry).
 func (m *Metrics) ServeFleet(perTenant bool) *FleetMetrics {
 	fm := &FleetMetrics{Files: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "fleet_files",
-		Help: "Database files the pattern matches, by state: open (served), idle (closed until a commit or a due row), trouble (cannot be served; tried again)."}, []string{"state"})}
+		Help: "Database files the pattern matches, by state: open (served), waiting (for their turn among the files open at once), idle (closed until a commit or a due row), trouble (cannot be served; tried again)."}, []string{"state"})}
 	m.Registry.MustRegister(fm.Files)
-	for _, s := range []string{"open", "idle", "trouble"} {
+	for _, s := range []string{"open", "waiting", "idle", "trouble"} {
 		fm.Files.WithLabelValues(s)
 	}
 	if perTenant {
