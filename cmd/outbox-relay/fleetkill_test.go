@@ -70,7 +70,8 @@ func twoFleetRelaysKill9(t *testing.T, hosts bool) {
 	written := map[string]*int{}
 	var mu sync.Mutex
 	for _, tenant := range tenants {
-		written[tenant] = new(int)
+		n := new(int)
+		written[tenant] = n
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -79,7 +80,7 @@ func twoFleetRelaysKill9(t *testing.T, hosts bool) {
 				e.OrderingKey = "k"
 				if err := testenv.Insert(dbs[tenant], e); err == nil {
 					mu.Lock()
-					*written[tenant]++
+					*n++
 					mu.Unlock()
 				}
 				time.Sleep(20 * time.Millisecond)
