@@ -245,8 +245,16 @@ func (f *Fleet) Run(ctx context.Context) error {
 				}
 				written, changed, missed = w.Written, w.Changed, w.Missed
 				f.log.Info("database directory replaced; watching the new one", zap.String("database", f.cfg.Database.Path))
+				f.scan(ctx, false)
+				// Files moved in with the directory are the same files to
+				// the scan; a commit to one before the new watch began
+				// was notified to no one.
+				f.mu.Lock()
+				f.probeParked(ctx)
+				f.mu.Unlock()
+			} else {
+				f.scan(ctx, false)
 			}
-			f.scan(ctx, false)
 			lastScan = time.Now()
 		}
 		f.tend(ctx, time.Now())
@@ -399,14 +407,15 @@ func (f *Fleet) takeTurns(now time.Time) {
 	turn := f.idleAfter()
 	need := 0
 	var served []*member
-	for _, m := range f.files {
+	for path, m := range f.files {
 		switch {
-		case m.leaving:
 		case m.slotted.IsZero():
-			if now.Sub(m.queued) >= turn {
+			// A file in trouble is tried again when a slot is free: it
+			// fails at once, and does not close a healthy file for that.
+			if now.Sub(m.queued) >= turn && !m.leaving && f.trouble[path] == nil {
 				need++
 			}
-		case m.park != nil:
+		case m.leaving || m.park != nil:
 			need-- // closing: its slot is about to be free
 		case m.app != nil && now.Sub(m.slotted) >= turn:
 			served = append(served, m)
@@ -454,6 +463,11 @@ func (f *Fleet) probeAll(ctx context.Context) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.log.Warn("file-system notifications were lost; looking at every idle file for due rows", zap.Int("idle", len(f.parked)))
+	f.probeParked(ctx)
+}
+
+// probeParked looks at every closed file. Called with f.mu held.
+func (f *Fleet) probeParked(ctx context.Context) {
 	for path, p := range f.parked {
 		f.probe(ctx, path, p)
 	}
@@ -587,6 +601,7 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 	defer app.Close()
 	f.mu.Lock()
 	m.app = app
+	delete(f.trouble, path) // served: whatever kept it from being is over
 	f.mu.Unlock()
 	err = app.Run(ctx)
 	switch {

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -505,105 +504,4 @@ func TestFleetBrokerConnected(t *testing.T) {
 	if err := acme.QueryRow(`SELECT max(attempts) FROM event_queue`).Scan(&attempts); err != nil || attempts != 0 {
 		t.Errorf("attempts %d (%v): the outage spent attempts", attempts, err)
 	}
-}
-
-// TestFleetDirectoryReplaced: the tenants' directory is moved away and
-// another put in its place (a restore of the whole directory): the relay
-// serves the new directory's files, and a commit to one of them, closed
-// as idle, opens it as before.
-func TestFleetDirectoryReplaced(t *testing.T) {
-	n := testenv.StartNATS(t)
-	root := t.TempDir()
-	dir := filepath.Join(root, "tenants")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	old := tenantFile(t, dir, "acme", 1)
-	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
-	waitDone(t, old, 1)
-	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
-
-	staged := filepath.Join(root, "restored")
-	if err := os.Mkdir(staged, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	acme := tenantFile(t, staged, "acme", 0)
-	globex := tenantFile(t, staged, "globex", 2)
-	if err := os.Rename(dir, filepath.Join(root, "before")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(staged, dir); err != nil {
-		t.Fatal(err)
-	}
-	waitDone(t, globex, 2)
-	h.waitReadyz(t, ": 0 open (leading 0), 2 idle")
-	// Past the looks that follow a close: only a notification opens
-	// acme now.
-	time.Sleep(6 * time.Second)
-	insertKeyed(t, acme, "acme", 1) // the connection opened in staged: the same file
-	waitDone(t, acme, 1)
-	if got := logCountOf(h.logs, "database directory replaced; watching the new one"); got != 1 {
-		t.Errorf("%d log lines saying the directory was replaced, want 1", got)
-	}
-}
-
-// TestMoreBusyFilesThanSlotsAreServedInTurn: with more files written
-// continuously than may be open at once, each is served in turn: every
-// file's rows are published while all are being written (none waits
-// for the others to quiet down), each once and in its key's order.
-func TestMoreBusyFilesThanSlotsAreServedInTurn(t *testing.T) {
-	n := testenv.StartNATS(t)
-	dir := t.TempDir()
-	names := []string{"acme", "globex", "initech", "umbrella", "hooli"}
-	dbs := map[string]*sql.DB{}
-	for _, name := range names {
-		dbs[name] = tenantFile(t, dir, name, 0)
-	}
-	h := startFleetWith(t, dir, n.URL(), 500*time.Millisecond, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto },
-		func(th *daemon.TestHooks) { th.MaxOpen = 2 })
-
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	written := make([]int, len(names))
-	for i, name := range names {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-				e := testenv.NewEvent("order.placed", []byte(name))
-				e.OrderingKey = "k"
-				if err := testenv.Insert(dbs[name], e); err != nil {
-					t.Error(err)
-					return
-				}
-				written[i]++
-			}
-		}()
-	}
-	stopWriting := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	t.Cleanup(stopWriting) // before the files close
-	// Every file has rows published while every file is being written.
-	testenv.Eventually(t, 60*time.Second, "5 rows of every file done while all are written", func() bool {
-		for _, db := range dbs {
-			if testenv.Counts(t, db)["done"] < 5 {
-				return false
-			}
-		}
-		return true
-	})
-	body := h.waitReadyz(t, "waiting their turn")
-	stopWriting()
-	for i, name := range names {
-		waitDone(t, dbs[name], written[i])
-	}
-	if logCountOf(h.logs, "more files have rows than may be open at once: they are served in turn") != 1 {
-		t.Errorf("no log line, or more than one, said the files are served in turn")
-	}
-	checkFleetStream(t, n, map[string]int{"acme": written[0], "globex": written[1], "initech": written[2], "umbrella": written[3], "hooli": written[4]})
-	t.Log(body)
 }

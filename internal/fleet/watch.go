@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"github.com/fsnotify/fsnotify"
 )
@@ -19,7 +20,9 @@ type Watcher struct {
 	w       *fsnotify.Watcher
 	stop    context.CancelFunc
 	base    string      // the pattern's file name
-	dir     os.FileInfo // the directory watched
+	path    string      // the directory watched, as named to the watch
+	dir     os.FileInfo // and as it was then
+	gone    atomic.Bool // it was removed or moved away
 	Written chan string
 	Changed chan struct{}
 	// Missed says notifications were lost (the kernel's queue overflowed,
@@ -45,18 +48,19 @@ func Watch(ctx context.Context, pattern string) *Watcher {
 		return nil
 	}
 	ctx, stop := context.WithCancel(ctx)
-	fw := &Watcher{w: w, stop: stop, base: filepath.Base(pattern), dir: fi,
+	fw := &Watcher{w: w, stop: stop, base: filepath.Base(pattern), path: dir, dir: fi,
 		Written: make(chan string, 1024), Changed: make(chan struct{}, 1), Missed: make(chan struct{}, 1)}
 	go fw.run(ctx)
 	return fw
 }
 
 // Replaced reports whether the directory's path names another directory
-// now than the one watched (moved away and another put in its place):
-// nothing in the new one is notified; watch it instead.
+// now than the one watched (it was removed or moved away, and another is
+// in its place, with the same inode number or not): nothing in the new one
+// is notified; watch it instead.
 func (fw *Watcher) Replaced(pattern string) bool {
 	fi, err := os.Stat(filepath.Dir(pattern))
-	return err == nil && !os.SameFile(fi, fw.dir)
+	return err == nil && (fw.gone.Load() || !os.SameFile(fi, fw.dir))
 }
 
 // Close stops the watch.
@@ -82,6 +86,11 @@ func (fw *Watcher) run(ctx context.Context) {
 }
 
 func (fw *Watcher) event(ev fsnotify.Event) {
+	if ev.Name == fw.path && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) {
+		fw.gone.Store(true)
+		fw.changed()
+		return
+	}
 	db := strings.TrimSuffix(strings.TrimSuffix(ev.Name, "-wal"), "-journal")
 	if ok, _ := filepath.Match(fw.base, filepath.Base(db)); !ok || sidecar(db) {
 		return

@@ -1,0 +1,132 @@
+package daemon_test
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// TestFleetDirectoryReplaced: the tenants' directory is moved away and
+// another put in its place (a restore of the whole directory): the relay
+// serves the new directory's files, and a commit to one of them, closed
+// as idle, opens it as before.
+func TestFleetDirectoryReplaced(t *testing.T) {
+	n := testenv.StartNATS(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "tenants")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old := tenantFile(t, dir, "acme", 1)
+	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	waitDone(t, old, 1)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+
+	staged := filepath.Join(root, "restored")
+	if err := os.Mkdir(staged, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	acme := tenantFile(t, staged, "acme", 0)
+	globex := tenantFile(t, staged, "globex", 2)
+	if err := os.Rename(dir, filepath.Join(root, "before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(staged, dir); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, globex, 2)
+	h.waitReadyz(t, ": 0 open (leading 0), 2 idle")
+	// Past the looks that follow a close: only a notification opens
+	// acme now.
+	time.Sleep(6 * time.Second)
+	insertKeyed(t, acme, "acme", 1) // the connection opened in staged: the same file
+	waitDone(t, acme, 1)
+	if got := logCountOf(h.logs, "database directory replaced; watching the new one"); got != 1 {
+		t.Errorf("%d log lines saying the directory was replaced, want 1", got)
+	}
+}
+
+// TestFleetDirectoryRemovedAndRecreated: the tenants' directory is
+// removed and made again (a restore by rm -rf and mkdir), which on ext4
+// often gives the new one the old one's inode number: the relay watches
+// the new one all the same, and a commit to a file in it, closed as idle,
+// opens it.
+func TestFleetDirectoryRemovedAndRecreated(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := filepath.Join(t.TempDir(), "tenants")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old := tenantFile(t, dir, "acme", 1)
+	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	waitDone(t, old, 1)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	old.Close()
+	ino, same := inodeOf(t, dir), false
+	for i := 0; i < 500 && !same; i++ { // the same number if the filesystem gives it
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		same = inodeOf(t, dir) == ino
+	}
+	t.Logf("the new directory has the old one's inode number: %v", same)
+	globex := tenantFile(t, dir, "globex", 2)
+	waitDone(t, globex, 2)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	time.Sleep(6 * time.Second) // past the looks that follow a close
+	insertKeyed(t, globex, "globex", 1)
+	waitDone(t, globex, 3)
+}
+
+// TestFleetDirectoryReplacedWithItsOwnFiles: the files are moved into a
+// new directory that takes the old one's place, and one is written before
+// the relay has found the new directory: the commit, notified to no one,
+// is found when the relay watches the new directory.
+func TestFleetDirectoryReplacedWithItsOwnFiles(t *testing.T) {
+	n := testenv.StartNATS(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "tenants")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	acme := tenantFile(t, dir, "acme", 1)
+	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	waitDone(t, acme, 1)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	acme.Close()                // its checkpoint is a write, which looks follow
+	time.Sleep(6 * time.Second) // past them
+	staged := filepath.Join(root, "staged")
+	if err := os.Mkdir(staged, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Rename(filepath.Join(dir, "acme.db"+suffix), filepath.Join(staged, "acme.db"+suffix)); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Rename(dir, filepath.Join(root, "before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(staged, dir); err != nil {
+		t.Fatal(err)
+	}
+	acme = testenv.AppDB(t, filepath.Join(dir, "acme.db"))
+	insertKeyed(t, acme, "acme", 1)
+	waitDone(t, acme, 2)
+}
+
+func inodeOf(t *testing.T, path string) uint64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino
+}
