@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"database/sql"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -15,16 +16,7 @@ import (
 // serves the new directory's files, and a commit to one of them, closed
 // as idle, opens it as before.
 func TestFleetDirectoryReplaced(t *testing.T) {
-	n := testenv.StartNATS(t)
-	root := t.TempDir()
-	dir := filepath.Join(root, "tenants")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	old := tenantFile(t, dir, "acme", 1)
-	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
-	waitDone(t, old, 1)
-	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	root, dir, h, _ := idleTenantsDir(t)
 
 	staged := filepath.Join(root, "restored")
 	if err := os.Mkdir(staged, 0o755); err != nil {
@@ -56,15 +48,7 @@ func TestFleetDirectoryReplaced(t *testing.T) {
 // the new one all the same, and a commit to a file in it, closed as idle,
 // opens it.
 func TestFleetDirectoryRemovedAndRecreated(t *testing.T) {
-	n := testenv.StartNATS(t)
-	dir := filepath.Join(t.TempDir(), "tenants")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	old := tenantFile(t, dir, "acme", 1)
-	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
-	waitDone(t, old, 1)
-	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	_, dir, h, old := idleTenantsDir(t)
 	old.Close()
 	ino, same := inodeOf(t, dir), false
 	for i := 0; i < 500 && !same; i++ { // the same number if the filesystem gives it
@@ -90,16 +74,7 @@ func TestFleetDirectoryRemovedAndRecreated(t *testing.T) {
 // the relay has found the new directory: the commit, notified to no one,
 // is found when the relay watches the new directory.
 func TestFleetDirectoryReplacedWithItsOwnFiles(t *testing.T) {
-	n := testenv.StartNATS(t)
-	root := t.TempDir()
-	dir := filepath.Join(root, "tenants")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	acme := tenantFile(t, dir, "acme", 1)
-	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
-	waitDone(t, acme, 1)
-	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	root, dir, _, acme := idleTenantsDir(t)
 	acme.Close()                // its checkpoint is a write, which looks follow
 	time.Sleep(6 * time.Second) // past them
 	staged := filepath.Join(root, "staged")
@@ -120,6 +95,24 @@ func TestFleetDirectoryReplacedWithItsOwnFiles(t *testing.T) {
 	acme = testenv.AppDB(t, filepath.Join(dir, "acme.db"))
 	insertKeyed(t, acme, "acme", 1)
 	waitDone(t, acme, 2)
+}
+
+// idleTenantsDir starts a fleet on root/tenants, whose file acme.db has
+// one row, and returns once the row is published and the file closed as
+// idle (after 300 ms).
+func idleTenantsDir(t *testing.T) (root, dir string, h *fleetHarness, acme *sql.DB) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	root = t.TempDir()
+	dir = filepath.Join(root, "tenants")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	acme = tenantFile(t, dir, "acme", 1)
+	h = startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	waitDone(t, acme, 1)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	return root, dir, h, acme
 }
 
 func inodeOf(t *testing.T, path string) uint64 {
