@@ -3,6 +3,7 @@
 package fault
 
 import (
+	"context"
 	"database/sql"
 	"os"
 	"os/exec"
@@ -20,7 +21,10 @@ import (
 // database.path pattern) while an application writes keyed rows into
 // four of them. Meanwhile a fifth file is created and written, a sixth,
 // all of its rows published, is removed, each relay is killed with
-// SIGKILL once and started again, and the broker is stopped for 3 s.
+// SIGKILL once and started again, and the broker is stopped for 3 s. A
+// seventh file, with rows to publish, is held locked by its application
+// (its write lock) from before the relays start until 30 s have passed
+// and every other file's rows are published: it affects itself alone.
 // Every row of every file ends done and in the stream once, with its
 // file's tenant, each file's keys in row order.
 func TestFleet(t *testing.T) {
@@ -43,9 +47,26 @@ func TestFleet(t *testing.T) {
 		files[tenant] = db
 		return path
 	}
-	for _, tenant := range []string{"acme", "globex", "initech", "umbrella", "gone"} {
+	for _, tenant := range []string{"acme", "globex", "initech", "umbrella", "gone", "locked"} {
 		migrate(tenant)
 	}
+	const lockedRows = 300
+	for i := 0; i < lockedRows; i++ {
+		ev := testenv.NewEvent("Locked", []byte("locked"))
+		ev.OrderingKey = "k" + strconv.Itoa(i%5)
+		if err := testenv.Insert(files["locked"], ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hold, err := files["locked"].Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	if _, err := hold.ExecContext(context.Background(), `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	lockedAt := time.Now()
 	relayEnv := []string{"OUTBOX_RELAY_DATABASE_PATH=" + filepath.Join(tenants, "*.db"),
 		"OUTBOX_RELAY_STREAM_SUBJECT_TEMPLATE={tenant}.{event_type}"}
 	e.startRelay("a", relayEnv...)
@@ -85,9 +106,20 @@ func TestFleet(t *testing.T) {
 	for _, w := range writers {
 		written += e.waitWriter(w).Written
 	}
-	for _, db := range files {
-		e.waitSettled(db, 60*time.Second)
+	for tenant, db := range files {
+		if tenant != "locked" {
+			e.waitSettled(db, 60*time.Second) // while locked is held
+		}
 	}
+	time.Sleep(30*time.Second - time.Since(lockedAt))
+	if c := testenv.Counts(t, files["locked"]); c["pending"] != lockedRows {
+		t.Errorf("the locked file's rows %v while its lock was held, want %d pending", c, lockedRows)
+	}
+	if _, err := hold.ExecContext(context.Background(), `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	hold.Close()
+	e.waitSettled(files["locked"], 60*time.Second)
 	e.stopRelay("a")
 	e.stopRelay("b")
 
@@ -131,8 +163,8 @@ func TestFleet(t *testing.T) {
 	if lost != 0 || duplicates != 0 || dead != 0 {
 		t.Errorf("lost %d, duplicates %d, dead-lettered %d", lost, duplicates, dead)
 	}
-	summaries = append(summaries, summary{name: "fleet: 2 relays on 6 files, one added and one removed, each relay kill -9 once, broker stopped 3 s",
-		rows: written + len(goneIDs), kills: 2, outage: outage, lost: lost, duplicates: duplicates, deadLettered: dead, elapsed: time.Since(e.started)})
+	summaries = append(summaries, summary{name: "fleet: 2 relays on 7 files, one added, one removed, one held locked by its application for 30 s, each relay kill -9 once, broker stopped 3 s",
+		rows: written + len(goneIDs) + lockedRows, kills: 2, outage: outage, lost: lost, duplicates: duplicates, deadLettered: dead, elapsed: time.Since(e.started)})
 }
 
 // eventIDs lists the event ids of db's done rows.
