@@ -85,6 +85,10 @@ type Fleet struct {
 	parked map[string]*parkedFile
 	// trouble holds why a file is not served, by path, until it is.
 	trouble map[string]*fileTrouble
+	// said is the error last logged for a file, by path, until it is
+	// served and stops cleanly or goes: a file that fails alike on every
+	// try is logged once.
+	said map[string]string
 	// gauges are each file's shares of the backlog gauges, by path: kept
 	// while it is closed, forgotten when it goes.
 	gauges map[string]*housekeeping.Gauges
@@ -118,6 +122,28 @@ type member struct {
 type fileTrouble struct {
 	err   error
 	retry time.Time
+	as    fileStamp // the file as it was then: a changed file is tried at once
+}
+
+// fileStamp is what a database file and its -wal file were: their
+// identity, size and modification time.
+type fileStamp struct{ db, wal os.FileInfo }
+
+func stampOf(path string) fileStamp {
+	db, _ := os.Stat(path)
+	wal, _ := os.Stat(path + "-wal")
+	return fileStamp{db: db, wal: wal}
+}
+
+// changed reports whether the file is another, or was written, since s.
+func (s fileStamp) changed(now fileStamp) bool {
+	differ := func(a, b os.FileInfo) bool {
+		if a == nil || b == nil {
+			return a != b
+		}
+		return !os.SameFile(a, b) || a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime())
+	}
+	return differ(s.db, now.db) || differ(s.wal, now.wal)
 }
 
 // leave stops the member for good: its file went or was replaced.
@@ -146,7 +172,7 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 		return nil, &config.Error{Err: err}
 	}
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
-		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, gauges: map[string]*housekeeping.Gauges{},
+		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, said: map[string]string{}, gauges: map[string]*housekeeping.Gauges{},
 		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks)}
 	if oo.Test != nil && oo.Test.MaxOpen > 0 {
 		f.slots = make(chan struct{}, oo.Test.MaxOpen)
@@ -200,11 +226,17 @@ func (f *Fleet) Run(ctx context.Context) error {
 		}()
 		defer func() { stopWatch(); <-watchDone }()
 	}
+	var w *fleet.Watcher
 	var written <-chan string
 	var changed, missed <-chan struct{}
-	w := fleet.Watch(ctx, f.cfg.Database.Path)
+	use := func(nw *fleet.Watcher) {
+		w, written, changed, missed = nw, nil, nil, nil
+		if w != nil {
+			written, changed, missed = w.Written, w.Changed, w.Missed
+		}
+	}
+	use(fleet.Watch(ctx, f.cfg.Database.Path))
 	if w != nil {
-		written, changed, missed = w.Written, w.Changed, w.Missed
 		f.parks = true
 	} else {
 		f.log.Warn("no file-system notifications for the database directory: every file stays open, and new files are found by looking every " + fleetRescan.String())
@@ -235,25 +267,21 @@ func (f *Fleet) Run(ctx context.Context) error {
 		f.rescan = false
 		f.mu.Unlock()
 		if rescan {
-			if w != nil && w.Replaced(f.cfg.Database.Path) {
-				// Its files are new files to the scan; the watch is moved
-				// first, so that a commit after the scan is notified.
+			// A replaced directory's watch is moved before the scan, so
+			// that a commit after the scan is notified.
+			replaced := w != nil && w.Replaced(f.cfg.Database.Path)
+			if replaced {
 				w.Close()
-				if w = fleet.Watch(ctx, f.cfg.Database.Path); w == nil {
-					f.log.Error("the database directory was replaced and the new one cannot be watched: restart the relay", zap.String("database", f.cfg.Database.Path))
-					return fmt.Errorf("watch the replaced directory of %s: no file-system notifications", f.cfg.Database.Path)
-				}
-				written, changed, missed = w.Written, w.Changed, w.Missed
-				f.log.Info("database directory replaced; watching the new one", zap.String("database", f.cfg.Database.Path))
-				f.scan(ctx, false)
+				use(f.rewatch(ctx))
+			}
+			f.scan(ctx, false)
+			if replaced {
 				// Files moved in with the directory are the same files to
 				// the scan; a commit to one before the new watch began
 				// was notified to no one.
 				f.mu.Lock()
 				f.probeParked(ctx)
 				f.mu.Unlock()
-			} else {
-				f.scan(ctx, false)
 			}
 			lastScan = time.Now()
 		}
@@ -294,8 +322,14 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 			delete(f.parked, path) // replaced while closed: a new file
 			f.forget(path)
 		}
-		if t := f.trouble[path]; t != nil && now.Before(t.retry) {
-			continue
+		if t := f.trouble[path]; t != nil {
+			if t.as.changed(stampOf(path)) {
+				// Mended or replaced, may be: tried at once, and a file
+				// like any other while it waits its turn.
+				delete(f.trouble, path)
+			} else if now.Before(t.retry) {
+				continue
+			}
 		}
 		if first && f.parks {
 			if wake, due := f.nextDue(ctx, path); !due {
@@ -320,6 +354,11 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 	for path := range f.trouble {
 		if !matched[path] {
 			delete(f.trouble, path)
+		}
+	}
+	for path := range f.said {
+		if !matched[path] {
+			delete(f.said, path)
 		}
 	}
 }
@@ -466,6 +505,32 @@ func (f *Fleet) probeAll(ctx context.Context) {
 	f.probeParked(ctx)
 }
 
+// rewatch watches the directory that replaced the watched one; where it
+// gives no notifications, every file stays open.
+func (f *Fleet) rewatch(ctx context.Context) *fleet.Watcher {
+	w := fleet.Watch(ctx, f.cfg.Database.Path)
+	if w == nil {
+		f.log.Warn("database directory replaced, and the new one gives no file-system notifications: every file stays open, and new files are found by looking every "+fleetRescan.String(),
+			zap.String("database", f.cfg.Database.Path))
+		f.stayOpen(ctx)
+		return nil
+	}
+	f.log.Info("database directory replaced; watching the new one", zap.String("database", f.cfg.Database.Path))
+	return w
+}
+
+// stayOpen opens every closed file and closes none again: no
+// notification would open them on a commit.
+func (f *Fleet) stayOpen(ctx context.Context) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.parks = false
+	for path, p := range f.parked {
+		delete(f.parked, path)
+		f.wake(ctx, path, p.file)
+	}
+}
+
 // probeParked looks at every closed file. Called with f.mu held.
 func (f *Fleet) probeParked(ctx context.Context) {
 	for path, p := range f.parked {
@@ -555,6 +620,7 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		if m.park != nil && ctx.Err() == nil && err == nil {
 			// A commit since its relay last looked, up to its close, is
 			// seen by this look, notified or not.
+			delete(f.said, path)
 			f.parked[path] = m.park
 			f.probe(ctx, path, m.park)
 			return
@@ -568,11 +634,12 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		}
 		if err == nil || ctx.Err() != nil {
 			delete(f.trouble, path)
+			delete(f.said, path)
 			return
 		}
-		prev := f.trouble[path]
-		f.trouble[path] = &fileTrouble{err: err, retry: time.Now().Add(fleetRetry)}
-		if prev == nil || prev.err.Error() != err.Error() {
+		f.trouble[path] = &fileTrouble{err: err, retry: time.Now().Add(fleetRetry), as: stampOf(path)}
+		if f.said[path] != err.Error() {
+			f.said[path] = err.Error()
 			f.log.Error("cannot serve this database file; the others are served, and it is tried again every "+fleetRetry.String(),
 				zap.String("tenant", m.tenant), zap.String("database", path), zap.Error(err))
 		}

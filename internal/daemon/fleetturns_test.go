@@ -1,7 +1,9 @@
 package daemon_test
 
 import (
+	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
+	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -142,4 +145,51 @@ func writeEvery(t *testing.T, db *sql.DB, tenant string, period time.Duration) (
 	stop = sync.OnceValue(func() int { close(stopping); wg.Wait(); return written })
 	t.Cleanup(func() { stop() }) // before the file closes
 	return stop
+}
+
+// TestMendedFileGetsItsTurn: a file in trouble (not a database) is
+// replaced by a good one while every slot is taken by a busy file: it is
+// tried again at once and served in its turn, not left waiting behind
+// its old trouble.
+func TestMendedFileGetsItsTurn(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	acme := tenantFile(t, dir, "acme", 0)
+	if err := os.WriteFile(filepath.Join(dir, "globex.db"), []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := startFleetWith(t, dir, n.URL(), 500*time.Millisecond, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto },
+		func(th *daemon.TestHooks) { th.MaxOpen = 1 })
+	h.waitReadyz(t, "1 in trouble")
+	writeEvery(t, acme, "acme", 50*time.Millisecond)
+	testenv.Eventually(t, 20*time.Second, "acme's rows published", func() bool { return testenv.Counts(t, acme)["done"] >= 5 })
+	staged := t.TempDir()
+	tenantFile(t, staged, "globex", 3).Close()
+	if err := os.Rename(filepath.Join(staged, "globex.db"), filepath.Join(dir, "globex.db")); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, testenv.AppDB(t, filepath.Join(dir, "globex.db")), 3)
+}
+
+// notWritable is a lead whose heartbeat finds the file read-only: the
+// file opens, then its relay stops with that error, on every try.
+type notWritable struct{ relay.Lead }
+
+func (notWritable) Heartbeat(context.Context, string, int, time.Duration, time.Duration) (int64, error) {
+	return 0, fmt.Errorf("%w: acme.db: attempt to write a readonly database", event.ErrNotWritable)
+}
+
+// TestTroubleIsLoggedOnce: a file that opens and then fails alike on
+// every try is logged once, not on every try.
+func TestTroubleIsLoggedOnce(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	tenantFile(t, dir, "acme", 1)
+	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto },
+		func(th *daemon.TestHooks) { th.WrapLead = func(l relay.Lead) relay.Lead { return notWritable{l} } })
+	h.waitReadyz(t, "1 in trouble")
+	time.Sleep(12 * time.Second) // tried again twice at least
+	if got := logCountOf(h.logs, "cannot serve this database file; the others are served, and it is tried again every 5s"); got != 1 {
+		t.Errorf("the same error was logged %d times, want 1", got)
+	}
 }
