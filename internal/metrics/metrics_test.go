@@ -30,6 +30,7 @@ var specNames = []string{
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	m := New("v", "c")
+	m.ServeFleet(true) // a fleet's metrics too
 	// Touch the labelled families so they are gathered.
 	m.Backlog.WithLabelValues("pending")
 	m.StreamConfigPatched.WithLabelValues("duplicate_window")
