@@ -159,6 +159,14 @@ func tenantFile(t *testing.T, dir, name string, n int) *sql.DB {
 	return db
 }
 
+// notADatabase writes a file at path that SQLite cannot open.
+func notADatabase(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // insertKeyed inserts n rows of ordering key "k", one transaction each.
 func insertKeyed(t *testing.T, db *sql.DB, tenant string, n int) {
 	t.Helper()
@@ -191,9 +199,7 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 	dir := t.TempDir()
 	acme := tenantFile(t, dir, "acme", 40)
 	globex := tenantFile(t, dir, "globex", 30)
-	if err := os.WriteFile(filepath.Join(dir, "broken.db"), []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	notADatabase(t, filepath.Join(dir, "broken.db"))
 	backup := filepath.Join(t.TempDir(), "acme-backup.db")
 	testenv.MustExec(t, acme, `VACUUM INTO ?`, backup) // all 40 pending in it
 	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) {
@@ -352,9 +358,7 @@ func TestBrokenFilesAffectOnlyThemselves(t *testing.T) {
 	migrate(t, dir, "acme", "globex", "initech", "umbrella")
 	locked := healthy["umbrella"]
 	delete(healthy, "umbrella")
-	if err := os.WriteFile(filepath.Join(dir, "corrupt.db"), []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	notADatabase(t, filepath.Join(dir, "corrupt.db"))
 	testenv.MustExec(t, testenv.AppDB(t, filepath.Join(dir, "bare.db")), `CREATE TABLE notes (body TEXT)`)
 	tenantFile(t, dir, "acme.corp", 1) // its tenant cannot be a subject token
 	migrate(t, dir, "acme.corp")

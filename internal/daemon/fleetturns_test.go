@@ -70,9 +70,7 @@ func TestFileInTroubleTakesNoTurn(t *testing.T) {
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
 	acme := tenantFile(t, dir, "acme", 0)
-	if err := os.WriteFile(filepath.Join(dir, "broken.db"), []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	notADatabase(t, filepath.Join(dir, "broken.db"))
 	var opens atomic.Int32
 	h := startFleetWith(t, dir, n.URL(), 500*time.Millisecond, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto },
 		func(th *daemon.TestHooks) {
@@ -98,9 +96,7 @@ func TestTroubleEndsWhenTheFileIsServed(t *testing.T) {
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
 	tenantFile(t, dir, "acme", 0)
-	if err := os.WriteFile(filepath.Join(dir, "globex.db"), []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	notADatabase(t, filepath.Join(dir, "globex.db"))
 	h := startFleet(t, dir, n.URL(), 2*time.Second)
 	h.waitReadyz(t, "1 in trouble")
 	staged := t.TempDir()
@@ -155,9 +151,7 @@ func TestMendedFileGetsItsTurn(t *testing.T) {
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
 	acme := tenantFile(t, dir, "acme", 0)
-	if err := os.WriteFile(filepath.Join(dir, "globex.db"), []byte(strings.Repeat("not a database ", 300)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	notADatabase(t, filepath.Join(dir, "globex.db"))
 	h := startFleetWith(t, dir, n.URL(), 500*time.Millisecond, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto },
 		func(th *daemon.TestHooks) { th.MaxOpen = 1 })
 	h.waitReadyz(t, "1 in trouble")
