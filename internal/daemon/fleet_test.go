@@ -509,3 +509,24 @@ func TestFleetBrokerConnected(t *testing.T) {
 		t.Errorf("attempts %d (%v): the outage spent attempts", attempts, err)
 	}
 }
+
+// TestFleetFilesShareOneConnection: every file a fleet serves publishes on
+// the fleet's one broker connection: with four files open and leading, and
+// a fifth created meanwhile, the server has one client.
+func TestFleetFilesShareOneConnection(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	dbs := map[string]*sql.DB{}
+	for _, name := range []string{"acme", "globex", "initech", "umbrella"} {
+		dbs[name] = tenantFile(t, dir, name, 5)
+	}
+	h := startFleet(t, dir, n.URL(), time.Minute)
+	dbs["hooli"] = tenantFile(t, dir, "hooli", 5)
+	for _, db := range dbs {
+		waitDone(t, db, 5)
+	}
+	h.waitReadyz(t, ": 5 open (leading 5)")
+	if got := n.Srv.NumClients(); got != 1 {
+		t.Errorf("%d broker connections with 5 files open, want 1", got)
+	}
+}
