@@ -135,6 +135,9 @@ type TestHooks struct {
 	// MaxOpen, when set, replaces how many of a fleet's files are open
 	// at once.
 	MaxOpen int
+	// KeepClosed, when set, replaces how often a fleet's file closed
+	// while idle has its housekeeping.
+	KeepClosed time.Duration
 	// Relay is given the relay Open built, whose state tests follow.
 	Relay func(*relay.Relay)
 }

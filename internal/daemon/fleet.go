@@ -163,6 +163,10 @@ type parkedFile struct {
 	// relooks-th of fleetRelooks.
 	relook  time.Time
 	relooks int
+	// keep is when its housekeeping is due (see keep); keeping: it is
+	// under way.
+	keep    time.Time
+	keeping bool
 }
 
 // OpenFleet connects to the broker (or starts the embedded server) for a
@@ -333,7 +337,7 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 		}
 		if first && f.parks {
 			if wake, due := f.nextDue(ctx, path); !due {
-				f.parked[path] = &parkedFile{file: fi, wake: wake}
+				f.park(path, &parkedFile{file: fi, wake: wake}, true)
 				continue
 			}
 		}
@@ -433,6 +437,8 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 		case !p.relook.IsZero() && !now.Before(p.relook) && !p.probing:
 			p.relook = time.Time{}
 			f.look(ctx, path, p)
+		case !p.keep.IsZero() && !now.Before(p.keep) && !p.keeping:
+			f.keep(ctx, path, p)
 		}
 	}
 }
@@ -621,7 +627,7 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 			// A commit since its relay last looked, up to its close, is
 			// seen by this look, notified or not.
 			delete(f.said, path)
-			f.parked[path] = m.park
+			f.park(path, m.park, false)
 			f.probe(ctx, path, m.park)
 			return
 		}
