@@ -177,8 +177,10 @@ func newTableQueries(table string) tableQueries {
 		due:     `SELECT EXISTS (SELECT 1 FROM ` + t + ` WHERE status = 'pending' AND ` + schema.DueSQL("?1") + `)`,
 		// One statement, so one short write transaction; fenced by the
 		// relay's heartbeats (?4: the oldest heartbeat of a live relay).
+		// +?3: a bare parameter in LIMIT makes SQLite compile a cached
+		// statement again at every bind.
 		claim: `UPDATE ` + t + ` SET status = 'processing', claimed_at = ?1, claimed_by = ?2
-WHERE id IN (SELECT id FROM ` + t + ` WHERE status = 'pending' AND ` + schema.DueSQL("?1") + ` ORDER BY id LIMIT ?3)
+WHERE id IN (SELECT id FROM ` + t + ` WHERE status = 'pending' AND ` + schema.DueSQL("?1") + ` ORDER BY id LIMIT +?3)
 	AND NOT EXISTS (SELECT 1 FROM ` + schema.InstancesTable + ` WHERE heartbeat_at >= ?4)
 RETURNING id, CAST(event_id AS TEXT), CAST(coalesce(event_type, '') AS TEXT), CAST(payload AS BLOB), CAST(coalesce(attempts, 0) AS INTEGER)`,
 		// A row's claim starts again when its handlers start: a batch that

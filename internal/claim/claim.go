@@ -125,6 +125,11 @@ const pendingRow = `id = ? AND status = 'pending'`
 // stops at the limit, so payloads past the budget are never read. Rows of
 // the ordering keys in ?5 (a JSON array) are left alone.
 //
+// The limit is +?3, not ?3: SQLite (3.54) reads a bare parameter in LIMIT
+// as a hint to the planner and then compiles the statement again every
+// time a value is bound to it, which made every claim parse and plan this
+// query anew; the unary plus hides the value from the planner.
+//
 // With each row that has an ordering key comes the row before it of the
 // same key (prev: its id and status), found by one seek of the ordering
 // index. Store.order decides from it.
@@ -133,7 +138,7 @@ func takeSQL(t, cond string) string {
 	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
 		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s
 		WHERE status = 'pending' AND %[3]s AND %[2]s AND (coalesce(ordering_key, '') = '' OR ordering_key NOT IN (SELECT value FROM json_each(?5)))
-		ORDER BY id LIMIT ?3))
+		ORDER BY id LIMIT +?3))
 	WHERE before < ?4)`, t, schema.DueSQL("?2"), cond))
 }
 
