@@ -219,6 +219,7 @@ func (k *Keeper) checkpointLoop(ctx context.Context) {
 	look := time.NewTimer(checkpointIdle)
 	defer look.Stop()
 	gap := k.o.CheckpointInterval
+	copied := 0 // the WAL's pages in the database after the last checkpoint
 	for {
 		if k.o.Watching() {
 			look.Reset(checkpointIdle)
@@ -232,11 +233,12 @@ func (k *Keeper) checkpointLoop(ctx context.Context) {
 		case <-look.C:
 		}
 		start := time.Now()
-		walPages, _, err := k.store.Checkpoint(ctx)
+		walPages, done, err := k.store.Checkpoint(ctx)
 		if err != nil && ctx.Err() == nil {
 			k.log.Debug("checkpoint", zap.Error(err))
 		}
-		gap = checkpointGap(gap, walPages, k.o.CheckpointInterval)
+		gap = checkpointGap(gap, newPages(walPages, copied), k.o.CheckpointInterval)
+		copied = done
 		// Busy a third of the time at most: large checkpoints (a drain, a
 		// slow disk) come less often.
 		select {
@@ -247,14 +249,29 @@ func (k *Keeper) checkpointLoop(ctx context.Context) {
 	}
 }
 
-// checkpointGap returns the wait after a checkpoint that found walPages
-// pages in the WAL, given the previous wait: it doubles, up to
-// checkpointMaxGap, while checkpoints find less than checkpointSmall
-// pages (a trickle, where every checkpoint's two fsyncs cost more than
-// the copy), and halves back to least once they find more (a drain, where
-// small, frequent checkpoints keep the application's commits short).
-func checkpointGap(gap time.Duration, walPages int, least time.Duration) time.Duration {
-	if walPages < checkpointSmall {
+// newPages returns how many of a WAL's walPages pages were written since
+// a checkpoint left copied of them in the database: all of them when the
+// WAL has started again from its beginning since. The WAL's size alone
+// says nothing of the work: while a reader is often in it (the relay's
+// own claims, at a trickle) the WAL seldom starts again and stays
+// hundreds of pages long, and checkpoints judged by it ran every few
+// milliseconds to copy a commit or two each.
+func newPages(walPages, copied int) int {
+	if walPages < copied {
+		return walPages
+	}
+	return walPages - copied
+}
+
+// checkpointGap returns the wait after a checkpoint that found fresh
+// pages written to the WAL since the one before, given the previous wait:
+// it doubles, up to checkpointMaxGap, while checkpoints find less than
+// checkpointSmall new pages (a trickle, where every checkpoint's two
+// fsyncs cost more than the copy), and halves back to least once they
+// find more (a drain, where small, frequent checkpoints keep the
+// application's commits short).
+func checkpointGap(gap time.Duration, fresh int, least time.Duration) time.Duration {
+	if fresh < checkpointSmall {
 		return max(least, min(2*gap, checkpointMaxGap))
 	}
 	return max(least, gap/2)

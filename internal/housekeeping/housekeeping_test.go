@@ -88,6 +88,28 @@ func TestCheckpointGap(t *testing.T) {
 	}
 }
 
+// TestCheckpointGapFollowsNewPages: a WAL that does not start again (a
+// reader is often in it) stays long while each checkpoint finds only a
+// commit or two to copy: the gap grows as for a short WAL, and a WAL that
+// started again counts whole.
+func TestCheckpointGapFollowsNewPages(t *testing.T) {
+	least := 2 * time.Millisecond
+	gap, copied := least, 0
+	for wal := 500; wal < 700; wal += 10 { // ten pages a checkpoint, in a WAL of 500 and more
+		gap = checkpointGap(gap, newPages(wal, copied), least)
+		copied = wal
+	}
+	if gap != checkpointMaxGap {
+		t.Fatalf("after checkpoints of ten new pages each the gap is %v, want %v", gap, checkpointMaxGap)
+	}
+	if got := newPages(150, 690); got != 150 {
+		t.Fatalf("a WAL started again since the last checkpoint: %d new pages, want all 150", got)
+	}
+	if got := newPages(400, 390); got != 10 {
+		t.Fatalf("%d new pages, want 10", got)
+	}
+}
+
 // TestRefreshBacklog: one pass sets the backlog gauges from the store.
 func TestRefreshBacklog(t *testing.T) {
 	m := metrics.New("", "")
