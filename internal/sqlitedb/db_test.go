@@ -109,6 +109,23 @@ func TestWatchPace(t *testing.T) {
 	}
 }
 
+// TestWatchGathersAFlowOfCommits: a notification that follows the last
+// commit found closely (a flow) waits for the commits behind it; one
+// after a pause waits only for its own commit's writes, so that sparse
+// commits are announced as soon as they are visible.
+func TestWatchGathersAFlowOfCommits(t *testing.T) {
+	flow, alone := sqlitedb.Gather(time.Millisecond), sqlitedb.Gather(time.Second)
+	if flow <= alone {
+		t.Fatalf("gathers %v in a flow and %v alone: a flow should wait longer", flow, alone)
+	}
+	if flow > 5*time.Millisecond || alone > time.Millisecond {
+		t.Fatalf("gathers %v in a flow and %v alone: more than the commit-to-PubAck target allows", flow, alone)
+	}
+	if got := sqlitedb.Gather(20 * time.Millisecond); got != alone {
+		t.Fatalf("20 ms after a commit (50 commits a second) gathers %v, want %v as alone", got, alone)
+	}
+}
+
 // TestCheckpointSkipsAnUnchangedWAL: a checkpoint copies the WAL into the
 // database; the next one, with nothing committed since, does no work; a
 // commit makes the one after it run again.

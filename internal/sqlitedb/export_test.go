@@ -11,6 +11,9 @@ func NewPace(fast time.Duration) *pace { return &pace{fast: fast} }
 
 func (p *pace) Found(notified, polled bool) (time.Duration, bool) { return p.found(notified, polled) }
 
+// Gather exposes how long the commit watch gathers notifications.
+func Gather(sinceFound time.Duration) time.Duration { return gather(sinceFound) }
+
 // CheckpointedAt is when s last completed a checkpoint that found the WAL
 // all copied.
 func CheckpointedAt(s *DB) time.Time {
