@@ -1,6 +1,7 @@
 package sqlitedb
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -21,9 +22,10 @@ import (
 // has announced a change, notifications are trusted and the poll slows to
 // ten times interval; a change that only the poll found makes it fast
 // again. Idle, it costs nothing but that poll; no snapshot is held between
-// looks, so checkpoints are never starved. A notification waits a
-// moment for the ones behind it (gather), so that one look, and one
-// claim, serves them all. It returns when ctx ends; the
+// looks, so checkpoints are never starved. A notification waits for the
+// rest of its commit's writes, and in a flow of commits for the commits
+// behind it (gather), which then share one look and one claim. It
+// returns when ctx ends; the
 // caller runs it in a goroutine it tracks.
 func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
 	conn, err := s.read.Conn(ctx)
@@ -69,9 +71,10 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 	again.Stop()
 	defer again.Stop()
 	var retry time.Duration
-	var found time.Time // when a look last found another connection's commit
+	var found time.Time // when the last commit of another connection found was noticed
 	for {
-		polled, notified := false, false
+		polled, notified, flow := false, false, false
+		var noticed time.Time // of the notification this look follows
 		select {
 		case <-ctx.Done():
 			return nil
@@ -93,11 +96,13 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 			if !ww.commit(ev) {
 				continue
 			}
-			notified = true
+			notified, noticed = true, time.Now()
 			// One commit writes the WAL in several writes, which arrive as
 			// several events, and in a flow of commits more follow: let
 			// them come, then look once for all.
-			time.Sleep(gather(time.Since(found)))
+			wait := gather(noticed.Sub(found))
+			flow = wait == flowWindow
+			time.Sleep(wait)
 			for drained := false; !drained; {
 				select {
 				case ev, ok := <-events:
@@ -123,12 +128,20 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 		last = v
 		retry = 0
 		again.Stop()
+		if flow {
+			// A commit gathered in the window may not be visible yet (with
+			// synchronous=FULL it syncs the WAL first), and its
+			// notifications are spent: look again as for a notification
+			// that found nothing. In a steady flow the next notification
+			// comes first and this look moves on with it.
+			again.Reset(flowWindow)
+		}
 		if next, change := poll.found(notified, polled); change {
 			t.Reset(next)
 		}
 		wv, err := writerVersion()
 		if err != nil || writerErr != nil || wv != lastWriter {
-			found = time.Now()
+			found = cmp.Or(noticed, time.Now())
 			signalOne(foreign)
 		}
 		lastWriter, writerErr = wv, err
@@ -150,15 +163,15 @@ func signalOne(w chan<- struct{}) {
 }
 
 // gather returns how long a notification waits for the notifications
-// behind it before Watch looks, given the time since a look last found a
-// commit of another connection than the writer's (the application's).
-// Alone, a commit's own writes (commitWrites). In a flow of such commits
-// (the last found less than flowGap ago), also the commits that
-// follow within flowWindow, which then share one look and one claim: at
-// 1,000 single-row commits a second that saves the relay about a quarter
-// of its CPU, for flowWindow more from commit to PubAck
-// (docs/performance.md). Commits further apart than flowGap gain nothing
-// from waiting, and do not wait.
+// behind it before Watch looks, given the time since the notification of
+// the last commit found of another connection than the writer's (the
+// application's). Alone, only for a commit's own writes (commitWrites).
+// In a flow of such commits (the last noticed less than flowGap before),
+// also for the commits that follow within flowWindow, which then share
+// one look and one claim: at 1,000 single-row commits a second that
+// saves the relay about a quarter of its CPU, for flowWindow more from
+// commit to PubAck (docs/performance.md). Commits further apart would
+// not arrive within the window, and do not wait for it.
 func gather(sinceFound time.Duration) time.Duration {
 	if sinceFound < flowGap {
 		return flowWindow
@@ -169,7 +182,7 @@ func gather(sinceFound time.Duration) time.Duration {
 const (
 	commitWrites = 200 * time.Microsecond
 	flowWindow   = 2 * time.Millisecond
-	flowGap      = 5 * time.Millisecond
+	flowGap      = 3 * time.Millisecond
 )
 
 // maxRecheck is the longest wait between the looks that follow a
