@@ -533,8 +533,15 @@ func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 	if len(problems) > 0 {
 		return nil, fmt.Errorf("%w in %s: %s; nothing was changed", ErrSchema, s.Path(), strings.Join(problems, "; "))
 	}
+	recorded, err := recordedVersions(ctx, s)
+	if err != nil {
+		return nil, err
+	}
 	var applied []int
 	for _, m := range migrations {
+		if recorded[m.version] {
+			continue
+		}
 		ok, err := migrateOne(ctx, s, m)
 		if err != nil {
 			return applied, fmt.Errorf("migration %d (%s): %w", m.version, m.name, err)
@@ -551,6 +558,37 @@ func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 		return applied, fmt.Errorf("%w in %s: %s", ErrSchema, s.Path(), problem)
 	}
 	return applied, nil
+}
+
+// recordedVersions are the migrations recorded complete for s's table, read
+// without a transaction of the writer's: a file migrated already, as every
+// file a relay opens again is, takes no write lock for them. One not
+// recorded here is checked again in its own transaction (applyMigration).
+func recordedVersions(ctx context.Context, s *sqlitedb.DB) (map[int]bool, error) {
+	recorded := map[int]bool{}
+	err := sqlitedb.RetryBusy(ctx, func() error {
+		clear(recorded)
+		if ok, err := sqlitedb.ObjectExists(ctx, s.Reader(), "table", MigrationsTable); err != nil || !ok {
+			return err
+		}
+		rows, err := s.Reader().QueryContext(ctx, `SELECT version FROM `+MigrationsTable+` WHERE target = ?`, s.Table())
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var v int
+			if err := rows.Scan(&v); err != nil {
+				return err
+			}
+			recorded[v] = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the migrations recorded in %s: %w", s.Path(), err)
+	}
+	return recorded, nil
 }
 
 // preconditions lists what in an existing outbox table the migrations

@@ -462,9 +462,21 @@ func TestMigrateFreshAndIdempotent(t *testing.T) {
 	if err := schema.Verify(ctx, s); err != nil {
 		t.Fatalf("Verify after migrate: %v", err)
 	}
+	// Again while the application holds its write lock throughout: a
+	// migrated file takes no write lock (a fleet opens its files again
+	// and again while their applications write).
+	app, err := testenv.AppDB(t, s.Path()).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	if _, err := app.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	defer app.ExecContext(ctx, `ROLLBACK`)
 	applied, err = schema.Migrate(ctx, s)
 	if err != nil || len(applied) != 0 {
-		t.Fatalf("second Migrate applied %v, %v", applied, err)
+		t.Fatalf("second Migrate, with the application's write lock held, applied %v, %v", applied, err)
 	}
 }
 
