@@ -96,10 +96,7 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 	if err != nil {
 		return p, fmt.Errorf("look up stream %s: %w", o.Stream, err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return p, fmt.Errorf("read stream %s: %w", o.Stream, err)
-	}
+	info := s.CachedInfo() // as the look-up just read it
 	created, first, last := info.Created.UnixNano(), info.State.FirstSeq, info.State.LastSeq
 	if p.RowsBefore, err = highestRow(ctx, o.DB); err != nil {
 		return p, err
@@ -121,6 +118,9 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 		from = last + 1 // nothing to scan
 	}
 	p.From, p.To, p.Next = max(from, first), last, max(from, first)
+	if p.Scans() && noneOwn(ctx, s, o.Subjects, p.From) {
+		p.From, p.Next = last+1, last+1
+	}
 	if o.Progress != nil {
 		o.Progress(p)
 	}
@@ -291,6 +291,20 @@ func start(ctx context.Context, o Options, m Mark, created int64) (seq uint64, a
 		return 0, at, err
 	}
 	return 0, time.UnixMilli(oldest).Add(-clockSkew), nil
+}
+
+// noneOwn reports whether the stream holds no message on the relay's
+// subjects from sequence from on. A stream shared with other tables (a
+// fleet's files, each on its tenant's subjects) moves on without this
+// one's messages; one look at the last message on its subjects then spares
+// a scan its consumer. An answer that is neither a message nor none (a
+// server or account that refuses the request) is not sure: scan.
+func noneOwn(ctx context.Context, s jetstream.Stream, subjects string, from uint64) bool {
+	m, err := s.GetLastMsgForSubject(ctx, subjects)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true
+	}
+	return err == nil && m.Sequence < from
 }
 
 // clockSkew is how far the application's clock (created_at) may be ahead

@@ -44,3 +44,61 @@ SELECT 'e' || i, 'Thing', randomblob(64), 'done', 1, i FROM n`, rows)
 		t.Fatalf("position %d (%v), want 6: past the stream's last message", from, err)
 	}
 }
+
+// TestOthersMessagesAloneReadNothing: in a stream shared with other
+// tables (a fleet's tenants, each on its own subjects), messages stored
+// past a table's position on others' subjects only leave it nothing to
+// read; a message of its own among them is read and its row settled.
+// Both ways the server answers a look at a subject's last message (with
+// and without direct gets).
+func TestOthersMessagesAloneReadNothing(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow_direct=%v", direct), func(t *testing.T) {
+			ctx := context.Background()
+			f := newFixture(t, 3)
+			s, err := f.js.Stream(ctx, "EVENTS")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := s.CachedInfo().Config
+			cfg.AllowDirect = direct
+			if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			o := f.options(claim.New(f.db, claim.Options{Stream: "EVENTS"}))
+			o.Subjects = "events.*" // a wildcard, as a fleet's tenant's filter is
+			if p, err := reconcile.Run(ctx, o); err != nil || p.Settled != 3 {
+				t.Fatalf("first run: %+v, %v; want 3 settled", p, err)
+			}
+			others := func() {
+				for range 5 {
+					if _, err := f.js.Publish(ctx, "events.globex.Thing", []byte("another table's")); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			others()
+			p, err := reconcile.Run(ctx, o)
+			if err != nil || p.Scans() || p.Read != 0 {
+				t.Fatalf("with only others' messages past the position: %+v, %v; want nothing read", p, err)
+			}
+			var from uint64
+			if err := f.app.QueryRow(`SELECT scan_from FROM outbox_relay_published`).Scan(&from); err != nil || from != 9 {
+				t.Fatalf("position %d (%v), want 9: past the stream's last message", from, err)
+			}
+
+			ev := testenv.NewEvent("Thing", []byte("x"))
+			id := testenv.InsertIDs(t, f.app, ev)[0]
+			seq := f.publish(t, *ev.EventID, id, f.origin)
+			others()
+			p, err = reconcile.Run(ctx, o)
+			if err != nil || p.From != 9 || p.Read != 1 || p.Settled != 1 {
+				t.Fatalf("with a message of its own among others': %+v, %v; want it read from 9 and its row settled", p, err)
+			}
+			var got uint64
+			if err := f.app.QueryRow(`SELECT stream_seq FROM event_queue WHERE id = ?`, id).Scan(&got); err != nil || got != seq {
+				t.Fatalf("row %d: stream_seq %d (%v), want %d", id, got, err, seq)
+			}
+		})
+	}
+}
