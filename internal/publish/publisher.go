@@ -485,11 +485,7 @@ func (p *JetStream) fits(ctx context.Context, msg *nats.Msg) error {
 func (p *JetStream) readMaxMsgSize(ctx context.Context) int64 {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	var info *jetstream.StreamInfo
-	s, err := p.streamHandle(ctx)
-	if err == nil {
-		info, err = s.Info(ctx)
-	}
+	info, err := p.streamInfo(ctx)
 	p.sizeMu.Lock()
 	defer p.sizeMu.Unlock()
 	if err != nil {
@@ -677,16 +673,34 @@ func Reused(stream string, seq uint64, msgRow, msgOrigin string, rowID int64, or
 // streamHandle returns the relay's stream for reading messages, looked up
 // once (a handle reads by the stream's name, so it outlives a re-creation).
 func (p *JetStream) streamHandle(ctx context.Context) (jetstream.Stream, error) {
+	s, _, err := p.lookUp(ctx)
+	return s, err
+}
+
+// streamInfo reads the stream's info: the look-up's, when this call
+// looked the stream up, which read it just now.
+func (p *JetStream) streamInfo(ctx context.Context) (*jetstream.StreamInfo, error) {
+	s, fresh, err := p.lookUp(ctx)
+	switch {
+	case err != nil:
+		return nil, err
+	case fresh:
+		return s.CachedInfo(), nil
+	}
+	return s.Info(ctx)
+}
+
+// lookUp is streamHandle, saying whether it looked the stream up.
+func (p *JetStream) lookUp(ctx context.Context) (s jetstream.Stream, fresh bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.handle == nil {
-		s, err := p.js.Stream(ctx, p.stream)
-		if err != nil {
-			return nil, err
+		if s, err = p.js.Stream(ctx, p.stream); err != nil {
+			return nil, false, err
 		}
-		p.handle = s
+		p.handle, fresh = s, true
 	}
-	return p.handle, nil
+	return p.handle, fresh, nil
 }
 
 // Ready reports whether the connection is up; whether the stream answers
