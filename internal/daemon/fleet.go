@@ -52,9 +52,15 @@ const (
 // fleetRelooks are the looks again at a closed file, after a look that a
 // write made found nothing due, counted from that look: a commit's
 // notification can come before the commit can be read (its WAL frames are
-// written, then the WAL index says they count), and a look between the two
-// misses it. Nothing else would open the file until its next commit.
-var fleetRelooks = []time.Duration{fleetTick, fleetRescan}
+// written, then the WAL index says they count; with synchronous=FULL the
+// WAL is synced between the two), and a look between the two misses it.
+// Nothing else would open the file until its next commit. The first comes
+// soon, in the look's own goroutine, so that a missed commit waits
+// milliseconds; the others at the fleet's ticks, for slow disks.
+var fleetRelooks = []time.Duration{fleetQuickRelook, fleetTick, fleetRescan}
+
+// fleetQuickRelook is the first of fleetRelooks.
+const fleetQuickRelook = 10 * time.Millisecond
 
 // Fleet is a relay serving every database file that database.path's
 // pattern matches: a tenant's file each. A file with rows to publish, or
@@ -576,6 +582,14 @@ func (f *Fleet) look(ctx context.Context, path string, p *parkedFile) {
 			case p.again:
 				p.again = false
 				f.mu.Unlock()
+				continue
+			case p.relooks == 0:
+				p.relooks++
+				f.mu.Unlock()
+				select {
+				case <-ctx.Done():
+				case <-time.After(fleetQuickRelook):
+				}
 				continue
 			default:
 				p.wake, p.probing = wake, false
