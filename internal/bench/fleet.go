@@ -313,6 +313,7 @@ func printFleet(w io.Writer, r *Report) {
 		}
 		nf("new file, moved in", n.MovedIn)
 		nf("new file, created in place", n.CreatedInPlace)
+		nf("woken, synchronous=FULL", n.WokenSyncFull)
 	}
 	fmt.Fprintf(w, "  %-31s %8.1f MiB over the whole run; files opened %d times\n", "fleet peak RSS", x.PeakRSSMi, x.FileOpens)
 }

@@ -36,7 +36,7 @@ func TestFleet(t *testing.T) {
 	if d.Many.DoneMeanSeconds <= 0 || d.ManyMaxOverMean < 1 || d.OneRatio <= 0 || d.ManyRatio <= 0 {
 		t.Errorf("drain figures %+v, many %+v", d, d.Many)
 	}
-	for name, s := range map[string]*NewFileSamples{"moved in": x.NewFiles.MovedIn, "created in place": x.NewFiles.CreatedInPlace} {
+	for name, s := range map[string]*NewFileSamples{"moved in": x.NewFiles.MovedIn, "created in place": x.NewFiles.CreatedInPlace, "woken": x.NewFiles.WokenSyncFull} {
 		if len(s.AckMs) != fleetNewFiles || len(s.DoneMs) != fleetNewFiles || s.AckMaxMs < s.AckMedianMs {
 			t.Errorf("new files %s: %+v", name, s)
 		}
@@ -47,7 +47,7 @@ func TestFleet(t *testing.T) {
 	var out bytes.Buffer
 	Print(&out, rep)
 	for _, want := range []string{"--fleet: 20 database files", "all idle", "trickle: 20 files x 20 rows/s", "CPU, fleet / single file",
-		"drain, one file of 20", "drain, 20 files at once", "time to done, max / mean", "new file, moved in", "new file, created in place", "fleet peak RSS"} {
+		"drain, one file of 20", "drain, 20 files at once", "time to done, max / mean", "new file, moved in", "new file, created in place", "woken, synchronous=FULL", "fleet peak RSS"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

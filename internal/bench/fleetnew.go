@@ -25,6 +25,11 @@ type FleetNewFiles struct {
 	// CreatedInPlace files are created empty under a name the pattern
 	// matches, migrated there, then given their row: timed from its commit.
 	CreatedInPlace *NewFileSamples `json:"created_in_place"`
+	// WokenSyncFull are files of the fleet served before and closed as
+	// idle, each given a row by an application that commits with
+	// synchronous=FULL (the WAL is synced after its notification and
+	// before the commit shows): timed from its commit.
+	WokenSyncFull *NewFileSamples `json:"woken_sync_full"`
 }
 
 // NewFileSamples are the milliseconds from each new file's row being
@@ -50,7 +55,7 @@ func (f *fleetRun) newFiles(ctx context.Context) (*FleetNewFiles, error) {
 		if err := migrateBenchDB(ctx, tmp); err != nil {
 			return "", time.Time{}, err
 		}
-		if err := insertOne(ctx, tmp); err != nil {
+		if err := insertOne(ctx, tmp, ""); err != nil {
 			return "", time.Time{}, err
 		}
 		path := filepath.Join(f.dir, filepath.Base(tmp))
@@ -67,7 +72,14 @@ func (f *fleetRun) newFiles(ctx context.Context) (*FleetNewFiles, error) {
 		if err := migrateBenchDB(ctx, path); err != nil {
 			return "", time.Time{}, err
 		}
-		if err := insertOne(ctx, path); err != nil {
+		if err := insertOne(ctx, path, ""); err != nil {
+			return "", time.Time{}, err
+		}
+		return path, time.Now(), nil
+	}
+	woken := func(i int) (string, time.Time, error) {
+		path := f.files[i%len(f.files)]
+		if err := insertOne(ctx, path, "&_sync=FULL"); err != nil {
 			return "", time.Time{}, err
 		}
 		return path, time.Now(), nil
@@ -80,8 +92,13 @@ func (f *fleetRun) newFiles(ctx context.Context) (*FleetNewFiles, error) {
 	if n.CreatedInPlace, err = f.newFileSamples(ctx, inPlace); err != nil {
 		return nil, fmt.Errorf("new file created in place: %w", err)
 	}
-	for name, s := range map[string]*NewFileSamples{"moved in": n.MovedIn, "created in place": n.CreatedInPlace} {
-		f.progress("fleet, new file %s: commit to PubAck median %.0f ms (%.0f to %.0f), to done median %.0f ms", name, s.AckMedianMs, s.AckMinMs, s.AckMaxMs, s.DoneMedianMs)
+	f.waitQuiet() // the files the drains wrote are closed again
+	if n.WokenSyncFull, err = f.newFileSamples(ctx, woken); err != nil {
+		return nil, fmt.Errorf("closed file woken: %w", err)
+	}
+	for name, s := range map[string]*NewFileSamples{"new file moved in": n.MovedIn, "new file created in place": n.CreatedInPlace,
+		"closed file woken, synchronous=FULL": n.WokenSyncFull} {
+		f.progress("fleet, %s: commit to PubAck median %.0f ms (%.0f to %.0f), to done median %.0f ms", name, s.AckMedianMs, s.AckMinMs, s.AckMaxMs, s.DoneMedianMs)
 	}
 	return n, nil
 }
@@ -134,9 +151,10 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// insertOne commits one row to the outbox at path, as an application.
-func insertOne(ctx context.Context, path string) error {
-	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000&_txlock=immediate")
+// insertOne commits one row to the outbox at path, as an application
+// whose connection's DSN ends in dsn.
+func insertOne(ctx context.Context, path, dsn string) error {
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000&_txlock=immediate"+dsn)
 	if err != nil {
 		return err
 	}
