@@ -588,6 +588,7 @@ func (f *Fleet) look(ctx context.Context, path string, p *parkedFile) {
 				f.mu.Unlock()
 				select {
 				case <-ctx.Done():
+					return // shutting down: nothing is opened any more
 				case <-time.After(fleetQuickRelook):
 				}
 				continue

@@ -17,6 +17,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -118,7 +119,7 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 		from = last + 1 // nothing to scan
 	}
 	p.From, p.To, p.Next = max(from, first), last, max(from, first)
-	if p.Scans() && noneOwn(ctx, s, o.Subjects, p.From) {
+	if p.Scans() && noneOwn(ctx, o.JS, o.Stream, o.Subjects, p.From) {
 		p.From, p.Next = last+1, last+1
 	}
 	if o.Progress != nil {
@@ -297,15 +298,44 @@ func start(ctx context.Context, o Options, m Mark, created int64) (seq uint64, a
 // subjects from sequence from on. A stream shared with other tables (a
 // fleet's files, each on its tenant's subjects) moves on without this
 // one's messages; one look at the last message on its subjects then spares
-// a scan its consumer. An answer that is neither a message nor none (a
-// server or account that refuses the request) is not sure: scan.
-func noneOwn(ctx context.Context, s jetstream.Stream, subjects string, from uint64) bool {
-	m, err := s.GetLastMsgForSubject(ctx, subjects)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return true
+// a scan its consumer. The look is a message request, which the stream's
+// leader answers, never a direct get: a mirror of the stream or a replica
+// behind its leader may answer those, without the latest messages. An
+// answer that is neither a message nor none (a server or account that
+// refuses the request, no answer in time) is not sure: scan.
+func noneOwn(ctx context.Context, js jetstream.JetStream, stream, subjects string, from uint64) bool {
+	req, err := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{subjects})
+	if err != nil {
+		return false
 	}
-	return err == nil && m.Sequence < from
+	ctx, cancel := context.WithTimeout(ctx, lastOwnWait)
+	defer cancel()
+	prefix := cmp.Or(js.Options().APIPrefix, jetstream.DefaultAPIPrefix)
+	reply, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return false
+	}
+	var resp struct {
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	switch {
+	case json.Unmarshal(reply.Data, &resp) != nil:
+		return false
+	case resp.Error != nil:
+		return resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound
+	case resp.Message != nil:
+		return resp.Message.Seq < from
+	}
+	return false
 }
+
+// lastOwnWait bounds noneOwn's request.
+const lastOwnWait = 5 * time.Second
 
 // clockSkew is how far the application's clock (created_at) may be ahead
 // of the broker's (a message's time) for a scan that starts at a time.

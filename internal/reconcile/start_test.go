@@ -49,8 +49,8 @@ SELECT 'e' || i, 'Thing', randomblob(64), 'done', 1, i FROM n`, rows)
 // tables (a fleet's tenants, each on its own subjects), messages stored
 // past a table's position on others' subjects only leave it nothing to
 // read; a message of its own among them is read and its row settled.
-// Both ways the server answers a look at a subject's last message (with
-// and without direct gets).
+// Whether or not the stream allows direct gets (the look asks the
+// stream's leader either way).
 func TestOthersMessagesAloneReadNothing(t *testing.T) {
 	for _, direct := range []bool{false, true} {
 		t.Run(fmt.Sprintf("allow_direct=%v", direct), func(t *testing.T) {
@@ -85,6 +85,12 @@ func TestOthersMessagesAloneReadNothing(t *testing.T) {
 			var from uint64
 			if err := f.app.QueryRow(`SELECT scan_from FROM outbox_relay_published`).Scan(&from); err != nil || from != 9 {
 				t.Fatalf("position %d (%v), want 9: past the stream's last message", from, err)
+			}
+			// Subjects on which the stream holds nothing at all.
+			none := o
+			none.Subjects = "events.initech.>"
+			if p, err := reconcile.Run(ctx, none); err != nil || p.Scans() || p.Read != 0 {
+				t.Fatalf("with no message on its subjects: %+v, %v; want nothing read", p, err)
 			}
 
 			ev := testenv.NewEvent("Thing", []byte("x"))
