@@ -17,7 +17,6 @@
 package reconcile
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -300,10 +299,15 @@ func start(ctx context.Context, o Options, m Mark, created int64) (seq uint64, a
 // one's messages; one look at the last message on its subjects then spares
 // a scan its consumer. The look is a message request, which the stream's
 // leader answers, never a direct get: a mirror of the stream or a replica
-// behind its leader may answer those, without the latest messages. An
-// answer that is neither a message nor none (a server or account that
-// refuses the request, no answer in time) is not sure: scan.
+// behind its leader may answer those, without the latest messages. Only
+// a message below from counts: the server answers "no message found" for
+// a store that failed to read too, and anything else (a refused request,
+// no answer in time, a JetStream domain or API prefix, whose requests go
+// elsewhere) is not sure either: scan.
 func noneOwn(ctx context.Context, js jetstream.JetStream, stream, subjects string, from uint64) bool {
+	if o := js.Options(); o.Domain != "" || o.APIPrefix != "" {
+		return false
+	}
 	req, err := json.Marshal(struct {
 		LastFor string `json:"last_by_subj"`
 	}{subjects})
@@ -312,8 +316,7 @@ func noneOwn(ctx context.Context, js jetstream.JetStream, stream, subjects strin
 	}
 	ctx, cancel := context.WithTimeout(ctx, lastOwnWait)
 	defer cancel()
-	prefix := cmp.Or(js.Options().APIPrefix, jetstream.DefaultAPIPrefix)
-	reply, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, req)
+	reply, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return false
 	}
@@ -321,17 +324,8 @@ func noneOwn(ctx context.Context, js jetstream.JetStream, stream, subjects strin
 		Message *struct {
 			Seq uint64 `json:"seq"`
 		} `json:"message"`
-		Error *jetstream.APIError `json:"error"`
 	}
-	switch {
-	case json.Unmarshal(reply.Data, &resp) != nil:
-		return false
-	case resp.Error != nil:
-		return resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound
-	case resp.Message != nil:
-		return resp.Message.Seq < from
-	}
-	return false
+	return json.Unmarshal(reply.Data, &resp) == nil && resp.Message != nil && resp.Message.Seq > 0 && resp.Message.Seq < from
 }
 
 // lastOwnWait bounds noneOwn's request.
