@@ -111,6 +111,10 @@ type Options struct {
 	// Gauges, when set, are the file's shares of the backlog gauges,
 	// kept by a fleet while the file is closed (housekeeping.NewGauges).
 	Gauges *housekeeping.Gauges
+	// Budget, when set, is the room in flight the file's relay shares
+	// with the fleet's other files (relay.max_in_flight and the payload
+	// budget are the fleet's, not each file's).
+	Budget *relay.Budget
 	// Test reaches into the wiring; nil in production.
 	Test *TestHooks
 }
@@ -237,6 +241,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		BatchSize:         cfg.Relay.BatchSize,
 		MaxInFlight:       cfg.Relay.MaxInFlight,
 		MaxInFlightBytes:  maxInFlightBytes,
+		Budget:            oo.Budget,
 		PollInterval:      cfg.Relay.PollInterval,
 		WatchInterval:     watchInterval,
 		Watch:             a.db.Watch,

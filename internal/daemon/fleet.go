@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
+	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
@@ -84,6 +85,10 @@ type Fleet struct {
 	natsURL     string
 	slots       chan struct{} // one per file open at once
 	looks       chan struct{} // one per look at a closed file's rows under way (nextDue)
+	// budget is relay.max_in_flight and the payload budget, shared by
+	// the files: however many drain at once, they hold no more rows in
+	// memory than one file's relay.
+	budget *relay.Budget
 
 	mu    sync.Mutex
 	files map[string]*member // by path: the files open, or opening
@@ -183,7 +188,8 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	}
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, said: map[string]string{}, gauges: map[string]*housekeeping.Gauges{},
-		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks)}
+		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks),
+		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes)}
 	if oo.Test != nil && oo.Test.MaxOpen > 0 {
 		f.slots = make(chan struct{}, oo.Test.MaxOpen)
 	}
@@ -678,7 +684,7 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 	}
 	app, err := Open(ctx, cfg, log, Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.fileMetrics, Conn: f.conn, Tenant: m.tenant,
-		Gauges: f.gaugesOf(path, m.tenant), Test: f.oo.Test,
+		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Test: f.oo.Test,
 	})
 	if err != nil {
 		if ctx.Err() != nil {

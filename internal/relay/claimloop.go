@@ -80,8 +80,21 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		if r.o.MaxInFlightBytes > 0 {
 			maxBytes = freeBytes
 		}
+		var got room // from the budget shared with other files' relays
+		if r.o.Budget != nil {
+			var ok bool
+			if got, ok = r.o.Budget.take(ctx, limit, r.inflight.Load()); !ok {
+				return nil
+			}
+			limit = got.rows
+			if got.bytes > 0 && (maxBytes == 0 || got.bytes < maxBytes) {
+				maxBytes = got.bytes
+			}
+		}
 		seq := r.claimSeq.Add(1)
 		rows, err := r.store.Claim(ctx, int(limit), maxBytes)
+		bytes := event.PayloadBytes(rows)
+		r.o.Budget.give(room{rows: got.rows - int64(len(rows)), bytes: got.bytes - bytes})
 		if r.stopIfReplaced(err) {
 			return nil
 		}
@@ -105,7 +118,6 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		r.claimTrouble.OK()
 		r.lastClaim.Store(time.Now().UnixNano())
 		r.inFlightGauge.Set(float64(r.inflight.Add(int64(len(rows)))))
-		bytes := event.PayloadBytes(rows)
 		r.inflightBytes.Add(bytes)
 		r.pipeline.push(r.publish(ctx, rows, seq))
 		if int64(len(rows)) < limit && (maxBytes == 0 || bytes < maxBytes) {

@@ -92,6 +92,10 @@ type Options struct {
 	// writer, on any every commit. Without it, or with a zero
 	// WatchInterval, the relay polls.
 	Watch func(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error
+	// Budget, when set, is room in flight shared with other relays (a
+	// fleet's files): a claim waits its turn for it, within this relay's
+	// own MaxInFlight and MaxInFlightBytes.
+	Budget *Budget
 	// Lead keeps the heartbeat and says whether this relay leads; without
 	// it, or with a zero HeartbeatInterval, the relay is alone on its file:
 	// it always leads and keeps no heartbeat.
@@ -375,6 +379,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.pipeline.close()
 	<-settlerDone
+	// Whatever the settler did not give back (nothing, as it settles
+	// every row claimed) is not held by this relay any more.
+	r.o.Budget.give(room{rows: r.inflight.Load(), bytes: r.inflightBytes.Load()})
 	stopClaiming(nil)
 	loops.Wait()
 	stopHeartbeat()

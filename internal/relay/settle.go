@@ -191,6 +191,7 @@ func (r *Relay) release(row *event.Row) {
 		return
 	}
 	left := r.inflightBytes.Add(-int64(len(row.Payload)))
+	r.o.Budget.give(room{bytes: int64(len(row.Payload))})
 	row.Payload = nil
 	if left <= int64(r.o.MaxInFlightBytes)*3/4 {
 		signal(r.room)
@@ -255,6 +256,7 @@ func (r *Relay) settle(writeCtx context.Context, outs []event.Outcome, scanFrom 
 	}
 	r.lanes.settled(outs, r.claimSeq.Load())
 	r.inFlightGauge.Set(float64(r.inflight.Add(-int64(len(outs)))))
+	r.o.Budget.give(room{rows: int64(len(outs))})
 	signal(r.settled)
 }
 

@@ -1,0 +1,175 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+)
+
+// takeAsync asks b for rows in a goroutine; the room comes on the channel.
+func takeAsync(ctx context.Context, b *Budget, rows int64) <-chan room {
+	got := make(chan room, 1)
+	go func() {
+		r, ok := b.take(ctx, rows, trickleRows)
+		if ok {
+			got <- r
+		}
+		close(got)
+	}()
+	return got
+}
+
+// queued waits until n relays wait for room.
+func queued(t *testing.T, b *Budget, n int) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "relays waiting", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == n
+	})
+}
+
+func free(b *Budget) room {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return room{b.rows, b.bytes}
+}
+
+// TestBudgetTurns: room goes to the relays in the order they asked, once
+// there is enough for a worthwhile claim; a relay with few rows in flight
+// is given a few at once, past the budget.
+func TestBudgetTurns(t *testing.T) {
+	ctx := context.Background()
+	b := NewBudget(100, 0)
+	if r, _ := b.take(ctx, 100, trickleRows); r.rows != 100 {
+		t.Fatalf("alone: given %d rows, want 100", r.rows)
+	}
+	first := takeAsync(ctx, b, 50)
+	queued(t, b, 1)
+	second := takeAsync(ctx, b, 50)
+	queued(t, b, 2)
+
+	b.give(room{rows: 10}) // less than a quarter: no claim worth it
+	select {
+	case r := <-first:
+		t.Fatalf("given %d rows out of 10 free", r.rows)
+	case <-time.After(20 * time.Millisecond):
+	}
+	b.give(room{rows: 20})
+	if r := <-first; r.rows != 30 {
+		t.Fatalf("first: given %d rows, want the 30 free", r.rows)
+	}
+	b.give(room{rows: 70})
+	if r := <-second; r.rows != 50 {
+		t.Fatalf("second: given %d rows, want the 50 it asked", r.rows)
+	}
+
+	// The budget is spent (20 rows left) and nobody waits: a relay with
+	// 3 rows in flight is still given 13 at once.
+	if r, _ := b.take(ctx, 1000, 3); r.rows != trickleRows-3 {
+		t.Fatalf("a trickle: given %d rows, want %d", r.rows, trickleRows-3)
+	}
+	if f := free(b); f.rows != 20-(trickleRows-3) {
+		t.Fatalf("free rows %d, want %d", f.rows, 20-(trickleRows-3))
+	}
+}
+
+// TestBudgetCancelledAsk: a relay that stops while it waits leaves the
+// queue, and the room goes to the next.
+func TestBudgetCancelledAsk(t *testing.T) {
+	b := NewBudget(40, 0)
+	b.take(context.Background(), 40, trickleRows)
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := takeAsync(ctx, b, 40)
+	queued(t, b, 1)
+	next := takeAsync(context.Background(), b, 40)
+	queued(t, b, 2)
+	cancel()
+	if _, ok := <-gone; ok {
+		t.Fatal("a cancelled ask was given room")
+	}
+	queued(t, b, 1)
+	b.give(room{rows: 40})
+	if r := <-next; r.rows != 40 {
+		t.Fatalf("given %d rows, want 40", r.rows)
+	}
+}
+
+// TestBudgetPayload: each claim may read half the payload budget, so two
+// read at once; a relay waits while less than a quarter is free.
+func TestBudgetPayload(t *testing.T) {
+	ctx := context.Background()
+	b := NewBudget(1000, 800)
+	if r, _ := b.take(ctx, 10, trickleRows); r.bytes != 400 {
+		t.Fatalf("given %d bytes, want half the budget", r.bytes)
+	}
+	b.take(ctx, 10, trickleRows) // the other half
+	waiting := takeAsync(ctx, b, 10)
+	queued(t, b, 1)
+	b.give(room{bytes: 150})
+	select {
+	case r := <-waiting:
+		t.Fatalf("given %d bytes with 150 free", r.bytes)
+	case <-time.After(20 * time.Millisecond):
+	}
+	b.give(room{bytes: 100})
+	if r := <-waiting; r.bytes != 250 {
+		t.Fatalf("given %d bytes, want the 250 free", r.bytes)
+	}
+	// With every byte spent, a trickle may still read its first row.
+	if r, _ := b.take(ctx, 1, 0); r.bytes != 1 {
+		t.Fatalf("a trickle: given %d bytes, want 1 (a claim's first row)", r.bytes)
+	}
+}
+
+// TestRelaysShareABudget: relays of several files with one budget hold no
+// more rows in flight together than the budget (and a few rows each past
+// it), publish every row, and give all the room back.
+func TestRelaysShareABudget(t *testing.T) {
+	const relays, rows, budget = 3, 200, 100
+	pub := &heldPublisher{release: make(chan struct{})}
+	b := NewBudget(budget, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	var stores []*testenv.MemStore
+	done := make(chan error, relays)
+	for range relays {
+		store := &testenv.MemStore{}
+		store.AddN(rows, "T", nil)
+		stores = append(stores, store)
+		r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 50, MaxInFlight: 2 * budget, Budget: b,
+			PollInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+		go func() { done <- r.Run(ctx) }()
+	}
+	// Each relay is given trickleRows at once and the budget's batches
+	// in turn; then all three wait, nothing acknowledged.
+	queued(t, b, relays)
+	time.Sleep(50 * time.Millisecond) // it must not claim more while the budget is spent
+	queued(t, b, relays)
+	n, maxOut := pub.state()
+	if maxOut > budget+relays*trickleRows {
+		t.Fatalf("%d rows in flight at most, want at most %d (without the budget: %d)", maxOut, budget+relays*trickleRows, relays*rows)
+	}
+	if f := free(b); n != maxOut || f.rows >= budget/4 {
+		t.Fatalf("%d rows in flight (%d at most), %d free in the budget: relays wait with room to claim", n, maxOut, f.rows)
+	}
+	close(pub.release)
+	testenv.Eventually(t, 10*time.Second, "all settled", func() bool {
+		for _, s := range stores {
+			if len(s.Outcomes()) != rows {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	for range relays {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f := free(b); f.rows != budget {
+		t.Fatalf("the budget's free rows %d after every relay stopped, want %d", f.rows, budget)
+	}
+}
