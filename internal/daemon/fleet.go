@@ -399,7 +399,7 @@ func (f *Fleet) nextDue(ctx context.Context, path string) (time.Time, bool) {
 	case <-ctx.Done():
 		return time.Time{}, true
 	}
-	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: f.cfg.Database.Table, BusyTimeout: f.cfg.Database.BusyTimeout, ReadOnly: true})
+	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: f.cfg.Database.Table, BusyTimeout: f.cfg.Database.BusyTimeout, ReadOnly: true, OneConnection: true})
 	if err != nil {
 		return time.Time{}, true
 	}

@@ -118,6 +118,9 @@ func (s *DB) Close() error {
 	if errors.Is(s.SameFile(), event.ErrDatabaseReplaced) {
 		return s.read.Close()
 	}
+	if s.read == s.write { // Options.OneConnection
+		return s.write.Close()
+	}
 	return errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
 }
 

@@ -261,3 +261,30 @@ func TestWatchTellsItsOwnCommitsApart(t *testing.T) {
 	}
 	waitFor(foreign, "the application's commit after the writer's", appCommit)
 }
+
+// TestOpenOneConnection: a read-only look with OneConnection reads on the
+// one connection that opened the file, waits for locks as readers do, and
+// closes it.
+func TestOpenOneConnection(t *testing.T) {
+	path := testenv.NewDB(t)
+	s, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 3 * time.Second, ReadOnly: true, OneConnection: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n, busy int
+	if err := s.Reader().QueryRow(`SELECT count(*) FROM event_queue`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reader().QueryRow(`PRAGMA busy_timeout`).Scan(&busy); err != nil || busy != 3000 {
+		t.Fatalf("busy_timeout %d (%v), want the readers' 3000", busy, err)
+	}
+	if open := s.Reader().Stats().OpenConnections; open != 1 {
+		t.Fatalf("%d connections open, want 1", open)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if open := s.Reader().Stats().OpenConnections; open != 0 {
+		t.Fatalf("%d connections open after Close", open)
+	}
+}

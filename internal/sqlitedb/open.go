@@ -22,6 +22,11 @@ type Options struct {
 	BusyTimeout time.Duration // how long a write waits for the application's lock
 	Create      bool          // create the file when it is missing
 	ReadOnly    bool          // never write (status, listings): writes fail
+	// OneConnection, with ReadOnly, serves every query on the one
+	// connection that opening the file reads it with, for short looks
+	// that run one query at a time (the fleet's at a closed file): one
+	// connection to open, and the schema parsed once, instead of two.
+	OneConnection bool
 	// OwnCheckpoints turns off SQLite's automatic checkpoint on the relay's
 	// writer, so that copying the WAL into the database is not paid inside
 	// claim and settle commits; the owner calls Checkpoint instead, often.
@@ -87,7 +92,14 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	if s.clock = opts.Clock; s.clock == nil {
 		s.clock = event.NewClock(nil)
 	}
-	if err := s.openReaders(opts.ReadOnly); err != nil {
+	if opts.ReadOnly && opts.OneConnection {
+		// Its reads wait for locks as the readers' do: Open's wait is over.
+		s.read, s.ckpt = write, write
+		_, err = write.ExecContext(ctx, fmt.Sprintf("PRAGMA busy_timeout = %d", s.busy.Milliseconds()))
+	} else {
+		err = s.openReaders(opts.ReadOnly)
+	}
+	if err != nil {
 		write.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
