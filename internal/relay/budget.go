@@ -104,14 +104,21 @@ func (b *Budget) give(r room) {
 	b.serve()
 }
 
-// serve gives room to the relays waiting, first come first served, while
-// there is enough for a worthwhile claim: a quarter of the rows (or what
-// the first asks, if less) and a quarter of the payload, as a relay of
-// its own waits for (see claimLoop). Called with b.mu held.
+// serve gives room to the relays waiting, first come first served: to a
+// relay waiting alone whatever rows are free, as a relay of its own takes
+// them; to the first of several once there is enough for a worthwhile
+// claim, a quarter of the rows (or what it asks, if less), so that files
+// with backlogs take turns in batches rather than in crumbs. Payload is
+// given once a quarter of it is free, as a relay of its own waits for
+// (see claimLoop). Called with b.mu held.
 func (b *Budget) serve() {
 	for len(b.queue) > 0 {
 		a := b.queue[0]
-		if b.rows < min(a.rows, max(1, b.maxRows/4)) || (b.maxBytes > 0 && b.bytes < max(1, b.maxBytes/4)) {
+		need := min(a.rows, max(1, b.maxRows/4))
+		if len(b.queue) == 1 {
+			need = 1
+		}
+		if b.rows < need || (b.maxBytes > 0 && b.bytes < max(1, b.maxBytes/4)) {
 			return
 		}
 		r := room{rows: min(a.rows, b.rows)}

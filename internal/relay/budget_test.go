@@ -65,14 +65,19 @@ func TestBudgetTurns(t *testing.T) {
 	if r := <-second; r.rows != 50 {
 		t.Fatalf("second: given %d rows, want the 50 it asked", r.rows)
 	}
+	// Alone, a relay is given whatever is free, as a relay of its own
+	// claims it: the 20 rows left.
+	if r, _ := b.take(ctx, 50, trickleRows); r.rows != 20 {
+		t.Fatalf("alone: given %d rows, want the 20 free", r.rows)
+	}
 
-	// The budget is spent (20 rows left) and nobody waits: a relay with
-	// 3 rows in flight is still given 13 at once.
+	// The budget is spent and nobody waits: a relay with 3 rows in
+	// flight is still given 13 at once.
 	if r, _ := b.take(ctx, 1000, 3); r.rows != trickleRows-3 {
 		t.Fatalf("a trickle: given %d rows, want %d", r.rows, trickleRows-3)
 	}
-	if f := free(b); f.rows != 20-(trickleRows-3) {
-		t.Fatalf("free rows %d, want %d", f.rows, 20-(trickleRows-3))
+	if f := free(b); f.rows != -(trickleRows - 3) {
+		t.Fatalf("free rows %d, want %d", f.rows, -(trickleRows - 3))
 	}
 }
 
