@@ -119,7 +119,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		r.lastClaim.Store(time.Now().UnixNano())
 		r.inFlightGauge.Set(float64(r.inflight.Add(int64(len(rows)))))
 		r.inflightBytes.Add(bytes)
-		r.pipeline <- r.publish(ctx, rows, seq)
+		r.pipeline.push(r.publish(ctx, rows, seq))
 		if int64(len(rows)) < limit && (maxBytes == 0 || bytes < maxBytes) {
 			// Caught up: wait for the next commit rather than spinning.
 			r.idle(ctx)
@@ -168,9 +168,9 @@ func (r *Relay) idle(ctx context.Context) {
 func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batch {
 	b := &batch{msgs: make([]publish.Message, 0, len(rows)), published: time.Now(), floor: r.maxSeq.Load()}
 	b.acks = make([]publish.Ack, 0, len(rows))
-	var now []publish.Message // sent in one go
-	var nowAt []int           // indexes in b.acks of now
-	var keyed []*laneAck      // of now, the rows with a key; nil for others
+	now := make([]publish.Message, 0, len(rows)) // sent in one go
+	nowAt := make([]int, 0, len(rows))           // indexes in b.acks of now
+	keyed := make([]*laneAck, 0, len(rows))      // of now, the rows with a key; nil for others
 	groups := map[string][]*laneAck{}
 	var ready []*laneAck // the rows of the groups that may go now
 	for i, row := range rows {

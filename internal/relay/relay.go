@@ -145,7 +145,7 @@ type Relay struct {
 	leading  atomic.Bool
 	roleSaid atomic.Bool   // the role was logged once
 	heldSaid atomic.Bool   // held atomic groups were logged once
-	pipeline chan *batch   // claimer -> settler, in publish order
+	pipeline *fifo[*batch] // claimer -> settler, in publish order
 	lanes    *lanes        // rows with an ordering key
 	claimSeq atomic.Uint64 // claims begun, for lanes
 	// Reconciliations asked for (at start, on losing the lead, ...) and
@@ -219,7 +219,7 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		settled:  make(chan struct{}, 1),
 		room:     make(chan struct{}, 1),
 		led:      make(chan struct{}, 1),
-		pipeline: make(chan *batch, o.MaxInFlight), // a batch may be one row: never the bound
+		pipeline: newFIFO[*batch](),
 		lanes:    newLanes(),
 		reserved: o.Format.Reserved(),
 	}
@@ -377,7 +377,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			time.AfterFunc(writeGrace, cancelWrites)
 		}
 	}
-	close(r.pipeline)
+	r.pipeline.close()
 	<-settlerDone
 	// Whatever the settler did not give back (nothing, as it settles
 	// every row claimed) is not held by this relay any more.

@@ -28,17 +28,16 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 	// are slow (up to relay.ack_timeout) does not hold back the settling
 	// of the batches before it; and apart from the writes, so that a
 	// settle transaction does not hold back the acks behind it, which give
-	// back the payload budget (release). Each batch holds a row in flight
-	// until it is settled: MaxInFlight batches at most.
+	// back the payload budget (release).
 	type resolvedBatch struct {
 		outs  []event.Outcome
 		floor uint64
 	}
-	resolved := make(chan resolvedBatch, max(1, r.o.MaxInFlight))
+	resolved := newFIFO[resolvedBatch]()
 	go func() {
-		defer close(resolved)
-		for b := range r.pipeline {
-			resolved <- resolvedBatch{r.resolve(ctx, ackCtx, b), b.floor}
+		defer resolved.close()
+		for b, ok := r.pipeline.next(); ok; b, ok = r.pipeline.next() {
+			resolved.push(resolvedBatch{r.resolve(ctx, ackCtx, b), b.floor})
 		}
 	}()
 	var outs []event.Outcome
@@ -56,23 +55,32 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 		outs = nil
 	}
 	for {
-		select {
-		case b, ok := <-resolved:
-			if !ok {
-				flush(true)
-				return
-			}
-			if len(outs) == 0 {
-				first = time.Now()
-				window.Reset(r.o.SettleWindow)
-			}
-			outs, floor = append(outs, b.outs...), b.floor
-			// A quarter of MaxInFlight goes at once: during a drain, rows
-			// waiting for the window would hold back claims.
-			if time.Since(first) >= r.o.SettleWindow || len(outs) >= r.o.MaxInFlight/4 {
+		b, got, open := resolved.take()
+		switch {
+		case !got && !open:
+			flush(true)
+			return
+		case !got:
+			select {
+			case <-resolved.ready:
+			case <-window.C:
 				flush(false)
 			}
-		case <-window.C:
+			continue
+		}
+		if len(outs) == 0 {
+			first = time.Now()
+			window.Reset(r.o.SettleWindow)
+		}
+		if outs == nil {
+			outs = b.outs // most often settled alone: not copied
+		} else {
+			outs = append(outs, b.outs...)
+		}
+		floor = b.floor
+		// A quarter of MaxInFlight goes at once: during a drain, rows
+		// waiting for the window would hold back claims.
+		if time.Since(first) >= r.o.SettleWindow || len(outs) >= r.o.MaxInFlight/4 {
 			flush(false)
 		}
 	}
@@ -80,7 +88,7 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 
 // resolve turns a batch's acknowledgements into outcomes.
 func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome {
-	outs := b.outcomes
+	outs := append(make([]event.Outcome, 0, len(b.outcomes)+len(b.acks)), b.outcomes...)
 	for i := range outs {
 		r.release(&outs[i].Row)
 	}
