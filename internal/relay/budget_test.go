@@ -31,6 +31,17 @@ func queued(t *testing.T, b *Budget, n int) {
 	})
 }
 
+// stillWaiting fails unless n relays still wait: give serves them before
+// it returns.
+func stillWaiting(t *testing.T, b *Budget, n int) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) != n {
+		t.Fatalf("%d relays waiting, want %d: room was given", len(b.queue), n)
+	}
+}
+
 func free(b *Budget) room {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -52,11 +63,7 @@ func TestBudgetTurns(t *testing.T) {
 	queued(t, b, 2)
 
 	b.give(room{rows: 10}) // less than a quarter: no claim worth it
-	select {
-	case r := <-first:
-		t.Fatalf("given %d rows out of 10 free", r.rows)
-	case <-time.After(20 * time.Millisecond):
-	}
+	stillWaiting(t, b, 2)
 	b.give(room{rows: 20})
 	if r := <-first; r.rows != 30 {
 		t.Fatalf("first: given %d rows, want the 30 free", r.rows)
@@ -113,12 +120,8 @@ func TestBudgetPayload(t *testing.T) {
 	b.take(ctx, 10, trickleRows) // the other half
 	waiting := takeAsync(ctx, b, 10)
 	queued(t, b, 1)
-	b.give(room{bytes: 150})
-	select {
-	case r := <-waiting:
-		t.Fatalf("given %d bytes with 150 free", r.bytes)
-	case <-time.After(20 * time.Millisecond):
-	}
+	b.give(room{bytes: 150}) // less than a quarter
+	stillWaiting(t, b, 1)
 	b.give(room{bytes: 100})
 	if r := <-waiting; r.bytes != 250 {
 		t.Fatalf("given %d bytes, want the 250 free", r.bytes)
