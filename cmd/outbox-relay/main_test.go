@@ -993,6 +993,7 @@ func TestBenchSmoke(t *testing.T) {
 			RowsPerSec float64 `json:"rows_per_second"`
 			CPU        float64 `json:"cpu_seconds"`
 			RSS        float64 `json:"peak_rss_mib"`
+			MappedRSS  float64 `json:"mapped_files_mib"`
 			LagP50     float64 `json:"lag_p50_ms"`
 			LagP99     float64 `json:"lag_p99_ms"`
 		} `json:"drain"`
@@ -1031,6 +1032,10 @@ func TestBenchSmoke(t *testing.T) {
 		rep.DrainRatio <= 0 || rep.DoneRatio <= 0 || rep.Rate.Offered != 200 || rep.Rate.Rows < 300 || rep.Idle == nil {
 		t.Fatalf("report %+v", rep)
 	}
+	// The program's code is mapped, and counts in the peak.
+	if rep.Drain.MappedRSS <= 0 || rep.Drain.MappedRSS >= rep.Drain.RSS {
+		t.Fatalf("mapped files %v MiB of a peak RSS of %v MiB", rep.Drain.MappedRSS, rep.Drain.RSS)
+	}
 	// A seeded row waits for the drain: its delivery lag is not zero.
 	if rep.Drain.LagP50 <= 0 || rep.Drain.LagP99 < rep.Drain.LagP50 {
 		t.Fatalf("drain lag p50 %v ms, p99 %v ms", rep.Drain.LagP50, rep.Drain.LagP99)
@@ -1061,7 +1066,7 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	var text bytes.Buffer
 	bench.Print(&text, &full)
-	for _, want := range []string{"ceiling,  500 in flight", "ceiling (best)", "relay drain", "lag p50", "CPU", "peak RSS",
+	for _, want := range []string{"ceiling,  500 in flight", "ceiling (best)", "relay drain", "lag p50", "CPU", "peak RSS", "mapped files",
 		"drain / ceiling", "drain, 5000 done rows", "with done / empty", "200 rows/s offered", "commit to PubAck", "writer, due to committed", "relay CPU", "% of one core",
 		"writer alone (no relay)", "writer p99, relay / alone", "standard client alone", "relay CPU / client CPU", "idle CPU"} {
 		if !strings.Contains(text.String(), want) {

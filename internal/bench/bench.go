@@ -74,16 +74,16 @@ type Options struct {
 
 // RelayRun is what one run of the relay (a child process) measured.
 type RelayRun struct {
-	Rows        int     `json:"rows"`
-	DoneRows    int     `json:"done_rows_before"`
-	Seconds     float64 `json:"seconds"`
-	RowsPerSec  float64 `json:"rows_per_second"`
-	LagP50Ms    float64 `json:"lag_p50_ms"`
-	LagP99Ms    float64 `json:"lag_p99_ms"`
-	LagMaxMs    float64 `json:"lag_max_ms"`
-	CPUSeconds  float64 `json:"cpu_seconds"`
-	PeakRSSMiB  float64 `json:"peak_rss_mib"`
-	OfferedRate int     `json:"offered_rate,omitempty"`
+	Rows       int     `json:"rows"`
+	DoneRows   int     `json:"done_rows_before"`
+	Seconds    float64 `json:"seconds"`
+	RowsPerSec float64 `json:"rows_per_second"`
+	LagP50Ms   float64 `json:"lag_p50_ms"`
+	LagP99Ms   float64 `json:"lag_p99_ms"`
+	LagMaxMs   float64 `json:"lag_max_ms"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	Memory
+	OfferedRate int `json:"offered_rate,omitempty"`
 	// The --rate writer's PRAGMA wal_autocheckpoint.
 	WriterAutocheckpoint *int `json:"writer_autocheckpoint,omitempty"`
 	// Commit-to-PubAck lag (--rate runs): each message's store time in the
@@ -308,7 +308,7 @@ func (b *bench) run() (*Report, error) {
 			}
 		}
 		if err == nil {
-			progress("%s: %.0f rows/s, lag p50 %.1f ms p99 %.1f ms, CPU %.2f s, peak RSS %.1f MiB", name, r.RowsPerSec, r.LagP50Ms, r.LagP99Ms, r.CPUSeconds, r.PeakRSSMiB)
+			progress("%s: %.0f rows/s, lag p50 %.1f ms p99 %.1f ms, CPU %.2f s, %s", name, r.RowsPerSec, r.LagP50Ms, r.LagP99Ms, r.CPUSeconds, r.Memory)
 		}
 		return r, err
 	}
@@ -387,8 +387,8 @@ func (b *bench) run() (*Report, error) {
 			return nil, err
 		}
 		r := rep.Reconcile
-		progress("reconcile: %d of %d rows found in the stream in %.2f s, %.0f rows/s, peak RSS %.1f MiB, stream holds %d messages",
-			r.Settled, r.Rows, r.Seconds, r.RowsPerSec, r.PeakRSSMiB, r.StreamMessages)
+		progress("reconcile: %d of %d rows found in the stream in %.2f s, %.0f rows/s, %s, stream holds %d messages",
+			r.Settled, r.Rows, r.Seconds, r.RowsPerSec, r.Memory, r.StreamMessages)
 	}
 	if o.Idle > 0 {
 		names, err := stream("idle", prefix+".>")
@@ -474,43 +474,67 @@ func startRelayLogging(cmd *exec.Cmd, msg string) (*child.Process, time.Time, er
 	return ch, line.At, nil
 }
 
+// Memory is a relay child's memory, read just before it exits.
+type Memory struct {
+	// PeakRSSMiB is the kernel's high-water mark of the relay's own image
+	// (VmHWM): rusage's maxrss would also count the bench process's
+	// memory that the child shared between fork and exec.
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// MappedFilesMiB is the part of the RSS that is pages of mapped files
+	// (RssFile: the program's code and data, its libraries). It is set at
+	// start by how much of the program's file the page cache holds, not
+	// by the relay's work: a binary just built or copied is all in it.
+	MappedFilesMiB float64 `json:"mapped_files_mib"`
+}
+
+// String is the peak, and the mapped files' part of it.
+func (m Memory) String() string {
+	return fmt.Sprintf("peak RSS %.1f MiB (mapped files %.1f)", m.PeakRSSMiB, m.MappedFilesMiB)
+}
+
 // stopRelay ends a relay child with SIGTERM and returns its CPU seconds and
-// peak RSS. The peak is the kernel's high-water mark of the relay's own
-// image (VmHWM, read just before it exits): rusage's maxrss would also
-// count the bench process's memory that the child shared between fork and
-// exec.
-func stopRelay(ch *child.Process) (cpu, rssMiB float64, err error) {
-	hwm, hwmErr := procHWM(ch.Pid())
+// its memory.
+func stopRelay(ch *child.Process) (cpu float64, mem Memory, err error) {
+	mem, memErr := procMemory(ch.Pid())
 	if err := ch.Stop(syscall.SIGTERM, relayStopTimeout); err != nil {
-		return 0, 0, fmt.Errorf("relay: %w", err)
+		return 0, mem, fmt.Errorf("relay: %w", err)
 	}
-	if hwmErr != nil {
-		return 0, 0, fmt.Errorf("relay's peak RSS: %w", hwmErr)
+	if memErr != nil {
+		return 0, mem, fmt.Errorf("relay's peak RSS: %w", memErr)
 	}
 	ru, ok := ch.State().SysUsage().(*syscall.Rusage)
 	if !ok {
-		return 0, 0, errors.New("no resource usage for the relay")
+		return 0, mem, errors.New("no resource usage for the relay")
 	}
 	cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-	return cpu, hwm, nil
+	return cpu, mem, nil
 }
 
-// procHWM reads a process's peak resident set size in MiB from /proc.
-func procHWM(pid int) (float64, error) {
+// procMemory reads a process's peak and mapped files' resident set sizes
+// from /proc.
+func procMemory(pid int) (Memory, error) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return Memory{}, err
 	}
+	var m Memory
+	fields := map[string]*float64{"VmHWM:": &m.PeakRSSMiB, "RssFile:": &m.MappedFilesMiB}
 	for _, line := range strings.Split(string(raw), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			if err != nil {
-				return 0, fmt.Errorf("parse VmHWM %q: %w", rest, err)
+		for name, to := range fields {
+			if rest, ok := strings.CutPrefix(line, name); ok {
+				kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+				if err != nil {
+					return m, fmt.Errorf("parse %s %q: %w", name, rest, err)
+				}
+				*to = kb / 1024
+				delete(fields, name)
 			}
-			return kb / 1024, nil
 		}
 	}
-	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+	if len(fields) > 0 {
+		return m, fmt.Errorf("no VmHWM or RssFile in /proc/%d/status", pid)
+	}
+	return m, nil
 }
 
 // drain is what one relay run prepares: rows pending (with rate > 0, a
@@ -613,7 +637,7 @@ func (b *bench) benchRelay(ctx context.Context, path, url string, names benchNam
 	}
 	res.Seconds = last.Sub(start).Seconds()
 	res.RowsPerSec = float64(res.Rows) / res.Seconds
-	if res.CPUSeconds, res.PeakRSSMiB, err = stopRelay(ch); err != nil {
+	if res.CPUSeconds, res.Memory, err = stopRelay(ch); err != nil {
 		return nil, err
 	}
 	lags, err := benchkit.Lags(ctx, db, "event_queue", int64(d.done)) // the seeded done rows come first
@@ -1014,8 +1038,8 @@ func Print(w io.Writer, r *Report) {
 	}
 	fmt.Fprintf(w, "  ceiling (best)              %9.0f msgs/s\n", r.Ceiling)
 	line := func(name string, x *RelayRun) {
-		fmt.Fprintf(w, "  %-27s %9.0f rows/s  lag p50 %.1f ms p99 %.1f ms  CPU %.2f s  peak RSS %.1f MiB\n",
-			name, x.RowsPerSec, x.LagP50Ms, x.LagP99Ms, x.CPUSeconds, x.PeakRSSMiB)
+		fmt.Fprintf(w, "  %-27s %9.0f rows/s  lag p50 %.1f ms p99 %.1f ms  CPU %.2f s  %s\n",
+			name, x.RowsPerSec, x.LagP50Ms, x.LagP99Ms, x.CPUSeconds, x.Memory)
 	}
 	line("relay drain", r.Drain)
 	fmt.Fprintf(w, "  drain / ceiling             %9.2f\n", r.DrainRatio)
@@ -1056,8 +1080,8 @@ func Print(w io.Writer, r *Report) {
 		}
 	}
 	if x := r.Reconcile; x != nil {
-		fmt.Fprintf(w, "  %-27s %9.0f rows/s  %d of %d rows found in %.2f s  peak RSS %.1f MiB  stream holds %d messages\n",
-			"reconcile after a restore", x.RowsPerSec, x.Settled, x.Rows, x.Seconds, x.PeakRSSMiB, x.StreamMessages)
+		fmt.Fprintf(w, "  %-27s %9.0f rows/s  %d of %d rows found in %.2f s  %s  stream holds %d messages\n",
+			"reconcile after a restore", x.RowsPerSec, x.Settled, x.Rows, x.Seconds, x.Memory, x.StreamMessages)
 	}
 	if r.IdleCPUPercent != nil {
 		fmt.Fprintf(w, "  idle CPU                    %9.2f %% of one core over %.0f s\n", *r.IdleCPUPercent, r.IdleSeconds)

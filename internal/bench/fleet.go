@@ -36,7 +36,7 @@ type FleetReport struct {
 type FleetIdle struct {
 	Seconds    float64 `json:"seconds"` // the window, after startup settled
 	CPUPercent float64 `json:"cpu_percent_of_one_core"`
-	PeakRSSMiB float64 `json:"peak_rss_mib"` // from its start to the window's end
+	Memory             // from its start to the window's end
 	// FileOpens is how many files the fleet opened before the window's
 	// end (none should be: none has anything to do).
 	FileOpens int `json:"file_opens"`
@@ -152,7 +152,7 @@ func (b *bench) benchFleet(ctx context.Context, dir, url string, js jetstream.Je
 	if rep.Idle, err = f.idle(); err != nil {
 		return nil, err
 	}
-	progress("fleet idle: %.2f%% of one core over %.0f s, peak RSS %.1f MiB, %d files opened", rep.Idle.CPUPercent, rep.Idle.Seconds, rep.Idle.PeakRSSMiB, rep.Idle.FileOpens)
+	progress("fleet idle: %.2f%% of one core over %.0f s, %s, %d files opened", rep.Idle.CPUPercent, rep.Idle.Seconds, rep.Idle.Memory, rep.Idle.FileOpens)
 	if rep.Trickle, err = f.trickle(ctx); err != nil {
 		return nil, err
 	}
@@ -163,7 +163,9 @@ func (b *bench) benchFleet(ctx context.Context, dir, url string, js jetstream.Je
 		return nil, err
 	}
 	rep.FileOpens = f.opens()
-	_, rep.PeakRSSMi, err = stopRelay(f.ch)
+	var mem Memory
+	_, mem, err = stopRelay(f.ch)
+	rep.PeakRSSMi = mem.PeakRSSMiB
 	f.ch = nil
 	return rep, err
 }
@@ -237,11 +239,11 @@ func (f *fleetRun) idle() (*FleetIdle, error) {
 		return nil, err
 	}
 	took := time.Since(began)
-	hwm, err := procHWM(f.ch.Pid())
+	mem, err := procMemory(f.ch.Pid())
 	if err != nil {
 		return nil, err
 	}
-	return &FleetIdle{Seconds: took.Seconds(), CPUPercent: 100 * (after - before).Seconds() / took.Seconds(), PeakRSSMiB: hwm, FileOpens: f.opens()}, nil
+	return &FleetIdle{Seconds: took.Seconds(), CPUPercent: 100 * (after - before).Seconds() / took.Seconds(), Memory: mem, FileOpens: f.opens()}, nil
 }
 
 // opens is how many times the fleet opened one of its files so far.
@@ -283,7 +285,7 @@ func printFleet(w io.Writer, r *Report) {
 	x := r.Fleet
 	fmt.Fprintf(w, "outbox-relay bench --fleet: %d database files, rows of %d bytes (%s)\n", x.Files, r.PayloadBytes, r.Machine)
 	if i := x.Idle; i != nil {
-		fmt.Fprintf(w, "  %-31s %8.2f %% of one core over %.0f s  peak RSS %.1f MiB  files opened %d\n", "all idle", i.CPUPercent, i.Seconds, i.PeakRSSMiB, i.FileOpens)
+		fmt.Fprintf(w, "  %-31s %8.2f %% of one core over %.0f s  %s  files opened %d\n", "all idle", i.CPUPercent, i.Seconds, i.Memory, i.FileOpens)
 	}
 	if t := x.Trickle; t != nil {
 		fmt.Fprintf(w, "  trickle: %d files x %d rows/s, single-row transactions, against one file at %d rows/s\n", t.FilesWritten, t.PerFileRate, t.Rate)

@@ -19,12 +19,12 @@ import (
 // were published: it finds them in the stream and settles them without
 // publishing them again.
 type ReconcileRun struct {
-	Rows           int     `json:"rows"`            // rows published after the backup, pending in it
-	Settled        int     `json:"settled"`         // of them, found in the stream and settled done
-	Seconds        float64 `json:"seconds"`         // from the reconciliation's first log line to its last
-	RowsPerSec     float64 `json:"rows_per_second"` // Settled / Seconds
-	PeakRSSMiB     float64 `json:"peak_rss_mib"`
-	StreamMessages uint64  `json:"stream_messages"` // after: Rows when nothing was published twice
+	Rows       int     `json:"rows"`            // rows published after the backup, pending in it
+	Settled    int     `json:"settled"`         // of them, found in the stream and settled done
+	Seconds    float64 `json:"seconds"`         // from the reconciliation's first log line to its last
+	RowsPerSec float64 `json:"rows_per_second"` // Settled / Seconds
+	Memory
+	StreamMessages uint64 `json:"stream_messages"` // after: Rows when nothing was published twice
 }
 
 // The relay's log lines around a reconciliation that reads messages.
@@ -102,7 +102,7 @@ func (b *bench) benchReconcile(ctx context.Context, dir, url string, names bench
 		res.Settled = int(settled)
 	}
 	res.RowsPerSec = float64(res.Settled) / res.Seconds
-	if _, res.PeakRSSMiB, err = stopRelay(ch); err != nil {
+	if _, res.Memory, err = stopRelay(ch); err != nil {
 		return nil, err
 	}
 	info, err := js.Stream(ctx, names.stream)
