@@ -288,3 +288,24 @@ func TestOpenOneConnection(t *testing.T) {
 		t.Fatalf("%d connections open after Close", open)
 	}
 }
+
+// TestReadersKeepSmallPageCaches: the read-only pool's connections read
+// many pages once each (the backlog's counts, the reconciliation's
+// look-ups), which the kernel caches anyway: their page caches are small.
+// The writer's, whose claims and settles come back to the same pages,
+// is SQLite's default.
+func TestReadersKeepSmallPageCaches(t *testing.T) {
+	s := testenv.OpenDB(t, testenv.NewDB(t))
+	var reader, writer int
+	if err := s.Reader().QueryRow(`PRAGMA cache_size`).Scan(&reader); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InTx(context.Background(), func(tx *sql.Tx) error {
+		return tx.QueryRow(`PRAGMA cache_size`).Scan(&writer)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if reader != -512 || writer != -2000 {
+		t.Fatalf("cache_size: readers %d, writer %d; want -512 (512 KiB) and SQLite's default -2000", reader, writer)
+	}
+}

@@ -169,7 +169,7 @@ func toWAL(ctx context.Context, write *sql.DB) (found string, err error) {
 // (a PASSIVE checkpoint waits for no lock).
 func (s *DB) openReaders(readOnly bool) error {
 	busy := fmt.Sprint(s.busy.Milliseconds())
-	read, err := sql.Open("sqlite3", dsn(s.path, url.Values{"mode": {"ro"}, "_busy_timeout": {busy}, "_stmt_cache_size": {stmtCache}}))
+	read, err := sql.Open("sqlite3", dsn(s.path, url.Values{"mode": {"ro"}, "_busy_timeout": {busy}, "_stmt_cache_size": {stmtCache}, "_cache_size": {readerCache}}))
 	if err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func (s *DB) openReaders(readOnly bool) error {
 	if readOnly {
 		driver, mode = "sqlite3", "ro"
 	}
-	ckpt, err := sql.Open(driver, dsn(s.path, url.Values{"mode": {mode}, "_busy_timeout": {busy}}))
+	ckpt, err := sql.Open(driver, dsn(s.path, url.Values{"mode": {mode}, "_busy_timeout": {busy}, "_cache_size": {readerCache}}))
 	if err != nil {
 		read.Close()
 		return err
