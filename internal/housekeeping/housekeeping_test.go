@@ -136,3 +136,51 @@ func (backlogStore) Prune(context.Context, string, time.Time, time.Duration) (in
 	return 0, nil
 }
 func (backlogStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
+
+// readsStore signals backlog reads (those its channel has room for).
+type readsStore struct {
+	backlogStore
+	reads chan struct{}
+}
+
+func (s readsStore) Backlog(ctx context.Context) (event.Backlog, error) {
+	select {
+	case s.reads <- struct{}{}:
+	default:
+	}
+	return s.backlogStore.Backlog(ctx)
+}
+
+// TestRunWaitsItsDelay: with Options.Delay, no loop runs before it (the
+// backlog is read at once otherwise), and Run returns when its context
+// ends meanwhile; after it, the loops run.
+func TestRunWaitsItsDelay(t *testing.T) {
+	run := func(delay time.Duration) (reads chan struct{}, stop func()) {
+		reads = make(chan struct{}, 100)
+		k := New(readsStore{reads: reads}, Options{StatsInterval: time.Millisecond, Delay: delay})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); k.Run(ctx) }()
+		return reads, func() {
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return when its context ended")
+			}
+		}
+	}
+	reads, stop := run(time.Hour)
+	time.Sleep(50 * time.Millisecond)
+	stop()
+	if len(reads) != 0 {
+		t.Fatalf("the backlog was read %d times before the delay", len(reads))
+	}
+	reads, stop = run(time.Millisecond)
+	defer stop()
+	select {
+	case <-reads:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no backlog read after the delay")
+	}
+}
