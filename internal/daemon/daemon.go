@@ -46,15 +46,6 @@ const (
 	// maxInFlightBytes bounds the payload in memory: with large payloads
 	// the row count alone (relay.max_in_flight) would hold hundreds of MB.
 	maxInFlightBytes = 8 << 20
-	// wokenKeepDelay is how long the housekeeping of a file a fleet woke
-	// from idle waits before it begins (the backlog's gauges, which the
-	// fleet kept meanwhile, retention and checkpoints), within half the
-	// time the file stays open idle, so that it runs before the file is
-	// closed again: a fleet wakes files by the dozen when their
-	// applications commit together, and until their relays publish, the
-	// CPU goes to them. With it, 50 files woken at once published their
-	// first rows in about half the time.
-	wokenKeepDelay = time.Second
 )
 
 // staleAfter is how long a relay may go without a heartbeat before its
@@ -126,9 +117,6 @@ type Options struct {
 	Budget *relay.Budget
 	// Test reaches into the wiring; nil in production.
 	Test *TestHooks
-	// keepDelay is how long the file's housekeeping waits before it
-	// begins (a file a fleet woke from idle: see wokenKeepDelay).
-	keepDelay time.Duration
 }
 
 // TestHooks are for tests of the whole wiring, as outbox-relay run wires
@@ -277,7 +265,6 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
 		Gauges:                oo.Gauges,
 		CheckpointInterval:    checkpointInterval,
-		Delay:                 oo.keepDelay,
 		Metrics:               a.metrics,
 		Log:                   log.Named("relay"),
 	}

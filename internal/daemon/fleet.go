@@ -119,7 +119,7 @@ type member struct {
 	stop    context.CancelFunc
 	done    chan struct{}
 	app     *App // nil while it opens
-	woken   bool // closed while idle before (see wake)
+	quiet   bool // log warnings and errors only (see wake)
 	leaving bool // stopped because its file went or was replaced
 	// park is set when the fleet closes it as idle, with when to open it
 	// again (zero: on its next commit).
@@ -612,10 +612,9 @@ func (f *Fleet) look(ctx context.Context, path string, p *parkedFile) {
 }
 
 // wake serves a file that was closed while idle, its App logging only
-// warnings and errors (opening and closing idle files is routine, and
-// each said "relay starting", "leading" and "relay stopped"), and its
-// housekeeping waiting for its relay's start (wokenKeepDelay). Called
-// with f.mu held.
+// warnings and errors: opening and closing idle files is routine, and
+// each said "relay starting", "leading" and "relay stopped". Called with
+// f.mu held.
 func (f *Fleet) wake(ctx context.Context, path string, fi os.FileInfo) {
 	f.start(ctx, path, fi, true)
 }
@@ -623,9 +622,9 @@ func (f *Fleet) wake(ctx context.Context, path string, fi os.FileInfo) {
 // start serves the file at path in a goroutine of its own: it waits for
 // a slot among the files open, and opening it may wait for the
 // application's lock. Called with f.mu held.
-func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, woken bool) {
+func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bool) {
 	mctx, cancel := context.WithCancel(ctx)
-	m := &member{tenant: fleet.Tenant(path), file: fi, stop: cancel, done: make(chan struct{}), woken: woken, queued: time.Now()}
+	m := &member{tenant: fleet.Tenant(path), file: fi, stop: cancel, done: make(chan struct{}), quiet: quiet, queued: time.Now()}
 	f.files[path] = m
 	f.wg.Add(1)
 	go func() {
@@ -680,12 +679,12 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 	cfg.Database.Path = path
 	cfg.Metrics.Listen = "" // the fleet serves HTTP
 	log := f.log.With(zap.String("tenant", m.tenant))
-	if m.woken {
+	if m.quiet {
 		log = log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
 	}
 	app, err := Open(ctx, cfg, log, Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.fileMetrics, Conn: f.conn, Tenant: m.tenant,
-		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Test: f.oo.Test, keepDelay: f.keepDelay(m),
+		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Test: f.oo.Test,
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -706,16 +705,6 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 		return errors.New("its relay stopped")
 	}
 	return err
-}
-
-// keepDelay is how long the housekeeping of m's file waits before it
-// begins: wokenKeepDelay for a file woken from idle, within half the idle
-// time.
-func (f *Fleet) keepDelay(m *member) time.Duration {
-	if !m.woken {
-		return 0
-	}
-	return min(wokenKeepDelay, f.idleAfter()/2)
 }
 
 // gaugesOf returns the file's shares of the backlog gauges.

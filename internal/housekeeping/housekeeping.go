@@ -61,10 +61,7 @@ type Options struct {
 	// Gauges are the file's shares of the backlog gauges (NewGauges);
 	// nil: new ones.
 	Gauges *Gauges
-	// Delay is how long Run waits before its loops begin: the relay's
-	// start then has the CPU to itself (see daemon's wokenKeepDelay).
-	Delay time.Duration
-	Log   *zap.Logger
+	Log    *zap.Logger
 }
 
 // Keeper runs the housekeeping of one outbox.
@@ -137,18 +134,8 @@ func New(store Store, o Options) *Keeper {
 		readTrouble: episode.New(o.Log, zap.ErrorLevel, "cannot read the outbox", "outbox readable again")}
 }
 
-// Run runs the loops whose interval is set, after Options.Delay, until
-// ctx ends.
+// Run runs the loops whose interval is set until ctx ends.
 func (k *Keeper) Run(ctx context.Context) {
-	if k.o.Delay > 0 {
-		t := time.NewTimer(k.o.Delay)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 	var wg sync.WaitGroup
 	for _, loop := range []struct {
 		every time.Duration
