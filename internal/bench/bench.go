@@ -518,23 +518,32 @@ func procMemory(pid int) (Memory, error) {
 		return Memory{}, err
 	}
 	var m Memory
-	fields := map[string]*float64{"VmHWM:": &m.PeakRSSMiB, "RssFile:": &m.MappedFilesMiB}
-	for _, line := range strings.Split(string(raw), "\n") {
-		for name, to := range fields {
-			if rest, ok := strings.CutPrefix(line, name); ok {
-				kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-				if err != nil {
-					return m, fmt.Errorf("parse %s %q: %w", name, rest, err)
-				}
-				*to = kb / 1024
-				delete(fields, name)
-			}
+	for _, f := range []struct {
+		name string
+		to   *float64
+	}{{"VmHWM:", &m.PeakRSSMiB}, {"RssFile:", &m.MappedFilesMiB}} {
+		kb, err := statusKB(string(raw), f.name)
+		if err != nil {
+			return m, fmt.Errorf("/proc/%d/status: %w", pid, err)
 		}
-	}
-	if len(fields) > 0 {
-		return m, fmt.Errorf("no VmHWM or RssFile in /proc/%d/status", pid)
+		*f.to = kb / 1024
 	}
 	return m, nil
+}
+
+// statusKB returns the figure, in kB, of the field name ("VmHWM:") of a
+// /proc status file, whose first line is never one of them.
+func statusKB(status, name string) (float64, error) {
+	_, rest, ok := strings.Cut(status, "\n"+name)
+	if !ok {
+		return 0, fmt.Errorf("no %s", name)
+	}
+	line, _, _ := strings.Cut(rest, "\n")
+	kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(line), " kB"), 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s %q: %w", name, line, err)
+	}
+	return kb, nil
 }
 
 // drain is what one relay run prepares: rows pending (with rate > 0, a
