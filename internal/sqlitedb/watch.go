@@ -1,6 +1,7 @@
 package sqlitedb
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -21,10 +22,11 @@ import (
 // has announced a change, notifications are trusted and the poll slows to
 // ten times interval; a change that only the poll found makes it fast
 // again. Idle, it costs nothing but that poll; no snapshot is held between
-// looks, so checkpoints are never starved. A lone notification is looked
-// at once; in a flow of commits one waits for the commits behind it
-// (gather), which then share one look and one claim. It returns when ctx
-// ends; the caller runs it in a goroutine it tracks.
+// looks, so checkpoints are never starved. A notification waits for the
+// rest of its commit's writes, and in a flow of commits for the commits
+// behind it (gather), which then share one look and one claim. It
+// returns when ctx ends; the
+// caller runs it in a goroutine it tracks.
 func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
 	conn, err := s.read.Conn(ctx)
 	if err != nil {
@@ -69,9 +71,10 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 	again.Stop()
 	defer again.Stop()
 	var retry time.Duration
-	var found time.Time // when a look last found a commit of another connection
+	var found time.Time // when the last commit of another connection found was noticed
 	for {
 		polled, notified, flow := false, false, false
+		var noticed time.Time // of the notification this look follows
 		select {
 		case <-ctx.Done():
 			return nil
@@ -93,14 +96,13 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 			if !ww.commit(ev) {
 				continue
 			}
-			notified = true
-			// In a flow of commits more follow: let them come, then look
-			// once for all. The notifications already queued (one commit
-			// writes the WAL in several writes) share the look anyway.
-			wait := gather(time.Since(found))
-			if flow = wait > 0; flow {
-				time.Sleep(wait)
-			}
+			notified, noticed = true, time.Now()
+			// One commit writes the WAL in several writes, which arrive as
+			// several events, and in a flow of commits more follow: let
+			// them come, then look once for all.
+			wait := gather(noticed.Sub(found))
+			flow = wait == flowWindow
+			time.Sleep(wait)
 			for drained := false; !drained; {
 				select {
 				case ev, ok := <-events:
@@ -139,7 +141,7 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 		}
 		wv, err := writerVersion()
 		if err != nil || writerErr != nil || wv != lastWriter {
-			found = time.Now()
+			found = cmp.Or(noticed, time.Now())
 			signalOne(foreign)
 		}
 		lastWriter, writerErr = wv, err
@@ -161,28 +163,26 @@ func signalOne(w chan<- struct{}) {
 }
 
 // gather returns how long a notification waits for the notifications
-// behind it before Watch looks, given the time since a look last found a
-// commit of another connection than the writer's (the application's).
-// In a flow of such commits (that look less than flowGap before),
-// flowWindow, for the commits that follow within it, which then share one
-// look and one claim: at 1,000 single-row commits a second that saves the
-// relay about a quarter of its CPU, for flowWindow more from commit to
-// PubAck (docs/performance.md). Sparser commits would not arrive within
-// the window, and do not wait at all: a wait parks the watch on a timer,
-// whose wake-up is most of what a look costs (a wait of 200 µs for the
-// rest of a commit's writes, 1.1 ms in practice, made a quarter of the
-// relay's CPU at 100 commits a second). A look that comes before its
-// commit is visible looks again shortly (maxRecheck).
+// behind it before Watch looks, given the time since the notification of
+// the last commit found of another connection than the writer's (the
+// application's). Alone, only for a commit's own writes (commitWrites).
+// In a flow of such commits (the last noticed less than flowGap before),
+// also for the commits that follow within flowWindow, which then share
+// one look and one claim: at 1,000 single-row commits a second that
+// saves the relay about a quarter of its CPU, for flowWindow more from
+// commit to PubAck (docs/performance.md). Commits further apart would
+// not arrive within the window, and do not wait for it.
 func gather(sinceFound time.Duration) time.Duration {
 	if sinceFound < flowGap {
 		return flowWindow
 	}
-	return 0
+	return commitWrites
 }
 
 const (
-	flowWindow = 2 * time.Millisecond
-	flowGap    = 3 * time.Millisecond
+	commitWrites = 200 * time.Microsecond
+	flowWindow   = 2 * time.Millisecond
+	flowGap      = 3 * time.Millisecond
 )
 
 // maxRecheck is the longest wait between the looks that follow a
