@@ -139,6 +139,10 @@ type TestHooks struct {
 	// MaxOpen, when set, replaces how many of a fleet's files are open
 	// at once.
 	MaxOpen int
+	// Rescan, when set, replaces a fleet's periodic fallbacks to its
+	// notifications: how often it matches its pattern again, and how
+	// long a file it could not serve waits, unchanged, to be tried again.
+	Rescan time.Duration
 	// KeepClosed, when set, replaces how often a fleet's file closed
 	// while idle has its housekeeping.
 	KeepClosed time.Duration

@@ -279,7 +279,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		f.mu.Lock()
-		rescan := f.rescan || time.Since(lastScan) >= fleetRescan
+		rescan := f.rescan || time.Since(lastScan) >= f.rescanEvery(fleetRescan)
 		f.rescan = false
 		f.mu.Unlock()
 		if rescan {
@@ -385,6 +385,15 @@ func (f *Fleet) idleAfter() time.Duration {
 		return f.oo.Test.IdleAfter
 	}
 	return fleetIdleAfter
+}
+
+// rescanEvery is d, one of the fleet's periodic fallbacks to its
+// notifications, or what a test made them.
+func (f *Fleet) rescanEvery(d time.Duration) time.Duration {
+	if f.oo.Test != nil && f.oo.Test.Rescan > 0 {
+		return f.oo.Test.Rescan
+	}
+	return d
 }
 
 // nextDue says whether a row of the file at path is due now, else when
@@ -664,7 +673,7 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 			delete(f.said, path)
 			return
 		}
-		f.trouble[path] = &fileTrouble{err: err, retry: time.Now().Add(fleetRetry), as: stampOf(path)}
+		f.trouble[path] = &fileTrouble{err: err, retry: time.Now().Add(f.rescanEvery(fleetRetry)), as: stampOf(path)}
 		if f.said[path] != err.Error() {
 			f.said[path] = err.Error()
 			f.log.Error("cannot serve this database file; the others are served, and it is tried again every "+fleetRetry.String(),

@@ -244,6 +244,41 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 	checkFleetStream(t, n, map[string]int{"acme": 50, "globex": 30, "initech": 25})
 }
 
+// TestNewFilesAreFoundByTheirNotifications: with the fleet's periodic
+// rescans and retries an hour apart, the directory's notifications alone
+// bring a file moved in to be served (its rows, written elsewhere, are
+// published) and a removed file to be let go. How soon is for bench
+// --fleet to measure (its new files).
+func TestNewFilesAreFoundByTheirNotifications(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	acme := tenantFile(t, dir, "acme", 2)
+	migrate(t, dir, "acme")
+	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaVerify
+	}, func(th *daemon.TestHooks) { th.Rescan = time.Hour })
+	waitDone(t, acme, 2)
+	h.waitReadyz(t, "serving 1 database files")
+
+	elsewhere := t.TempDir()
+	globex := tenantFile(t, elsewhere, "globex", 3)
+	migrate(t, elsewhere, "globex")
+	globex.Close() // its last connection: the WAL is checkpointed into the file and removed
+	if err := os.Rename(filepath.Join(elsewhere, "globex.db"), filepath.Join(dir, "globex.db")); err != nil {
+		t.Fatal(err)
+	}
+	globex = testenv.AppDB(t, filepath.Join(dir, "globex.db"))
+	waitDone(t, globex, 3)
+	h.waitReadyz(t, "serving 2 database files")
+
+	acme.Close()
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		os.Remove(filepath.Join(dir, "acme.db"+suffix))
+	}
+	h.waitReadyz(t, "serving 1 database files")
+	checkFleetStream(t, n, map[string]int{"acme": 2, "globex": 3})
+}
+
 // checkFleetStream checks that the stream holds want[tenant] messages of
 // each tenant and no other's, each event once, on its tenant's subject with
 // its Outbox-Tenant and the tenant as payload, each tenant's rows (one key)
