@@ -143,6 +143,9 @@ type TestHooks struct {
 	// notifications: how often it matches its pattern again, and how
 	// long a file it could not serve waits, unchanged, to be tried again.
 	Rescan time.Duration
+	// Tried, when set, is called as a fleet's try to serve a file ends,
+	// with how it ended, before the fleet takes note.
+	Tried func(path string, err error)
 	// KeepClosed, when set, replaces how often a fleet's file closed
 	// while idle has its housekeeping.
 	KeepClosed time.Duration

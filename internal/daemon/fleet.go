@@ -120,6 +120,7 @@ type member struct {
 	done    chan struct{}
 	app     *App // nil while it opens
 	quiet   bool // log warnings and errors only (see wake)
+	retried bool // started again at once after it was written to while tried (see fileTrouble)
 	leaving bool // stopped because its file went or was replaced
 	// park is set when the fleet closes it as idle, with when to open it
 	// again (zero: on its next commit).
@@ -134,6 +135,10 @@ type fileTrouble struct {
 	err   error
 	retry time.Time
 	as    fileStamp // the file as it was then: a changed file is tried at once
+	// quick: the file was written to while it was tried, so it is tried
+	// again at the next scan, once: the write may have mended it after
+	// the try looked, and its notification came before the try ended.
+	quick bool
 }
 
 // fileStamp is what a database file and its -wal file were: their
@@ -338,6 +343,7 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 			delete(f.parked, path) // replaced while closed: a new file
 			f.forget(path)
 		}
+		retried := false
 		if t := f.trouble[path]; t != nil {
 			if t.as.changed(stampOf(path)) {
 				// Mended or replaced, may be: tried at once, and a file
@@ -345,6 +351,8 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 				delete(f.trouble, path)
 			} else if now.Before(t.retry) {
 				continue
+			} else {
+				retried = t.quick
 			}
 		}
 		if first && f.parks {
@@ -354,6 +362,7 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 			}
 		}
 		f.start(ctx, path, fi, false)
+		f.files[path].retried = retried
 	}
 	for path, m := range f.files {
 		if !matched[path] && !m.leaving {
@@ -640,16 +649,21 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		defer f.wg.Done()
 		defer close(m.done)
 		var err error
+		var tried fileStamp // the file as its try began
 		select {
 		case f.slots <- struct{}{}:
 			f.mu.Lock()
 			m.slotted = time.Now()
 			f.mu.Unlock()
+			tried = stampOf(path)
 			err = f.serve(mctx, path, m)
 			<-f.slots
 		case <-mctx.Done():
 		}
 		cancel()
+		if f.oo.Test != nil && f.oo.Test.Tried != nil {
+			f.oo.Test.Tried(path, err)
+		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		delete(f.files, path)
@@ -673,7 +687,13 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 			delete(f.said, path)
 			return
 		}
-		f.trouble[path] = &fileTrouble{err: err, retry: time.Now().Add(f.rescanEvery(fleetRetry)), as: stampOf(path)}
+		t := &fileTrouble{err: err, retry: time.Now().Add(f.rescanEvery(fleetRetry)), as: stampOf(path)}
+		if !m.retried && tried.changed(t.as) {
+			// Once only: a file its own tries change (creating its -wal)
+			// would be tried again and again.
+			t.retry, t.quick, f.rescan = time.Now(), true, true
+		}
+		f.trouble[path] = t
 		if f.said[path] != err.Error() {
 			f.said[path] = err.Error()
 			f.log.Error("cannot serve this database file; the others are served, and it is tried again every "+fleetRetry.String(),

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -277,6 +279,43 @@ func TestNewFilesAreFoundByTheirNotifications(t *testing.T) {
 	}
 	h.waitReadyz(t, "serving 1 database files")
 	checkFleetStream(t, n, map[string]int{"acme": 2, "globex": 3})
+}
+
+// TestFileMendedWhileTriedIsTriedAgain: a file's try fails (its outbox
+// table lacks the relay's columns) and its application mends it (runs the
+// migration) before the fleet takes note, so that the write's notification
+// came while the file was being tried: the fleet tries it again at once,
+// not at its next periodic retry (an hour away here).
+func TestFileMendedWhileTriedIsTriedAgain(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	initech := tenantFile(t, dir, "initech", 2)
+	path := filepath.Join(dir, "initech.db")
+	var once sync.Once
+	startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaVerify
+	}, func(th *daemon.TestHooks) {
+		th.Rescan = time.Hour
+		th.Tried = func(p string, err error) {
+			if p != path || err == nil {
+				return
+			}
+			once.Do(func() {
+				// Not the test's goroutine: errors, not t.Fatal.
+				s, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second})
+				if err != nil {
+					t.Errorf("open %s: %v", path, err)
+					return
+				}
+				defer s.Close()
+				if _, err := schema.Migrate(context.Background(), s); err != nil {
+					t.Errorf("migrate: %v", err)
+				}
+			})
+		}
+	})
+	waitDone(t, initech, 2)
+	checkFleetStream(t, n, map[string]int{"initech": 2})
 }
 
 // checkFleetStream checks that the stream holds want[tenant] messages of
