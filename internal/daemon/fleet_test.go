@@ -151,7 +151,9 @@ func (h *fleetHarness) waitReadyz(t *testing.T, want ...string) string {
 func tenantFile(t *testing.T, dir, name string, n int) *sql.DB {
 	t.Helper()
 	db := testenv.AppDB(t, filepath.Join(dir, name+".db"))
-	testenv.MustExec(t, db, `CREATE TABLE event_queue (
+	// IF NOT EXISTS: a fleet in schema.mode auto may have given a file
+	// created while it runs the table first (docs/operations.md).
+	testenv.MustExec(t, db, `CREATE TABLE IF NOT EXISTS event_queue (
 	id INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL UNIQUE, event_type TEXT NOT NULL,
 	payload BLOB NOT NULL, status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
 	available_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
