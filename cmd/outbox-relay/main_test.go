@@ -160,7 +160,13 @@ func startProcess(t *testing.T, cmd *exec.Cmd) *process {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Kill)
-	return &process{Process: p, t: t}
+	d := &process{Process: p, t: t}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s wrote:\n%s", cmd.Args, d.log())
+		}
+	})
+	return d
 }
 
 // exitWithin waits up to limit for the process to exit by itself and

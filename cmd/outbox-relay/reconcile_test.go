@@ -28,7 +28,9 @@ func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
 			env := []string{"NATS_URL=" + n.URL(), "OUTBOX_RELAY_STREAM_DUPLICATE_WINDOW=1s", "OUTBOX_RELAY_METRICS_LISTEN=",
 				"OUTBOX_RELAY_RELAY_POLL_INTERVAL=200ms"}
 			leader := startDaemon(t, env, "run", "--database-path", path)
-			leader.waitFor("leading: this relay claims and publishes the rows")
+			// Reconciled first: with an empty stream it still writes, and
+			// would wait for the application's lock below.
+			leader.waitFor("reconciled the outbox with the stream; publishing")
 			var standby *process
 			if takeover == "standby" {
 				standby = startDaemon(t, env, "run", "--database-path", path)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/reconcile"
@@ -87,10 +88,14 @@ func (a *App) reconcile(ctx context.Context) (relay.Reconciled, error) {
 		log.Warn("messages of this outbox in the stream whose rows are not in the file: rows written after the point in time of a restored backup, say; not re-created",
 			zap.Int("messages", p.Orphans), zap.String("first", p.Orphan))
 	}
+	// Said once a scan was said; at debug level when there was nothing to
+	// read (a fleet takes the lead of many files).
+	level := zapcore.DebugLevel
 	if p.Scans() {
-		log.Info("reconciled the outbox with the stream; publishing", zap.Int("read", p.Read), zap.Int("settled", p.Settled),
-			zap.Int("reused_event_ids", p.Reused), zap.Int("orphans", p.Orphans), zap.Duration("took", time.Since(p.Started).Round(time.Millisecond)))
+		level = zapcore.InfoLevel
 	}
+	log.Log(level, "reconciled the outbox with the stream; publishing", zap.Int("read", p.Read), zap.Int("settled", p.Settled),
+		zap.Int("reused_event_ids", p.Reused), zap.Int("orphans", p.Orphans), zap.Duration("took", time.Since(p.Started).Round(time.Millisecond)))
 	return relay.Reconciled{Last: p.To, RowsBefore: p.RowsBefore}, nil
 }
 
