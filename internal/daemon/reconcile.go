@@ -88,8 +88,8 @@ func (a *App) reconcile(ctx context.Context) (relay.Reconciled, error) {
 		log.Warn("messages of this outbox in the stream whose rows are not in the file: rows written after the point in time of a restored backup, say; not re-created",
 			zap.Int("messages", p.Orphans), zap.String("first", p.Orphan))
 	}
-	// Said once a scan was said; at debug level when there was nothing to
-	// read (a fleet takes the lead of many files).
+	// At info level after a scan, whose start was logged; at debug level
+	// when there was nothing to read (a fleet leads many files).
 	level := zapcore.DebugLevel
 	if p.Scans() {
 		level = zapcore.InfoLevel

@@ -26,7 +26,7 @@ const (
 // The kernel lists the locks a page at a time, by position: a lock
 // released while the list is read moves the next one back past the page
 // boundary, and it is missed. Under a churn of locks on other files a
-// read misses a lock held all along about once in a hundred times;
+// read missed a lock held all along up to about once in a hundred times;
 // lockHolders reads the list readsOfLocks times and takes every holder
 // any read shows.
 func lockHolders(path string) []int {
@@ -42,7 +42,7 @@ func lockHolders(path string) []int {
 	for range readsOfLocks {
 		locks, err := os.ReadFile("/proc/locks")
 		if err != nil {
-			return nil
+			break
 		}
 		pids = appendHolders(pids, string(locks), st.Ino)
 	}
