@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/fleet"
+	"github.com/outbox-relay/outbox-relay/internal/procs"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 )
@@ -61,7 +63,8 @@ func (c *cli) runDaemon(*cobra.Command) error {
 		return err
 	}
 	defer stop()
-	oo := daemon.Options{Version: version, Commit: buildCommit()}
+	oo := daemon.Options{Version: version, Commit: buildCommit(), Procs: procs.New()}
+	go oo.Procs.Run(ctx, time.Second, log)
 	if fleet.IsPattern(cfg.Database.Path) {
 		f, err := daemon.OpenFleet(ctx, cfg, log, oo)
 		if err == nil {

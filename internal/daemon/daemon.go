@@ -27,6 +27,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/lead"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/natsname"
+	"github.com/outbox-relay/outbox-relay/internal/procs"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/reconcile"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
@@ -115,6 +116,9 @@ type Options struct {
 	// with the fleet's other files (relay.max_in_flight and the payload
 	// budget are the fleet's, not each file's).
 	Budget *relay.Budget
+	// Procs, when set, is told of the claims that find a backlog (the
+	// process's GOMAXPROCS follows them).
+	Procs *procs.Governor
 	// Test reaches into the wiring; nil in production.
 	Test *TestHooks
 }
@@ -262,6 +266,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		SettleWindow:      settleWindow,
 		Ready:             a.brokerReady,
 		Clock:             clock,
+		Backlog:           oo.Procs.Backlog,
 		Metrics:           a.metrics,
 		Log:               log.Named("relay"),
 	}

@@ -713,7 +713,7 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 	}
 	app, err := Open(ctx, cfg, log, Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.fileMetrics, Conn: f.conn, Tenant: m.tenant,
-		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Test: f.oo.Test,
+		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Procs: f.oo.Procs, Test: f.oo.Test,
 	})
 	if err != nil {
 		if ctx.Err() != nil {

@@ -123,6 +123,8 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		if int64(len(rows)) < limit && (maxBytes == 0 || bytes < maxBytes) {
 			// Caught up: wait for the next commit rather than spinning.
 			r.idle(ctx)
+		} else if r.o.Backlog != nil {
+			r.o.Backlog()
 		}
 	}
 	return nil

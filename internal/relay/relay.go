@@ -119,6 +119,9 @@ type Options struct {
 	// (Store.Settle's scanFrom). An error is an outage when the broker
 	// does not answer, else retried.
 	Reconcile func(ctx context.Context) (Reconciled, error)
+	// Backlog, when set, is called when a claim finds more due rows than
+	// it takes (procs.Governor.Backlog).
+	Backlog func()
 	// Clock gives the times of retries and deferrals; share the store's.
 	Clock   *event.Clock
 	Metrics *metrics.Metrics
