@@ -123,7 +123,10 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		if int64(len(rows)) < limit && (maxBytes == 0 || bytes < maxBytes) {
 			// Caught up: wait for the next commit rather than spinning.
 			r.idle(ctx)
-		} else if r.o.Backlog != nil {
+		} else if r.o.Backlog != nil && len(rows) > 1 {
+			// One row cut by the limits says little: a fleet's files
+			// claiming at once may find the shared payload budget
+			// taken for a moment, and each claim then reads one row.
 			r.o.Backlog()
 		}
 	}
