@@ -114,6 +114,10 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 		return p, err
 	}
 	sc := scan{Options: o, adoptedAt: mark.AdoptedAt, records: records}
+	if last == 0 {
+		// The stream has never stored a message: none is this table's.
+		from, at = 1, time.Time{}
+	}
 	if from == 0 && at.IsZero() {
 		from = last + 1 // nothing to scan
 	}

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/outbox-relay/outbox-relay/internal/claim"
+	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/reconcile"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -109,5 +112,44 @@ func TestOthersMessagesAloneReadNothing(t *testing.T) {
 				t.Fatalf("row %d: stream_seq %d (%v), want %d", id, got, err, seq)
 			}
 		})
+	}
+}
+
+// TestEmptyStreamReadsNothing: a stream that has never stored a message
+// (just created, as a fleet's first file finds it) holds none of a
+// table's pending rows: nothing is read, and the position is its first
+// sequence, from which the next reconciliation finds a message of a
+// pending row and settles it.
+func TestEmptyStreamReadsNothing(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	ev := testenv.NewEvent("Thing", []byte("x"))
+	id := testenv.InsertIDs(t, app, ev)[0]
+	db := testenv.OpenDB(t, path)
+	origin, err := reconcile.Origin(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := reconcile.Options{DB: db, Store: claim.New(db, claim.Options{Stream: "EVENTS"}), JS: js, Stream: "EVENTS", Subjects: "events.>", Origin: origin}
+	p, err := reconcile.Run(ctx, o)
+	if err != nil || p.Scans() || p.Read != 0 {
+		t.Fatalf("on an empty stream: %+v, %v; want nothing read", p, err)
+	}
+	var from int64
+	if err := app.QueryRow(`SELECT scan_from FROM outbox_relay_published`).Scan(&from); err != nil || from != 1 {
+		t.Fatalf("position %d (%v), want 1: the empty stream's first sequence", from, err)
+	}
+	m := nats.NewMsg("events.Thing")
+	m.Header.Set(publish.HeaderMsgID, *ev.EventID)
+	m.Header.Set(publish.HeaderRowID, fmt.Sprint(id))
+	m.Header.Set(publish.HeaderOrigin, origin)
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = reconcile.Run(ctx, o); err != nil || p.From != 1 || p.Settled != 1 {
+		t.Fatalf("with the row's message stored: %+v, %v; want it read from 1 and its row settled", p, err)
 	}
 }
