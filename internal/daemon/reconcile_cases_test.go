@@ -130,6 +130,11 @@ func TestStreamThatRefusesTheConsumer(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
+				// A message on the relay's subjects, not of this table: a
+				// stream that never stored one has nothing to read.
+				if _, err := js.Publish(context.Background(), "events.Other", []byte("another table's")); err != nil {
+					t.Fatal(err)
+				}
 				path := testenv.NewDB(t)
 				app := testenv.AppDB(t, path)
 				testenv.InsertN(t, app, rows, "Thing")
