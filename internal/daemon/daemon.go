@@ -42,8 +42,8 @@ const (
 	heartbeatInterval  = time.Second
 	statsInterval      = 5 * time.Second // backlog gauges
 	retentionInterval  = time.Minute
-	checkpointInterval = 2 * time.Millisecond  // WAL checkpoints follow commits, at most one per interval (relay.Options)
-	settleWindow       = 50 * time.Millisecond // batches acknowledged within it share a settle transaction
+	checkpointInterval = 2 * time.Millisecond   // WAL checkpoints follow commits, at most one per interval (relay.Options)
+	settleWindow       = 200 * time.Millisecond // batches acknowledged within it share a settle transaction
 	// maxInFlightBytes bounds the payload in memory: with large payloads
 	// the row count alone (relay.max_in_flight) would hold hundreds of MB.
 	maxInFlightBytes = 8 << 20

@@ -283,7 +283,7 @@ func checkpointGap(gap time.Duration, fresh int, least time.Duration) time.Durat
 // checkpoint inside their commits.
 const (
 	checkpointSmall  = 100
-	checkpointMaxGap = 200 * time.Millisecond
+	checkpointMaxGap = time.Second
 )
 
 // How often checkpointLoop looks without a commit: while the commit watch

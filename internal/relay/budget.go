@@ -27,6 +27,8 @@ type Budget struct {
 	mu          sync.Mutex
 	rows, bytes int64 // free; below zero after trickles past the budget
 	queue       []*ask
+	// wanted is closed while a relay waits in the queue (see Wanted).
+	wanted chan struct{}
 }
 
 // trickleRows is the room a relay with few rows in flight is given at
@@ -45,7 +47,35 @@ type ask struct {
 // NewBudget returns a budget of rows rows and bytes payload bytes in
 // flight (bytes 0: no limit on payload).
 func NewBudget(rows int, bytes int64) *Budget {
-	return &Budget{maxRows: int64(rows), maxBytes: bytes, rows: int64(rows), bytes: bytes}
+	return &Budget{maxRows: int64(rows), maxBytes: bytes, rows: int64(rows), bytes: bytes, wanted: make(chan struct{})}
+}
+
+// Wanted returns a channel that is closed while a relay waits for room:
+// the others settle the rows they hold at once instead of at the end of
+// their settle window, so that files draining side by side do not wait
+// for each other's windows. Nil (never ready) for a nil budget.
+func (b *Budget) Wanted() <-chan struct{} {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.wanted
+}
+
+// noteQueue closes wanted when a relay waits, and replaces it once none
+// does. Called with b.mu held.
+func (b *Budget) noteQueue() {
+	select {
+	case <-b.wanted:
+		if len(b.queue) == 0 {
+			b.wanted = make(chan struct{})
+		}
+	default:
+		if len(b.queue) > 0 {
+			close(b.wanted)
+		}
+	}
 }
 
 // take waits its turn for room to claim up to rows rows, for a relay that
@@ -77,6 +107,7 @@ func (b *Budget) take(ctx context.Context, rows, held int64) (room, bool) {
 	for i, q := range b.queue {
 		if q == a {
 			b.queue = append(b.queue[:i], b.queue[i+1:]...)
+			b.noteQueue()
 			return room{}, false
 		}
 	}
@@ -112,6 +143,7 @@ func (b *Budget) give(r room) {
 // given once a quarter of it is free, as a relay of its own waits for
 // (see claimLoop). Called with b.mu held.
 func (b *Budget) serve() {
+	defer b.noteQueue()
 	for len(b.queue) > 0 {
 		a := b.queue[0]
 		need := min(a.rows, max(1, b.maxRows/4))

@@ -181,3 +181,70 @@ func TestRelaysShareABudget(t *testing.T) {
 		t.Fatalf("the budget's free rows %d after every relay stopped, want %d", f.rows, budget)
 	}
 }
+
+// TestBudgetWanted: the budget says when a relay waits for room, and
+// stops saying so once none does, whether it was served or left.
+func TestBudgetWanted(t *testing.T) {
+	if (*Budget)(nil).Wanted() != nil {
+		t.Fatal("a nil budget's Wanted is not nil")
+	}
+	b := NewBudget(40, 0)
+	b.take(context.Background(), 40, trickleRows)
+	if isClosed(b.Wanted()) {
+		t.Fatal("wanted with no relay waiting")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := takeAsync(ctx, b, 40)
+	queued(t, b, 1)
+	if !isClosed(b.Wanted()) {
+		t.Fatal("not wanted while a relay waits")
+	}
+	cancel()
+	<-gone
+	if isClosed(b.Wanted()) {
+		t.Fatal("still wanted after the waiting relay left")
+	}
+	next := takeAsync(context.Background(), b, 40)
+	queued(t, b, 1)
+	b.give(room{rows: 40})
+	<-next
+	if isClosed(b.Wanted()) {
+		t.Fatal("still wanted after the waiting relay was served")
+	}
+}
+
+// TestSharedBudgetSettlesAtOnce: relays sharing a budget settle the rows
+// they hold while another waits for room, however long their settle
+// window: files draining side by side do not wait for each other's
+// windows. With an hour's window (and a quarter of MaxInFlight never
+// reached) nothing else would give the budget's rows back, and publishing
+// would stop at about the budget; the last rows, which no one waits
+// behind, are settled as the relays stop.
+func TestSharedBudgetSettlesAtOnce(t *testing.T) {
+	const relays, rows, budget = 3, 200, 100
+	pub := &countingPublisher{}
+	b := NewBudget(budget, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	var stores []*testenv.MemStore
+	done := make(chan error, relays)
+	for range relays {
+		store := &testenv.MemStore{}
+		store.AddN(rows, "T", nil)
+		stores = append(stores, store)
+		r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 50, MaxInFlight: 100 * budget, Budget: b,
+			SettleWindow: time.Hour, PollInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+		go func() { done <- r.Run(ctx) }()
+	}
+	testenv.Eventually(t, 10*time.Second, "every row published", func() bool { return pub.count() == relays*rows })
+	cancel()
+	for range relays {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, s := range stores {
+		if n := len(s.Outcomes()); n != rows {
+			t.Fatalf("relay %d settled %d rows, want %d", i, n, rows)
+		}
+	}
+}

@@ -19,8 +19,9 @@ import (
 // settleLoop waits for each batch's acknowledgements in order (until
 // ackCtx ends) and settles them (retried until writeCtx ends): every batch
 // resolved within SettleWindow after the first in one transaction, or a
-// quarter of MaxInFlight rows as soon as they are resolved (with no
-// window, each batch in its own). At a steady trickle of small batches
+// quarter of MaxInFlight rows as soon as they are resolved, or what is
+// resolved at once while another relay sharing the Budget waits for room
+// (with no window, each batch in its own). At a steady trickle of small batches
 // that halves the relay's write transactions, so it takes the
 // application's write lock half as often.
 func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
@@ -61,9 +62,15 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 			flush(true)
 			return
 		case !got:
+			var wanted <-chan struct{}
+			if len(outs) > 0 {
+				wanted = r.o.Budget.Wanted()
+			}
 			select {
 			case <-resolved.ready:
 			case <-window.C:
+				flush(false)
+			case <-wanted:
 				flush(false)
 			}
 			continue
@@ -78,9 +85,10 @@ func (r *Relay) settleLoop(ctx, ackCtx, writeCtx context.Context) {
 			outs = append(outs, b.outs...)
 		}
 		floor = b.floor
-		// A quarter of MaxInFlight goes at once: during a drain, rows
-		// waiting for the window would hold back claims.
-		if time.Since(first) >= r.o.SettleWindow || len(outs) >= r.o.MaxInFlight/4 {
+		// A quarter of MaxInFlight goes at once, and whatever is held
+		// while another relay sharing the budget waits for room: during
+		// a drain, rows waiting for the window would hold back claims.
+		if time.Since(first) >= r.o.SettleWindow || len(outs) >= r.o.MaxInFlight/4 || isClosed(r.o.Budget.Wanted()) {
 			flush(false)
 		}
 	}

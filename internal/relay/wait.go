@@ -50,3 +50,14 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
+
+// isClosed reports whether ch, a channel that is only ever closed, is
+// closed (false for nil).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
