@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -53,4 +55,23 @@ func TestFleet(t *testing.T) {
 		}
 	}
 	t.Logf("\n%s", out.String())
+}
+
+// TestStoppedWaitsForTheProcess: stopped returns once a process sent
+// SIGSTOP is stopped, and fails for one that runs.
+func TestStoppedWaitsForTheProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if err := stopped(cmd.Process.Pid); err == nil {
+		t.Fatal("a running process was taken for stopped")
+	}
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if err := stopped(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,9 +1,12 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -132,7 +135,10 @@ func seedFrozen(ctx context.Context, ch *child.Process, dbs []*sql.DB, rows, siz
 		if err := ch.Signal(syscall.SIGSTOP); err != nil {
 			return time.Time{}, err
 		}
-		err := writable(ctx, dbs)
+		err := stopped(ch.Pid())
+		if err == nil {
+			err = writable(ctx, dbs)
+		}
 		if err == nil {
 			break
 		}
@@ -152,6 +158,32 @@ func seedFrozen(ctx context.Context, ch *child.Process, dbs []*sql.DB, rows, siz
 	}
 	start := time.Now()
 	return start, ch.Signal(syscall.SIGCONT)
+}
+
+// stopped waits until every thread of process pid has stopped: a signal
+// is delivered after kill returns, and a thread running meanwhile may
+// take a write lock after writable looked.
+func stopped(pid int) error {
+	for range 1000 {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		if err != nil {
+			return err
+		}
+		all := len(tasks) > 0
+		for _, task := range tasks {
+			if raw, err := os.ReadFile(task); err == nil {
+				// The state follows the command name, which may hold spaces.
+				if i := bytes.LastIndexByte(raw, ')'); i < 0 || i+2 >= len(raw) || raw[i+2] != 'T' {
+					all = false
+				}
+			}
+		}
+		if all {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return fmt.Errorf("process %d did not stop", pid)
 }
 
 // writable checks that no one holds the write lock of dbs, at once.
