@@ -2,10 +2,12 @@ package reconcile_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/internal/claim"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
@@ -13,16 +15,30 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
+// unreconciled is a table no relay has reconciled, given its origin, and
+// an empty stream EVENTS on events.>: the options that reconcile them,
+// and the application's connection.
+func unreconciled(t *testing.T) (jetstream.JetStream, *sql.DB, reconcile.Options) {
+	t.Helper()
+	js := testenv.StartNATS(t).JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	db := testenv.OpenDB(t, path)
+	origin, err := reconcile.Origin(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, app, reconcile.Options{DB: db, Store: claim.New(db, claim.Options{Stream: "EVENTS"}), JS: js, Stream: "EVENTS", Subjects: "events.>", Origin: origin}
+}
+
 // TestNothingPendingReadsNothing: the first reconciliation of a table
 // (the first start of this release, or one while the position names
 // another stream) with no pending row has nothing to find: it reads no
 // done row and no message, however large the table.
 func TestNothingPendingReadsNothing(t *testing.T) {
 	ctx := context.Background()
-	js := testenv.StartNATS(t).JetStream(t)
-	testenv.EventsStream(t, js, 0)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
+	js, app, o := unreconciled(t)
 	const rows = 1000
 	testenv.MustExec(t, app, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
 INSERT INTO event_queue (event_id, event_type, payload, status, processed_at, stream_seq)
@@ -32,12 +48,6 @@ SELECT 'e' || i, 'Thing', randomblob(64), 'done', 1, i FROM n`, rows)
 			t.Fatal(err)
 		}
 	}
-	db := testenv.OpenDB(t, path)
-	origin, err := reconcile.Origin(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := reconcile.Options{DB: db, Store: claim.New(db, claim.Options{Stream: "EVENTS"}), JS: js, Stream: "EVENTS", Subjects: "events.>", Origin: origin}
 	p, err := reconcile.Run(ctx, o)
 	if err != nil || p.Scans() || p.Read != 0 {
 		t.Fatalf("with nothing pending: %+v, %v; want nothing read", p, err)
@@ -122,18 +132,9 @@ func TestOthersMessagesAloneReadNothing(t *testing.T) {
 // pending row and settles it.
 func TestEmptyStreamReadsNothing(t *testing.T) {
 	ctx := context.Background()
-	js := testenv.StartNATS(t).JetStream(t)
-	testenv.EventsStream(t, js, 0)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
+	js, app, o := unreconciled(t)
 	ev := testenv.NewEvent("Thing", []byte("x"))
 	id := testenv.InsertIDs(t, app, ev)[0]
-	db := testenv.OpenDB(t, path)
-	origin, err := reconcile.Origin(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := reconcile.Options{DB: db, Store: claim.New(db, claim.Options{Stream: "EVENTS"}), JS: js, Stream: "EVENTS", Subjects: "events.>", Origin: origin}
 	p, err := reconcile.Run(ctx, o)
 	if err != nil || p.Scans() || p.Read != 0 {
 		t.Fatalf("on an empty stream: %+v, %v; want nothing read", p, err)
@@ -145,7 +146,7 @@ func TestEmptyStreamReadsNothing(t *testing.T) {
 	m := nats.NewMsg("events.Thing")
 	m.Header.Set(publish.HeaderMsgID, *ev.EventID)
 	m.Header.Set(publish.HeaderRowID, fmt.Sprint(id))
-	m.Header.Set(publish.HeaderOrigin, origin)
+	m.Header.Set(publish.HeaderOrigin, o.Origin)
 	if _, err := js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}

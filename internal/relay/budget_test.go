@@ -48,6 +48,31 @@ func free(b *Budget) room {
 	return room{b.rows, b.bytes}
 }
 
+// shareBudget runs relays relays, each on a store of rows rows, with o
+// (its MaxInFlight, Budget and SettleWindow) and test timings; stop stops
+// them and fails the test if one returned an error.
+func shareBudget(t *testing.T, relays, rows int, pub Publisher, o Options) (stores []*testenv.MemStore, stop func()) {
+	t.Helper()
+	o.SubjectPrefix, o.BatchSize, o.PollInterval, o.MaxAttempts, o.ShutdownTimeout = "events", 50, time.Millisecond, 3, time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, relays)
+	for range relays {
+		store := &testenv.MemStore{}
+		store.AddN(rows, "T", nil)
+		stores = append(stores, store)
+		r := New(store, pub, o)
+		go func() { done <- r.Run(ctx) }()
+	}
+	return stores, func() {
+		cancel()
+		for range relays {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 // TestBudgetTurns: room goes to the relays in the order they asked, once
 // there is enough for a worthwhile claim; a relay with few rows in flight
 // is given a few at once, past the budget.
@@ -139,17 +164,7 @@ func TestRelaysShareABudget(t *testing.T) {
 	const relays, rows, budget = 3, 200, 100
 	pub := &heldPublisher{release: make(chan struct{})}
 	b := NewBudget(budget, 0)
-	ctx, cancel := context.WithCancel(context.Background())
-	var stores []*testenv.MemStore
-	done := make(chan error, relays)
-	for range relays {
-		store := &testenv.MemStore{}
-		store.AddN(rows, "T", nil)
-		stores = append(stores, store)
-		r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 50, MaxInFlight: 2 * budget, Budget: b,
-			PollInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
-		go func() { done <- r.Run(ctx) }()
-	}
+	stores, stop := shareBudget(t, relays, rows, pub, Options{MaxInFlight: 2 * budget, Budget: b})
 	// Each relay is given trickleRows at once and the budget's batches
 	// in turn; then all three wait, nothing acknowledged.
 	queued(t, b, relays)
@@ -171,12 +186,7 @@ func TestRelaysShareABudget(t *testing.T) {
 		}
 		return true
 	})
-	cancel()
-	for range relays {
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
+	stop()
 	if f := free(b); f.rows != budget {
 		t.Fatalf("the budget's free rows %d after every relay stopped, want %d", f.rows, budget)
 	}
@@ -224,24 +234,9 @@ func TestSharedBudgetSettlesAtOnce(t *testing.T) {
 	const relays, rows, budget = 3, 200, 100
 	pub := &countingPublisher{}
 	b := NewBudget(budget, 0)
-	ctx, cancel := context.WithCancel(context.Background())
-	var stores []*testenv.MemStore
-	done := make(chan error, relays)
-	for range relays {
-		store := &testenv.MemStore{}
-		store.AddN(rows, "T", nil)
-		stores = append(stores, store)
-		r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 50, MaxInFlight: 100 * budget, Budget: b,
-			SettleWindow: time.Hour, PollInterval: time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
-		go func() { done <- r.Run(ctx) }()
-	}
+	stores, stop := shareBudget(t, relays, rows, pub, Options{MaxInFlight: 100 * budget, Budget: b, SettleWindow: time.Hour})
 	testenv.Eventually(t, 10*time.Second, "every row published", func() bool { return pub.count() == relays*rows })
-	cancel()
-	for range relays {
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
+	stop()
 	for i, s := range stores {
 		if n := len(s.Outcomes()); n != rows {
 			t.Fatalf("relay %d settled %d rows, want %d", i, n, rows)
