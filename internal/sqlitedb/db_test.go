@@ -111,21 +111,49 @@ func TestWatchPace(t *testing.T) {
 
 // TestWatchGathersAFlowOfCommits: a notification that follows the last
 // commit found closely (a flow) waits for the commits behind it; one
-// after a pause waits only for its own commit's writes, so that sparse
-// commits are announced as soon as they are visible.
+// after a pause does not wait, so that sparse commits are announced as
+// soon as they are visible.
 func TestWatchGathersAFlowOfCommits(t *testing.T) {
-	flow, alone := sqlitedb.Gather(time.Millisecond), sqlitedb.Gather(time.Second)
-	if flow <= alone {
-		t.Fatalf("gathers %v in a flow and %v alone: a flow should wait longer", flow, alone)
+	if sqlitedb.FlowWindow > 5*time.Millisecond {
+		t.Fatalf("a flow gathers %v: more than the commit-to-PubAck target allows", sqlitedb.FlowWindow)
 	}
-	if flow > 5*time.Millisecond || alone > time.Millisecond {
-		t.Fatalf("gathers %v in a flow and %v alone: more than the commit-to-PubAck target allows", flow, alone)
-	}
-	for _, gap := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond} {
-		if got := sqlitedb.Gather(gap); got != alone {
-			t.Fatalf("%v after a commit gathers %v, want %v as alone: no commit that far behind arrives in the window", gap, got, alone)
+	for _, gap := range []time.Duration{0, time.Millisecond} {
+		if !sqlitedb.Gather(gap) {
+			t.Fatalf("%v after a commit does not wait: a flow's commits would each take a look and a claim", gap)
 		}
 	}
+	for _, gap := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, time.Second} {
+		if sqlitedb.Gather(gap) {
+			t.Fatalf("%v after a commit waits: no commit that far behind arrives in the window", gap)
+		}
+	}
+}
+
+// TestRecheckIsNotPutOff: a notified look that finds no commit sets a
+// recheck 1 ms later; the looks of the same commit's other WAL writes,
+// also too early, leave it pending rather than doubling it (which made a
+// commit wait up to 8 ms for a look once the watch stopped waiting for a
+// commit's writes); each recheck that finds nothing doubles the wait, up
+// to a limit, after which only the poll remains.
+func TestRecheckIsNotPutOff(t *testing.T) {
+	var pending time.Duration
+	step := func(recheck bool, want time.Duration, wantReset bool) {
+		t.Helper()
+		next, reset := sqlitedb.RecheckAfter(pending, recheck)
+		if next != want || reset != wantReset {
+			t.Fatalf("after %v pending (recheck %v): %v, reset %v; want %v, reset %v", pending, recheck, next, reset, want, wantReset)
+		}
+		pending = next
+	}
+	step(false, time.Millisecond, true)  // the commit's first write
+	step(false, time.Millisecond, false) // its second and third
+	step(false, time.Millisecond, false)
+	for _, want := range []time.Duration{2, 4, 8, 16, 32, 64} {
+		step(true, want*time.Millisecond, true)
+		step(false, want*time.Millisecond, false)
+	}
+	step(true, 0, false)                // only the poll remains
+	step(false, time.Millisecond, true) // the next notification starts over
 }
 
 // TestCheckpointSkipsAnUnchangedWAL: a checkpoint copies the WAL into the

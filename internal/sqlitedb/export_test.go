@@ -11,8 +11,17 @@ func NewPace(fast time.Duration) *pace { return &pace{fast: fast} }
 
 func (p *pace) Found(notified, polled bool) (time.Duration, bool) { return p.found(notified, polled) }
 
-// Gather exposes how long the commit watch gathers notifications.
-func Gather(sinceFound time.Duration) time.Duration { return gather(sinceFound) }
+// Gather exposes whether the commit watch gathers notifications, and
+// FlowWindow for how long.
+func Gather(sinceFound time.Duration) bool { return gather(sinceFound) }
+
+const FlowWindow = flowWindow
+
+// RecheckAfter exposes the waits between the looks after a notification
+// that found no commit.
+func RecheckAfter(pending time.Duration, recheck bool) (time.Duration, bool) {
+	return recheckAfter(pending, recheck)
+}
 
 // CheckpointedAt is when s last completed a checkpoint that found the WAL
 // all copied.

@@ -22,11 +22,10 @@ import (
 // has announced a change, notifications are trusted and the poll slows to
 // ten times interval; a change that only the poll found makes it fast
 // again. Idle, it costs nothing but that poll; no snapshot is held between
-// looks, so checkpoints are never starved. A notification waits for the
-// rest of its commit's writes, and in a flow of commits for the commits
+// looks, so checkpoints are never starved. A notification is looked at
+// at once, except in a flow of commits, where it waits for the commits
 // behind it (gather), which then share one look and one claim. It
-// returns when ctx ends; the
-// caller runs it in a goroutine it tracks.
+// returns when ctx ends; the caller runs it in a goroutine it tracks.
 func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
 	conn, err := s.read.Conn(ctx)
 	if err != nil {
@@ -73,7 +72,7 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 	var retry time.Duration
 	var found time.Time // when the last commit of another connection found was noticed
 	for {
-		polled, notified, flow := false, false, false
+		polled, notified, recheck, flow := false, false, false, false
 		var noticed time.Time // of the notification this look follows
 		select {
 		case <-ctx.Done():
@@ -84,7 +83,7 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 				ww.arm() // the -wal file may be back without a notification
 			}
 		case <-again.C:
-			notified = true
+			notified, recheck = true, true
 		case <-errs: // an overflowed queue: the version check below catches up
 		case ev, ok := <-events:
 			if !ok {
@@ -97,12 +96,12 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 				continue
 			}
 			notified, noticed = true, time.Now()
-			// One commit writes the WAL in several writes, which arrive as
-			// several events, and in a flow of commits more follow: let
-			// them come, then look once for all.
-			wait := gather(noticed.Sub(found))
-			flow = wait == flowWindow
-			time.Sleep(wait)
+			// In a flow of commits more follow: let them come, then look
+			// once for all. Events queued meanwhile (a commit's several
+			// WAL writes among them) are spent on this look.
+			if flow = gather(noticed.Sub(found)); flow {
+				time.Sleep(flowWindow)
+			}
 			for drained := false; !drained; {
 				select {
 				case ev, ok := <-events:
@@ -117,10 +116,9 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 		v, err := version()
 		if err != nil || v == last {
 			if notified && err == nil {
-				if retry = max(2*retry, time.Millisecond); retry <= maxRecheck {
+				var reset bool
+				if retry, reset = recheckAfter(retry, recheck); reset {
 					again.Reset(retry)
-				} else {
-					retry = 0 // a WAL write that made no commit visible: the poll remains
 				}
 			}
 			continue // a failed look only delays a wake-up; the claim timer is the fallback
@@ -162,28 +160,45 @@ func signalOne(w chan<- struct{}) {
 	}
 }
 
-// gather returns how long a notification waits for the notifications
-// behind it before Watch looks, given the time since the notification of
-// the last commit found of another connection than the writer's (the
-// application's). Alone, only for a commit's own writes (commitWrites).
-// In a flow of such commits (the last noticed less than flowGap before),
-// also for the commits that follow within flowWindow, which then share
-// one look and one claim: at 1,000 single-row commits a second that
-// saves the relay about a quarter of its CPU, for flowWindow more from
-// commit to PubAck (docs/performance.md). Commits further apart would
-// not arrive within the window, and do not wait for it.
-func gather(sinceFound time.Duration) time.Duration {
-	if sinceFound < flowGap {
-		return flowWindow
-	}
-	return commitWrites
+// gather reports whether a notification waits flowWindow for the
+// notifications behind it before Watch looks, given the time since the
+// notification of the last commit found of another connection than the
+// writer's (the application's): in a flow of such commits (the last
+// noticed less than flowGap before), so that the commits that follow
+// within the window share one look and one claim. At 1,000 single-row
+// commits a second that saves the relay about a quarter of its CPU, for
+// flowWindow more from commit to PubAck (docs/performance.md). Commits
+// further apart would not arrive within the window, and are looked at at
+// once: a sleep, however short, lets the process go idle and costs a
+// wake-up of its own, about a tenth of the relay's CPU at 100 commits a
+// second. A look that comes before its commit is visible (one of the
+// commit's first WAL writes) looks again as for any notification that
+// found nothing.
+func gather(sinceFound time.Duration) bool {
+	return sinceFound < flowGap
 }
 
 const (
-	commitWrites = 200 * time.Microsecond
-	flowWindow   = 2 * time.Millisecond
-	flowGap      = 3 * time.Millisecond
+	flowWindow = 2 * time.Millisecond
+	flowGap    = 3 * time.Millisecond
 )
+
+// recheckAfter returns the wait before the next look after a notified
+// look that found no commit, given the wait pending (0: none) and whether
+// this look was that recheck, and whether to set it: 1, 2, 4 ... ms up to
+// maxRecheck, then none (0: a WAL write that made no commit visible; the
+// poll remains). A pending recheck stays as it is: the notifications of
+// the commit's other WAL writes, each looked at before the commit shows,
+// do not put it off.
+func recheckAfter(pending time.Duration, recheck bool) (time.Duration, bool) {
+	if pending > 0 && !recheck {
+		return pending, false
+	}
+	if next := max(2*pending, time.Millisecond); next <= maxRecheck {
+		return next, true
+	}
+	return 0, false
+}
 
 // maxRecheck is the longest wait between the looks that follow a
 // notification whose commit is not visible yet (1, 2, 4, ... ms): a WAL
