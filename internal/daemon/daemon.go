@@ -189,6 +189,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if a.db, err = sqlitedb.Open(ctx, sqlitedb.Options{
 		Path: cfg.Database.Path, Table: cfg.Database.Table, BusyTimeout: cfg.Database.BusyTimeout, Create: oo.CreateDB,
 		OwnCheckpoints: true, Clock: clock,
+		// A fleet's other files keep the process busy while a commit's
+		// notification waits for the rest of its writes.
+		GatherCommitWrites: oo.Budget != nil,
 		// A file held locked against readers (an application in
 		// locking_mode=EXCLUSIVE) is waited out, saying who holds it, as a
 		// busy writer is.

@@ -38,6 +38,8 @@ type DB struct {
 	busy   time.Duration // how long a write waits for the lock
 	clock  *event.Clock
 
+	gatherWrites bool // Options.GatherCommitWrites
+
 	ckptMu  sync.Mutex
 	ckptWal walState // the -wal file after the last complete checkpoint
 

@@ -111,20 +111,25 @@ func TestWatchPace(t *testing.T) {
 
 // TestWatchGathersAFlowOfCommits: a notification that follows the last
 // commit found closely (a flow) waits for the commits behind it; one
-// after a pause does not wait, so that sparse commits are announced as
-// soon as they are visible.
+// after a pause waits only for its own commit's writes, and only when the
+// file is served among others (Options.GatherCommitWrites), so that
+// sparse commits are announced as soon as they are visible.
 func TestWatchGathersAFlowOfCommits(t *testing.T) {
-	if sqlitedb.FlowWindow > 5*time.Millisecond {
-		t.Fatalf("a flow gathers %v: more than the commit-to-PubAck target allows", sqlitedb.FlowWindow)
-	}
-	for _, gap := range []time.Duration{0, time.Millisecond} {
-		if !sqlitedb.Gather(gap) {
-			t.Fatalf("%v after a commit does not wait: a flow's commits would each take a look and a claim", gap)
+	for _, commitOwn := range []bool{false, true} {
+		flow, alone := sqlitedb.Gather(time.Millisecond, commitOwn), sqlitedb.Gather(time.Second, commitOwn)
+		if flow <= alone {
+			t.Fatalf("gathers %v in a flow and %v alone: a flow should wait longer", flow, alone)
 		}
-	}
-	for _, gap := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, time.Second} {
-		if sqlitedb.Gather(gap) {
-			t.Fatalf("%v after a commit waits: no commit that far behind arrives in the window", gap)
+		if flow > 5*time.Millisecond || alone > time.Millisecond {
+			t.Fatalf("gathers %v in a flow and %v alone: more than the commit-to-PubAck target allows", flow, alone)
+		}
+		if (alone > 0) != commitOwn {
+			t.Fatalf("a lone commit waits %v with GatherCommitWrites %v", alone, commitOwn)
+		}
+		for _, gap := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond} {
+			if got := sqlitedb.Gather(gap, commitOwn); got != alone {
+				t.Fatalf("%v after a commit gathers %v, want %v as alone: no commit that far behind arrives in the window", gap, got, alone)
+			}
 		}
 	}
 }

@@ -11,11 +11,10 @@ func NewPace(fast time.Duration) *pace { return &pace{fast: fast} }
 
 func (p *pace) Found(notified, polled bool) (time.Duration, bool) { return p.found(notified, polled) }
 
-// Gather exposes whether the commit watch gathers notifications, and
-// FlowWindow for how long.
-func Gather(sinceFound time.Duration) bool { return gather(sinceFound) }
-
-const FlowWindow = flowWindow
+// Gather exposes how long the commit watch gathers notifications.
+func Gather(sinceFound time.Duration, commitOwn bool) time.Duration {
+	return gather(sinceFound, commitOwn)
+}
 
 // RecheckAfter exposes the waits between the looks after a notification
 // that found no commit.

@@ -40,6 +40,13 @@ type Options struct {
 	// Log is told what Open waits for and who holds it, and when it switches
 	// a file to WAL mode; nil: nothing is logged.
 	Log *zap.Logger
+	// GatherCommitWrites makes the commit watch wait commitWrites after
+	// the notification of a lone commit for the rest of the commit's WAL
+	// writes, so that it looks once: for a file served among others (a
+	// fleet's), whose work keeps the process busy meanwhile. Alone, the
+	// relay looks at once: the wait would let the process go idle, and the
+	// wake-up after it costs more than the looks it spares (see gather).
+	GatherCommitWrites bool
 	// Clock decides which rows are due (a new event.Clock over time.Now
 	// when nil); share it with the relay, which times retries by it.
 	Clock *event.Clock
@@ -88,7 +95,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	if found != "wal" && found != "" && before != nil {
 		log.Info("switched the database to WAL journal mode", zap.String("path", path), zap.String("found", found))
 	}
-	s := &DB{busy: opts.BusyTimeout, write: write, table: opts.Table, path: path}
+	s := &DB{busy: opts.BusyTimeout, write: write, table: opts.Table, path: path, gatherWrites: opts.GatherCommitWrites}
 	if s.clock = opts.Clock; s.clock == nil {
 		s.clock = event.NewClock(nil)
 	}

@@ -22,10 +22,11 @@ import (
 // has announced a change, notifications are trusted and the poll slows to
 // ten times interval; a change that only the poll found makes it fast
 // again. Idle, it costs nothing but that poll; no snapshot is held between
-// looks, so checkpoints are never starved. A notification is looked at
-// at once, except in a flow of commits, where it waits for the commits
-// behind it (gather), which then share one look and one claim. It
-// returns when ctx ends; the caller runs it in a goroutine it tracks.
+// looks, so checkpoints are never starved. A notification waits for the
+// commits behind it in a flow of commits, which then share one look and
+// one claim, and with Options.GatherCommitWrites for the rest of its
+// commit's writes (gather). It returns when ctx ends; the caller runs it
+// in a goroutine it tracks.
 func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- struct{}, any ...chan<- struct{}) error {
 	conn, err := s.read.Conn(ctx)
 	if err != nil {
@@ -96,11 +97,12 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 				continue
 			}
 			notified, noticed = true, time.Now()
-			// In a flow of commits more follow: let them come, then look
-			// once for all. Events queued meanwhile (a commit's several
-			// WAL writes among them) are spent on this look.
-			if flow = gather(noticed.Sub(found)); flow {
-				time.Sleep(flowWindow)
+			// One commit writes the WAL in several writes, which arrive as
+			// several events, and in a flow of commits more follow: let
+			// them come, then look once for all.
+			wait := gather(noticed.Sub(found), s.gatherWrites)
+			if flow = wait == flowWindow; wait > 0 {
+				time.Sleep(wait)
 			}
 			for drained := false; !drained; {
 				select {
@@ -160,27 +162,37 @@ func signalOne(w chan<- struct{}) {
 	}
 }
 
-// gather reports whether a notification waits flowWindow for the
-// notifications behind it before Watch looks, given the time since the
-// notification of the last commit found of another connection than the
-// writer's (the application's): in a flow of such commits (the last
-// noticed less than flowGap before), so that the commits that follow
-// within the window share one look and one claim. At 1,000 single-row
-// commits a second that saves the relay about a quarter of its CPU, for
-// flowWindow more from commit to PubAck (docs/performance.md). Commits
-// further apart would not arrive within the window, and are looked at at
-// once: a sleep, however short, lets the process go idle and costs a
-// wake-up of its own, about a tenth of the relay's CPU at 100 commits a
-// second. A look that comes before its commit is visible (one of the
-// commit's first WAL writes) looks again as for any notification that
-// found nothing.
-func gather(sinceFound time.Duration) bool {
-	return sinceFound < flowGap
+// gather returns how long a notification waits for the notifications
+// behind it before Watch looks, given the time since the notification of
+// the last commit found of another connection than the writer's (the
+// application's), and whether it waits for a lone commit's own writes.
+// In a flow of such commits (the last noticed less than flowGap before),
+// it waits for the commits that follow within flowWindow, which then
+// share one look and one claim: at 1,000 single-row commits a second that
+// saves the relay about a quarter of its CPU, for flowWindow more from
+// commit to PubAck (docs/performance.md). Commits further apart would not
+// arrive within the window. A lone commit's notification waits
+// commitWrites for the rest of its commit's writes when commitOwn
+// (Options.GatherCommitWrites), else not at all: a relay alone on its
+// file goes idle in that wait, and the wake-up after it cost a tenth of
+// its CPU at 100 commits a second; a look that comes before its commit
+// shows looks again, as for any notification that found nothing. In a
+// fleet the other files' work keeps the process busy through the wait,
+// and looking at once cost it more CPU than it saved (docs/performance.md).
+func gather(sinceFound time.Duration, commitOwn bool) time.Duration {
+	switch {
+	case sinceFound < flowGap:
+		return flowWindow
+	case commitOwn:
+		return commitWrites
+	}
+	return 0
 }
 
 const (
-	flowWindow = 2 * time.Millisecond
-	flowGap    = 3 * time.Millisecond
+	commitWrites = 200 * time.Microsecond
+	flowWindow   = 2 * time.Millisecond
+	flowGap      = 3 * time.Millisecond
 )
 
 // recheckAfter returns the wait before the next look after a notified
