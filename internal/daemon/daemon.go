@@ -305,7 +305,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if hooks.Relay != nil {
 		hooks.Relay(a.relay)
 	}
-	ko.Commits, ko.Watching = a.relay.Commits(), a.relay.Watching
+	ko.Commits, ko.Watching, ko.LastClaim = a.relay.Commits(), a.relay.Watching, a.relay.LastClaim
 	a.keeper = housekeeping.New(housekeeping.OnFile(a.db, cfg.Ordering.Parks()), ko)
 	a.opened = time.Now()
 	return a, nil

@@ -57,7 +57,11 @@ type Options struct {
 	// checkpoints look every checkpointPoll.
 	Commits  <-chan struct{}
 	Watching func() bool
-	Metrics  *metrics.Metrics
+	// LastClaim says when the relay last claimed rows (zero: never);
+	// while it claims none, only its heartbeats write to the file and
+	// checkpoints come every checkpointIdleGap. Nil: as if it always did.
+	LastClaim func() time.Time
+	Metrics   *metrics.Metrics
 	// Gauges are the file's shares of the backlog gauges (NewGauges);
 	// nil: new ones.
 	Gauges *Gauges
@@ -212,14 +216,17 @@ func (k *Keeper) Retain(ctx context.Context) {
 // commits, at most one every CheckpointInterval while they find many pages
 // (see checkpointGap): small checkpoints then leave the application's own
 // automatic checkpoints (run inside its commits) little to copy, and its
-// commits stall less (docs/performance.md). Without commits, nothing runs
-// but a look every checkpointIdle, in case the watch missed one; without a
-// watch, a look every checkpointPoll.
+// commits stall less (docs/performance.md). While the relay claims no
+// rows, they come every checkpointIdleGap, or at its next claim: its
+// heartbeats alone, a page a second, are not worth two fsyncs a second.
+// Without commits, nothing runs but a look every checkpointIdle, in case
+// the watch missed one; without a watch, a look every checkpointPoll.
 func (k *Keeper) checkpointLoop(ctx context.Context) {
 	look := time.NewTimer(checkpointIdle)
 	defer look.Stop()
 	gap := k.o.CheckpointInterval
-	copied := 0 // the WAL's pages in the database after the last checkpoint
+	copied := 0        // the WAL's pages in the database after the last checkpoint
+	var last time.Time // when the last checkpoint began
 	for {
 		if k.o.Watching() {
 			look.Reset(checkpointIdle)
@@ -233,18 +240,50 @@ func (k *Keeper) checkpointLoop(ctx context.Context) {
 		case <-look.C:
 		}
 		start := time.Now()
+		idle := !last.IsZero() && !k.claimedSince(last)
 		walPages, done, err := k.store.Checkpoint(ctx)
 		if err != nil && ctx.Err() == nil {
 			k.log.Debug("checkpoint", zap.Error(err))
 		}
-		gap = checkpointGap(gap, newPages(walPages, copied), k.o.CheckpointInterval)
-		copied = done
+		gap = checkpointGap(min(gap, checkpointMaxGap), newPages(walPages, copied), k.o.CheckpointInterval)
+		copied, last = done, start
 		// Busy a third of the time at most: large checkpoints (a drain, a
 		// slow disk) come less often.
+		wait := max(gap, 2*time.Since(start))
+		if idle {
+			wait = max(wait, checkpointIdleGap)
+		}
+		if !k.rest(ctx, wait, idle, start) {
+			return
+		}
+	}
+}
+
+// claimedSince reports whether the relay has claimed rows since t.
+func (k *Keeper) claimedSince(t time.Time) bool {
+	return k.o.LastClaim == nil || !k.o.LastClaim().Before(t)
+}
+
+// rest waits d after the checkpoint begun at start, or while idle until
+// a commit finds that the relay has claimed rows since; false when ctx
+// ends.
+func (k *Keeper) rest(ctx context.Context, d time.Duration, idle bool, start time.Time) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var commits <-chan struct{}
+	if idle {
+		commits = k.o.Commits
+	}
+	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(max(gap, 2*time.Since(start))):
+			return false
+		case <-t.C:
+			return true
+		case <-commits:
+			if k.claimedSince(start) {
+				return true
+			}
 		}
 	}
 }
@@ -280,10 +319,12 @@ func checkpointGap(gap time.Duration, fresh int, least time.Duration) time.Durat
 // A checkpoint of fewer than checkpointSmall pages (400 KiB of 4 KiB
 // pages) makes the next one wait longer, up to checkpointMaxGap: well
 // below the 1000 pages at which the application's own connections
-// checkpoint inside their commits.
+// checkpoint inside their commits. A relay that claims no rows
+// checkpoints every checkpointIdleGap.
 const (
-	checkpointSmall  = 100
-	checkpointMaxGap = time.Second
+	checkpointSmall   = 100
+	checkpointMaxGap  = time.Second
+	checkpointIdleGap = 10 * time.Second
 )
 
 // How often checkpointLoop looks without a commit: while the commit watch

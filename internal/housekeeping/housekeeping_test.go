@@ -2,6 +2,7 @@ package housekeeping
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +49,45 @@ func TestCheckpointsFollowCommits(t *testing.T) {
 	// The idle look alone would have taken at least n-1 of its periods.
 	if took := time.Since(start); took >= (n-1)*checkpointIdle {
 		t.Errorf("%d commits took %v to be checkpointed; checkpoints do not follow commits", n, took)
+	}
+}
+
+// TestIdleRelayCheckpointsSeldom: while the relay claims no rows its
+// commits (heartbeats) make no checkpoint until checkpointIdleGap has
+// passed; a claim ends the wait at the next commit.
+func TestIdleRelayCheckpointsSeldom(t *testing.T) {
+	var claimed atomic.Int64 // Unix ns; 0: never
+	commits, checkpoints := make(chan struct{}), make(chan struct{}, 100)
+	k := New(countingStore{checkpoints}, Options{CheckpointInterval: time.Millisecond, Commits: commits,
+		LastClaim: func() time.Time {
+			if ns := claimed.Load(); ns != 0 {
+				return time.Unix(0, ns)
+			}
+			return time.Time{}
+		}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); k.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	commits <- struct{}{}
+	<-checkpoints // the first, after the relay's start
+	commits <- struct{}{}
+	<-checkpoints // the one that finds no claim since the first
+	for range 20 {
+		commits <- struct{}{} // heartbeats
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := len(checkpoints); n > 0 {
+		t.Fatalf("%d checkpoints followed the heartbeats of a relay that claims nothing; want none before %v", n, checkpointIdleGap)
+	}
+	start := time.Now()
+	claimed.Store(start.UnixNano())
+	commits <- struct{}{} // ends the wait
+	commits <- struct{}{} // makes the checkpoint
+	<-checkpoints
+	if took := time.Since(start); took >= checkpointIdleGap/2 {
+		t.Errorf("the checkpoint after a claim took %v; the claim did not end the idle wait", took)
 	}
 }
 
