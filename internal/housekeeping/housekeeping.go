@@ -245,7 +245,7 @@ func (k *Keeper) checkpointLoop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			k.log.Debug("checkpoint", zap.Error(err))
 		}
-		gap = checkpointGap(min(gap, checkpointMaxGap), newPages(walPages, copied), k.o.CheckpointInterval)
+		gap = checkpointGap(gap, newPages(walPages, copied), k.o.CheckpointInterval)
 		copied, last = done, start
 		// Busy a third of the time at most: large checkpoints (a drain, a
 		// slow disk) come less often.
