@@ -150,6 +150,9 @@ type TestHooks struct {
 	// Tried, when set, is called as a fleet's try to serve a file ends,
 	// with how it ended, before the fleet takes note.
 	Tried func(path string, err error)
+	// Looked, when set, is called as a fleet opens a closed file to look
+	// at its rows.
+	Looked func(path string)
 	// KeepClosed, when set, replaces how often a fleet's file closed
 	// while idle has its housekeeping.
 	KeepClosed time.Duration

@@ -179,6 +179,12 @@ type parkedFile struct {
 	// relooks-th of fleetRelooks.
 	relook  time.Time
 	relooks int
+	// mark is the file's commit mark as its last look at its rows began
+	// (marked: it had one), and found what that look found: while the
+	// mark is the same, a look would find that again (see lookOnce).
+	mark   sqlitedb.CommitMark
+	marked bool
+	found  time.Time
 	// keep is when its housekeeping is due (see keep); keeping: it is
 	// under way.
 	keep    time.Time
@@ -417,6 +423,9 @@ func (f *Fleet) nextDue(ctx context.Context, path string) (time.Time, bool) {
 	case <-ctx.Done():
 		return time.Time{}, true
 	}
+	if f.oo.Test != nil && f.oo.Test.Looked != nil {
+		f.oo.Test.Looked(path)
+	}
 	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: f.cfg.Database.Table, BusyTimeout: f.cfg.Database.BusyTimeout, ReadOnly: true, OneConnection: true})
 	if err != nil {
 		return time.Time{}, true
@@ -593,7 +602,7 @@ func (f *Fleet) look(ctx context.Context, path string, p *parkedFile) {
 	go func() {
 		defer f.wg.Done()
 		for {
-			wake, due := f.nextDue(ctx, path)
+			wake, due := f.lookOnce(ctx, path, p)
 			f.mu.Lock()
 			if f.parked[path] != p { // removed, replaced or woken meanwhile
 				f.mu.Unlock()
@@ -627,6 +636,29 @@ func (f *Fleet) look(ctx context.Context, path string, p *parkedFile) {
 			return
 		}
 	}()
+}
+
+// lookOnce says, as nextDue does, whether a row of the closed file p at
+// path is due now, else when the next one is. When no commit became
+// visible in the file since its last look began, as its commit mark
+// tells, what that look found stands, and the file is not opened: a look
+// costs a connection and a query, the mark a read of 96 bytes. The
+// notifications of a commit's writes or of the relay's own last writes as
+// it closed the file, and the looks again for a commit that did not show
+// yet, thus open the file only for what no look saw.
+func (f *Fleet) lookOnce(ctx context.Context, path string, p *parkedFile) (time.Time, bool) {
+	mark, marked := sqlitedb.ReadCommitMark(path) // what a look now sees is at least this
+	f.mu.Lock()
+	same, found := marked && p.marked && mark == p.mark, p.found
+	f.mu.Unlock()
+	if same {
+		return found, !found.IsZero() && !found.After(time.Now())
+	}
+	found, due := f.nextDue(ctx, path)
+	f.mu.Lock()
+	p.mark, p.marked, p.found = mark, marked, found
+	f.mu.Unlock()
+	return found, due
 }
 
 // wake serves a file that was closed while idle, its App logging only

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -58,4 +60,51 @@ func TestEveryCommitToAnIdleFileOpensIt(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// TestLooksAgainOnlyAtWhatChanged: a file closed as idle is looked at
+// once; the looks again that follow it (for a commit whose notification
+// came before it could be read) open the file only when a commit became
+// visible since, as its commit mark tells. A commit with an event still
+// opens the file.
+func TestLooksAgainOnlyAtWhatChanged(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	db := tenantFile(t, dir, "acme", 1)
+	var mu sync.Mutex
+	looks, closes := 0, 0
+	count := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return looks, closes
+	}
+	startFleetWith(t, dir, n.URL(), 200*time.Millisecond, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaAuto
+	}, func(th *daemon.TestHooks) {
+		th.Looked = func(string) {
+			mu.Lock()
+			looks++
+			mu.Unlock()
+		}
+		th.Tried = func(string, error) { // as an open file closes: the looks after it are counted
+			mu.Lock()
+			looks, closes = 0, closes+1
+			mu.Unlock()
+		}
+	})
+	waitDone(t, db, 1)
+	testenv.Eventually(t, 30*time.Second, "the file closed as idle", func() bool {
+		_, c := count()
+		return c == 1
+	})
+	testenv.Eventually(t, 30*time.Second, "a look at the closed file", func() bool {
+		l, _ := count()
+		return l > 0
+	})
+	time.Sleep(time.Second) // past the looks again 10 and 250 ms after it
+	if l, c := count(); l != 1 || c != 1 {
+		t.Fatalf("%d looks at the file in the second after it closed (%d closes), want 1: nothing was committed meanwhile", l, c)
+	}
+	insertKeyed(t, db, "acme", 1)
+	waitDone(t, db, 2)
 }
