@@ -162,7 +162,6 @@ type TestHooks struct {
 
 // Open wires everything the daemon needs; on error it closes what it opened.
 func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (_ *App, err error) {
-	keepFreedMemory()
 	a := &App{cfg: cfg, log: log, metrics: oo.Metrics, natsURL: cfg.NATS.URL, version: oo.Version, listener: oo.Listener}
 	if a.metrics == nil {
 		a.metrics = metrics.New(oo.Version, oo.Commit)

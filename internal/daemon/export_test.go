@@ -1,0 +1,4 @@
+package daemon
+
+// MallocArenas is mallocArenas, for tests.
+var MallocArenas = mallocArenas
