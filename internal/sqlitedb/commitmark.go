@@ -23,27 +23,29 @@ const walIndexHeaders = 96
 // it tells whether it shows yet without opening the database.
 type CommitMark struct {
 	header [walIndexHeaders]byte
-	db     fileID // the database file: another file, or one written in rollback mode, is a change
-	// shm is the -shm file's identity: one made anew starts a new index
-	// (readers write their marks into it, changing its time).
+	// db is the database file, and its size and time: another file, or
+	// one written in rollback mode, is a change.
+	db           fileID
+	dbSize, dbAt int64
+	// shm is the -shm file: one made anew starts a new index. Its size
+	// and time are not part of the mark: readers write their marks into
+	// it.
 	shm fileID
 }
 
-// fileID is what a mark keeps of a file: its identity and, for the
-// database, its size and time.
-type fileID struct {
-	dev, ino    uint64
-	size, mtime int64
-}
+// fileID is a file's identity.
+type fileID struct{ dev, ino uint64 }
 
 // ReadCommitMark reads the mark of the database at path. ok is false when
 // there is none to read (no -shm file: the database is not in WAL mode, or
 // no connection has opened it since its last one closed) or it cannot be
 // read; the caller then looks at the database.
 func ReadCommitMark(path string) (m CommitMark, ok bool) {
-	if m.db, ok = idOf(os.Stat(path)); !ok {
+	db, err := os.Stat(path)
+	if m.db, ok = idOf(db, err); !ok {
 		return m, false
 	}
+	m.dbSize, m.dbAt = db.Size(), db.ModTime().UnixNano()
 	f, err := os.Open(path + "-shm")
 	if err != nil {
 		return m, false
@@ -52,7 +54,6 @@ func ReadCommitMark(path string) (m CommitMark, ok bool) {
 	if m.shm, ok = idOf(f.Stat()); !ok {
 		return m, false
 	}
-	m.shm.size, m.shm.mtime = 0, 0
 	if _, err := io.ReadFull(f, m.header[:]); err != nil {
 		return m, false
 	}
@@ -67,5 +68,5 @@ func idOf(fi os.FileInfo, err error) (fileID, bool) {
 	if !ok {
 		return fileID{}, false
 	}
-	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime().UnixNano()}, true
+	return fileID{dev: uint64(st.Dev), ino: st.Ino}, true
 }
