@@ -684,6 +684,10 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		var tried fileStamp // the file as its try began
 		select {
 		case f.slots <- struct{}{}:
+			// Opening a file is work waiting, as a backlog is: the files
+			// that an hour's first commits wake at once open on every
+			// core rather than one after another on one.
+			f.oo.Procs.Backlog()
 			f.mu.Lock()
 			m.slotted = time.Now()
 			f.mu.Unlock()

@@ -51,6 +51,13 @@ func startFleet(t *testing.T, dir, natsURL string, idleAfter time.Duration) *fle
 // and the test hooks too.
 func startFleetWith(t *testing.T, dir, natsURL string, idleAfter time.Duration, edit func(*config.Config), hooks ...func(*daemon.TestHooks)) *fleetHarness {
 	t.Helper()
+	return startFleetOptions(t, dir, natsURL, idleAfter, edit, daemon.Options{}, hooks...)
+}
+
+// startFleetOptions is startFleetWith with the fleet's options oo (its
+// version, listener and test hooks are the harness's).
+func startFleetOptions(t *testing.T, dir, natsURL string, idleAfter time.Duration, edit func(*config.Config), oo daemon.Options, hooks ...func(*daemon.TestHooks)) *fleetHarness {
+	t.Helper()
 	cfg := harnessConfig(filepath.Join(dir, "*.db"), natsURL, harnessOptions{})
 	cfg.Stream.SubjectTemplate = "{tenant}.{event_type}"
 	edit(&cfg)
@@ -66,7 +73,8 @@ func startFleetWith(t *testing.T, dir, natsURL string, idleAfter time.Duration, 
 	for _, h := range hooks {
 		h(th)
 	}
-	f, err := daemon.OpenFleet(context.Background(), cfg, zap.New(core), daemon.Options{Version: "test", Listener: ln, Test: th})
+	oo.Version, oo.Listener, oo.Test = "test", ln, th
+	f, err := daemon.OpenFleet(context.Background(), cfg, zap.New(core), oo)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,15 +1,18 @@
 package daemon_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
+	"github.com/outbox-relay/outbox-relay/internal/procs"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -107,4 +110,34 @@ func TestLooksAgainOnlyAtWhatChanged(t *testing.T) {
 	}
 	insertKeyed(t, db, "acme", 1)
 	waitDone(t, db, 2)
+}
+
+// TestWakingFileRunsWide: a fleet opening a closed file has its Go code
+// run on every core (GOMAXPROCS at the default), as a backlog does, though
+// the file's one row is no backlog: the files an hour's first commits wake
+// at once open side by side.
+func TestWakingFileRunsWide(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	db := tenantFile(t, dir, "acme", 0)
+	var widened atomic.Int64
+	g := procs.NewWith(func(wide bool) {
+		if wide {
+			widened.Add(1)
+		}
+	}, 100*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	govDone := make(chan struct{})
+	go func() { defer close(govDone); g.Run(ctx, 10*time.Millisecond, nil) }()
+	t.Cleanup(func() { cancel(); <-govDone })
+	startFleetOptions(t, dir, n.URL(), 200*time.Millisecond, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaAuto
+	}, daemon.Options{Procs: g})
+	testenv.Eventually(t, 30*time.Second, "GOMAXPROCS narrowed with no file open", func() bool { return !g.Wide() })
+	before := widened.Load()
+	insertKeyed(t, db, "acme", 1)
+	waitDone(t, db, 1)
+	if widened.Load() == before {
+		t.Fatal("GOMAXPROCS stayed at 1 while the fleet opened the file")
+	}
 }

@@ -8,7 +8,9 @@
 // is no other thread to start, and the relay uses about a sixth less CPU
 // at 100 and at 1,000 rows a second (docs/performance.md). A drain runs
 // Go code on several threads at once, so a claim that finds more due rows
-// than it takes raises GOMAXPROCS back to the runtime's default at once.
+// than it takes raises GOMAXPROCS back to the runtime's default at once,
+// and so does a fleet opening a file: many files woken at once open side
+// by side.
 package procs
 
 import (
@@ -60,7 +62,8 @@ func NewWith(set func(wide bool), hold time.Duration) *Governor {
 	return g
 }
 
-// Backlog says that a claim found more due rows than it took.
+// Backlog says that work is waiting: a claim found more due rows than it
+// took, or a fleet is opening a file.
 func (g *Governor) Backlog() {
 	if g == nil {
 		return
