@@ -84,7 +84,10 @@ type App struct {
 	pub            relay.Publisher
 	relay          *relay.Relay
 	keeper         *housekeeping.Keeper
-	synced         atomic.Bool // the stream was reconciled since start
+	synced         atomic.Bool // the stream was reconciled since start, by this relay or before it (sync)
+	// sync is what the process knows of the stream's reconciliation:
+	// the fleet's, shared by its files, or this relay's own.
+	sync *streamSync
 	// atomicSaid: the atomic batch mode was logged (see noteAtomic).
 	atomicSaid atomic.Bool
 	stream     streamState
@@ -121,6 +124,9 @@ type Options struct {
 	Procs *procs.Governor
 	// Test reaches into the wiring; nil in production.
 	Test *TestHooks
+	// sync, when set, is the fleet's: its files share the stream's
+	// reconciliation.
+	sync *streamSync
 }
 
 // TestHooks are for tests of the whole wiring, as outbox-relay run wires
@@ -162,7 +168,10 @@ type TestHooks struct {
 
 // Open wires everything the daemon needs; on error it closes what it opened.
 func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (_ *App, err error) {
-	a := &App{cfg: cfg, log: log, metrics: oo.Metrics, natsURL: cfg.NATS.URL, version: oo.Version, listener: oo.Listener}
+	a := &App{cfg: cfg, log: log, metrics: oo.Metrics, natsURL: cfg.NATS.URL, version: oo.Version, listener: oo.Listener, sync: oo.sync}
+	if a.sync == nil {
+		a.sync = &streamSync{}
+	}
 	if a.metrics == nil {
 		a.metrics = metrics.New(oo.Version, oo.Commit)
 	}

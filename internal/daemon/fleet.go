@@ -89,6 +89,8 @@ type Fleet struct {
 	// the files: however many drain at once, they hold no more rows in
 	// memory than one file's relay.
 	budget *relay.Budget
+	// sync is the stream's reconciliation, shared by the files' relays.
+	sync *streamSync
 
 	mu    sync.Mutex
 	files map[string]*member // by path: the files open, or opening
@@ -200,7 +202,7 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, said: map[string]string{}, gauges: map[string]*housekeeping.Gauges{},
 		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks),
-		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes)}
+		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes), sync: &streamSync{}}
 	if oo.Test != nil && oo.Test.MaxOpen > 0 {
 		f.slots = make(chan struct{}, oo.Test.MaxOpen)
 	}
@@ -749,7 +751,7 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member) error {
 	}
 	app, err := Open(ctx, cfg, log, Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.fileMetrics, Conn: f.conn, Tenant: m.tenant,
-		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Procs: f.oo.Procs, Test: f.oo.Test,
+		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Procs: f.oo.Procs, Test: f.oo.Test, sync: f.sync,
 	})
 	if err != nil {
 		if ctx.Err() != nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/procs"
@@ -139,5 +141,51 @@ func TestWakingFileRunsWide(t *testing.T) {
 	waitDone(t, db, 1)
 	if widened.Load() == before {
 		t.Fatal("GOMAXPROCS stayed at 1 while the fleet opened the file")
+	}
+}
+
+// TestWokenFilesLeaveTheStreamReconciled: the fleet's first file to reach
+// the broker reconciles the stream and its consumer; a file woken from
+// idle afterwards only checks that the stream is there, and asks the
+// server nothing of the consumer.
+func TestWokenFilesLeaveTheStreamReconciled(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	db := tenantFile(t, dir, "acme", 1)
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	var stream string
+	var closes, consumerInfos atomic.Int64
+	startFleetWith(t, dir, n.URL(), 200*time.Millisecond, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaAuto
+		cfg.Consumer.Durable, cfg.Consumer.Create = "workers", true
+		stream = cfg.Stream.Name
+		sub, err := nc.Subscribe("$JS.API.CONSUMER.INFO."+stream+".workers", func(*nats.Msg) { consumerInfos.Add(1) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}, func(th *daemon.TestHooks) {
+		th.Tried = func(string, error) { closes.Add(1) }
+	})
+	waitDone(t, db, 1)
+	testenv.Eventually(t, 30*time.Second, "the file closed as idle", func() bool { return closes.Load() == 1 })
+	first := consumerInfos.Load()
+	if first == 0 {
+		t.Fatal("the consumer was not looked up by the first reconciliation of the stream")
+	}
+	for wake := 2; wake <= 4; wake++ {
+		insertKeyed(t, db, "acme", 1)
+		waitDone(t, db, wake)
+		testenv.Eventually(t, 30*time.Second, "the file closed as idle", func() bool { return closes.Load() == int64(wake) })
+	}
+	if got := consumerInfos.Load(); got != first {
+		t.Fatalf("%d lookups of the consumer after the file was woken 3 times, want %d: each woken file reconciled the stream again", got, first)
 	}
 }

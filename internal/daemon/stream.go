@@ -38,9 +38,38 @@ func Want(cfg config.Config) streamsync.Want {
 
 func (a *App) want() streamsync.Want { return Want(a.cfg) }
 
+// streamSync is whether the stream and consumer were reconciled in this
+// process, and whether the stream allows atomic publish as that found. A
+// fleet's files share one: the first file's relay to reach the broker
+// reconciles them, a file opened later only checks that the stream is
+// there (a file woken from idle asked the server for the stream once
+// more, of a hundred opened at once as many times), and the next
+// reconciliation is the one a relay makes when it finds the stream gone.
+type streamSync struct {
+	mu      sync.Mutex
+	done    bool
+	atomics bool
+}
+
+// get returns whether a reconciliation was made, and what it found of
+// atomic publish.
+func (s *streamSync) get() (done, atomics bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.done, s.atomics
+}
+
+// set records a reconciliation and what it found of atomic publish.
+func (s *streamSync) set(atomics bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done, s.atomics = true, atomics
+}
+
 // brokerReady is the relay's outage probe: the broker is connected and, in
 // JetStream mode, the stream exists and captures the relay's subjects. The
-// first time the broker answers, the stream and consumer are reconciled.
+// first time the broker answers, the stream and consumer are reconciled,
+// unless another file's relay in the fleet has done so (streamSync).
 func (a *App) brokerReady(ctx context.Context) error {
 	if err := a.pub.Ready(ctx); err != nil {
 		return err
@@ -49,8 +78,13 @@ func (a *App) brokerReady(ctx context.Context) error {
 		return nil
 	}
 	err := streamsync.ErrNoStream
-	if a.synced.Load() {
+	shared, atomics := a.sync.get()
+	if a.synced.Load() || shared {
 		err = a.examineStream(ctx)
+	}
+	if err == nil && !a.synced.Swap(true) {
+		// Reconciled by another file's relay, and there.
+		a.noteAtomic(atomics)
 	}
 	if errors.Is(err, streamsync.ErrNoStream) {
 		// First answer since start, or the stream was deleted meanwhile:
@@ -63,6 +97,7 @@ func (a *App) brokerReady(ctx context.Context) error {
 			return err
 		}
 		a.synced.Store(true)
+		a.sync.set(res.Atomic)
 		if again {
 			// The sequences the relay knew are the old stream's.
 			a.relay.ReconcileAgain()
