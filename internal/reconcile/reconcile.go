@@ -304,9 +304,10 @@ func start(ctx context.Context, o Options, m Mark, created int64) (seq uint64, a
 // a scan its consumer. The look is a message request, which the stream's
 // leader answers, never a direct get: a mirror of the stream or a replica
 // behind its leader may answer those, without the latest messages. Only
-// a message below from counts: the server answers "no message found" for
-// a store that failed to read too, and anything else (a refused request,
-// no answer in time, a JetStream domain or API prefix, whose requests go
+// a message below from counts, or "no message found" confirmed by the
+// stream's index of its subjects (noSubjects): the server answers that for
+// a store that failed to read too. Anything else (a refused request, no
+// answer in time, a JetStream domain or API prefix, whose requests go
 // elsewhere) is not sure either: scan.
 func noneOwn(ctx context.Context, js jetstream.JetStream, stream, subjects string, from uint64) bool {
 	if o := js.Options(); o.Domain != "" || o.APIPrefix != "" {
@@ -328,8 +329,48 @@ func noneOwn(ctx context.Context, js jetstream.JetStream, stream, subjects strin
 		Message *struct {
 			Seq uint64 `json:"seq"`
 		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
 	}
-	return json.Unmarshal(reply.Data, &resp) == nil && resp.Message != nil && resp.Message.Seq > 0 && resp.Message.Seq < from
+	switch {
+	case json.Unmarshal(reply.Data, &resp) != nil:
+		return false
+	case resp.Message != nil:
+		return resp.Message.Seq > 0 && resp.Message.Seq < from
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return noSubjects(ctx, js, stream, subjects)
+	}
+	return false
+}
+
+// noSubjects reports whether the stream's index of its subjects, which
+// its server keeps in memory as messages are stored and removed and no
+// read of a message feeds, holds none that subjects matches: then the
+// stream holds no message on them, and a table that has not recorded a
+// position yet (a fleet's new file) reads nothing. It asks only a server
+// that knows the request's subjects_filter (2.10 or later; an older one
+// would answer with no subjects, whatever it holds).
+func noSubjects(ctx context.Context, js jetstream.JetStream, stream, subjects string) bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(js.Conn().ConnectedServerVersion(), "%d.%d", &major, &minor); err != nil || major < 2 || (major == 2 && minor < 10) {
+		return false
+	}
+	req, err := json.Marshal(struct {
+		Filter string `json:"subjects_filter"`
+	}{subjects})
+	if err != nil {
+		return false
+	}
+	reply, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"STREAM.INFO."+stream, req)
+	if err != nil {
+		return false
+	}
+	var resp struct {
+		State *struct {
+			Subjects map[string]uint64 `json:"subjects"`
+		} `json:"state"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	return json.Unmarshal(reply.Data, &resp) == nil && resp.Error == nil && resp.State != nil && len(resp.State.Subjects) == 0
 }
 
 // lastOwnWait bounds noneOwn's request.
