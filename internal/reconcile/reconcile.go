@@ -313,18 +313,8 @@ func noneOwn(ctx context.Context, js jetstream.JetStream, stream, subjects strin
 	if o := js.Options(); o.Domain != "" || o.APIPrefix != "" {
 		return false
 	}
-	req, err := json.Marshal(struct {
-		LastFor string `json:"last_by_subj"`
-	}{subjects})
-	if err != nil {
-		return false
-	}
 	ctx, cancel := context.WithTimeout(ctx, lastOwnWait)
 	defer cancel()
-	reply, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return false
-	}
 	var resp struct {
 		Message *struct {
 			Seq uint64 `json:"seq"`
@@ -332,7 +322,9 @@ func noneOwn(ctx context.Context, js jetstream.JetStream, stream, subjects strin
 		Error *jetstream.APIError `json:"error"`
 	}
 	switch {
-	case json.Unmarshal(reply.Data, &resp) != nil:
+	case !ask(ctx, js, "STREAM.MSG.GET."+stream, struct {
+		LastFor string `json:"last_by_subj"`
+	}{subjects}, &resp):
 		return false
 	case resp.Message != nil:
 		return resp.Message.Seq > 0 && resp.Message.Seq < from
@@ -354,23 +346,26 @@ func noSubjects(ctx context.Context, js jetstream.JetStream, stream, subjects st
 	if _, err := fmt.Sscanf(js.Conn().ConnectedServerVersion(), "%d.%d", &major, &minor); err != nil || major < 2 || (major == 2 && minor < 10) {
 		return false
 	}
-	req, err := json.Marshal(struct {
-		Filter string `json:"subjects_filter"`
-	}{subjects})
-	if err != nil {
-		return false
-	}
-	reply, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"STREAM.INFO."+stream, req)
-	if err != nil {
-		return false
-	}
 	var resp struct {
 		State *struct {
 			Subjects map[string]uint64 `json:"subjects"`
 		} `json:"state"`
 		Error *jetstream.APIError `json:"error"`
 	}
-	return json.Unmarshal(reply.Data, &resp) == nil && resp.Error == nil && resp.State != nil && len(resp.State.Subjects) == 0
+	return ask(ctx, js, "STREAM.INFO."+stream, struct {
+		Filter string `json:"subjects_filter"`
+	}{subjects}, &resp) && resp.Error == nil && resp.State != nil && len(resp.State.Subjects) == 0
+}
+
+// ask sends req, as JSON, to the JetStream API's subject api and decodes
+// the answer into resp; false when it cannot.
+func ask(ctx context.Context, js jetstream.JetStream, api string, req, resp any) bool {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return false
+	}
+	reply, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+api, body)
+	return err == nil && json.Unmarshal(reply.Data, resp) == nil
 }
 
 // lastOwnWait bounds noneOwn's request.
