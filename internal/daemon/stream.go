@@ -41,10 +41,10 @@ func (a *App) want() streamsync.Want { return Want(a.cfg) }
 // streamSync is whether the stream and consumer were reconciled in this
 // process, and whether the stream allows atomic publish as that found. A
 // fleet's files share one: the first file's relay to reach the broker
-// reconciles them, a file opened later only checks that the stream is
-// there (a file woken from idle asked the server for the stream once
-// more, of a hundred opened at once as many times), and the next
-// reconciliation is the one a relay makes when it finds the stream gone.
+// reconciles them, a file opened later (woken from idle, say: a hundred
+// at once after a quiet hour) only checks that the stream is there, and
+// the next reconciliation is the one a relay makes when it finds the
+// stream gone. A relay alone on its file has one of its own.
 type streamSync struct {
 	mu      sync.Mutex
 	done    bool
