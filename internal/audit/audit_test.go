@@ -61,6 +61,7 @@ func TestRowsOfADeletedStream(t *testing.T) {
 	app := testenv.AppDB(t, path)
 	publishDone(t, js, app, []string{"old-1", "old-2", "old-3", "old-4", "old-5"}, nil)
 
+	testenv.BystanderStream(t, js) // the account keeps a stream while EVENTS is deleted and created again
 	if err := js.DeleteStream(ctx, "EVENTS"); err != nil {
 		t.Fatal(err)
 	}

@@ -79,6 +79,7 @@ func TestSyncTurnsOnAllowAtomic(t *testing.T) {
 func TestCreatedStreamAllowsAtomic(t *testing.T) {
 	ctx := context.Background()
 	js := testenv.StartNATS(t).JetStream(t)
+	testenv.BystanderStream(t, js) // the account keeps a stream while EVENTS is deleted and created again
 	if res, err := streamsync.Sync(ctx, js, atomicWant(), streamsync.Options{DryRun: true}); err != nil || !res.StreamCreated || !res.Atomic {
 		t.Fatalf("dry run = %+v, %v", res, err)
 	}
@@ -100,6 +101,7 @@ func TestCreatedStreamAllowsAtomic(t *testing.T) {
 func TestAllowAtomicNotWantedLeavesTheStream(t *testing.T) {
 	ctx := context.Background()
 	js := testenv.StartNATS(t).JetStream(t)
+	testenv.BystanderStream(t, js) // the account keeps a stream while EVENTS is deleted and created again
 	for _, allow := range []bool{false, true} {
 		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour, AllowAtomicPublish: allow}); err != nil {
 			t.Fatal(err)

@@ -126,6 +126,20 @@ func EventsStream(t testing.TB, js jetstream.JetStream, maxMsgSize int32) {
 	}
 }
 
+// BystanderStream creates a stream no test publishes to (BYSTANDER, on
+// bystander.>), for a test that deletes a stream and creates one: when an
+// account's last stream is deleted, nats-server removes the account's
+// streams directory after it answers, and a stream created meanwhile
+// fails (err_code 10049, "error creating store for stream"; the server
+// logs that mkdir found no such directory).
+func BystanderStream(t testing.TB, js jetstream.JetStream) {
+	t.Helper()
+	cfg := jetstream.StreamConfig{Name: "BYSTANDER", Subjects: []string{"bystander.>"}}
+	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // EditStream changes the stream's configuration as an operator does: it
 // reads the configuration the server holds, applies edit to it and
 // updates the stream, failing the test if the server refuses.
