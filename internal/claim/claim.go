@@ -650,35 +650,39 @@ func (s *Store) deadLetterPrint(ctx context.Context) (string, error) {
 // row first again. now (Unix ms) stands in for a NULL created_at.
 func readRows(rows *sql.Rows, now int64) (out []event.Row, prev []prevRow, noID []int, err error) {
 	defer rows.Close()
+	// Scanned into anew for each row: declared once, so that they do not
+	// each cost an allocation a row.
+	var (
+		r                           event.Row
+		eventID, eventType, payload column
+		orderingKey, headers, group column
+		before                      prevRow
+		attempts                    sql.NullInt64
+		created, availAt            sql.NullInt64
+		hasCreated, hasAvailAt      bool
+	)
+	dest := []any{&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt, &orderingKey, &headers, &group, &before.ID, &before.Status}
 	for rows.Next() {
-		var (
-			r                           event.Row
-			eventID, eventType, payload any
-			orderingKey, headers, group any
-			before                      prevRow
-			attempts                    sql.NullInt64
-			created, availAt            sql.NullInt64
-			hasCreated, hasAvailAt      bool
-		)
-		if err := rows.Scan(&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt, &orderingKey, &headers, &group, &before.ID, &before.Status); err != nil {
+		r = event.Row{}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, nil, err
 		}
-		if eventID == nil {
+		if eventID.v == nil {
 			noID = append(noID, len(out))
 		}
-		r.EventID, r.EventType, r.Payload, r.OrderingKey, r.Headers, r.Group = text(eventID), text(eventType), blob(payload), text(orderingKey), text(headers), text(group)
+		r.EventID, r.EventType, r.Payload, r.OrderingKey, r.Headers, r.Group = text(eventID.v), text(eventType.v), blob(payload.v), text(orderingKey.v), text(headers.v), text(group.v)
 		var problems []string
 		// An event id must be TEXT: SQLite never finds a BLOB or a number
 		// equal to the TEXT of the same bytes, so the unique index would
 		// let X'616263' beside 'abc', or 123 beside '123' (one
 		// Nats-Msg-Id, deduplicated by the broker).
-		if kind := notText(eventID); kind != "" {
+		if kind := notText(eventID.v); kind != "" {
 			problems = append(problems, fmt.Sprintf("event_id is %s, not TEXT (write it as TEXT, in a column declared TEXT: CAST(event_id AS TEXT))", kind))
 		}
 		// A key may be a number in a column declared INTEGER, where SQLite
 		// keeps every key a number; a BLOB key never equals the key it
 		// spells.
-		if _, isBlob := orderingKey.([]byte); isBlob {
+		if _, isBlob := orderingKey.v.([]byte); isBlob {
 			problems = append(problems, "ordering_key is a BLOB, which SQLite never finds equal to the TEXT key it spells (write it as TEXT: CAST(ordering_key AS TEXT))")
 			r.OrderingKey = "" // of no key: dead-lettered alone, holding up no key
 		}
@@ -736,6 +740,19 @@ func (s *Store) assignIDs(ctx context.Context, rows []event.Row, noID []int) err
 	for k, i := range noID {
 		rows[i].EventID = ids[k]
 	}
+	return nil
+}
+
+// column is a column's value as the driver gave it: a Scanner is handed
+// the driver's value as it is, where database/sql gives an *any a copy of
+// a BLOB. go-sqlite3 gives each row's BLOB in memory of its own (it copies
+// it out of SQLite with C.GoBytes), so that copy was a second one of every
+// payload (TestReadRowsKeepsEachRowsPayload holds the driver to it).
+type column struct{ v any }
+
+// Scan keeps src.
+func (c *column) Scan(src any) error {
+	c.v = src
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -164,6 +165,34 @@ func TestClaimDueRowsInOrder(t *testing.T) {
 	rows, err = s.Claim(ctx, 10, 0)
 	if err != nil || len(rows) != 1 || rows[0].ID != 6 {
 		t.Fatalf("second claim %v %v, want row 6 only: 1, 3 and 4 are in flight", rows, err)
+	}
+}
+
+// TestReadRowsKeepsEachRowsPayload holds go-sqlite3 to what readRows
+// relies on to read each payload without copying it again: every row's
+// BLOB comes in memory of its own, which later rows and later claims do
+// not write over.
+func TestReadRowsKeepsEachRowsPayload(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	payload := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i%26)}, 1+i*997%70000) }
+	const n = 40
+	for i := range 2 * n {
+		testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'T', ?)`, fmt.Sprint("id-", i), payload(i))
+	}
+	ctx := context.Background()
+	first, err := s.Claim(ctx, n, 0)
+	if err != nil || len(first) != n {
+		t.Fatal(len(first), err)
+	}
+	second, err := s.Claim(ctx, n, 0)
+	if err != nil || len(second) != n {
+		t.Fatal(len(second), err)
+	}
+	for i, r := range append(first, second...) {
+		if !bytes.Equal(r.Payload, payload(i)) {
+			t.Fatalf("row %d: payload of %d bytes starting %q, want %d bytes of %q", r.ID, len(r.Payload), r.Payload[:min(len(r.Payload), 4)], len(payload(i)), payload(i)[:1])
+		}
 	}
 }
 
