@@ -173,9 +173,8 @@ func (r *Relay) idle(ctx context.Context) {
 func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batch {
 	b := &batch{msgs: make([]publish.Message, 0, len(rows)), published: time.Now(), floor: r.maxSeq.Load()}
 	b.acks = make([]publish.Ack, 0, len(rows))
-	now := make([]publish.Message, 0, len(rows)) // sent in one go
-	nowAt := make([]int, 0, len(rows))           // indexes in b.acks of now
-	keyed := make([]*laneAck, 0, len(rows))      // of now, the rows with a key; nil for others
+	nowAt := make([]int, 0, len(rows))      // indexes in b.msgs and b.acks of the rows sent in one go
+	keyed := make([]*laneAck, 0, len(rows)) // of those, the rows with a key; nil for others
 	groups := map[string][]*laneAck{}
 	var ready []*laneAck // the rows of the groups that may go now
 	for i, row := range rows {
@@ -211,11 +210,19 @@ func (r *Relay) publish(ctx context.Context, rows []event.Row, seq uint64) *batc
 			lane = a
 		}
 		nowAt = append(nowAt, len(b.acks))
-		now = append(now, m)
 		keyed = append(keyed, lane)
 		b.acks = append(b.acks, lane)
 	}
 	r.sendGroup(ctx, ready) // together: a batch costs about the same whatever its size
+	// b.msgs, when every row goes now (most claims): a copy of each
+	// message otherwise.
+	now := b.msgs
+	if len(nowAt) < len(b.msgs) {
+		now = make([]publish.Message, len(nowAt))
+		for i, at := range nowAt {
+			now[i] = b.msgs[at]
+		}
+	}
 	if len(now) > 0 {
 		for i, a := range r.pub.Publish(ctx, now) {
 			if keyed[i] != nil {
