@@ -90,6 +90,9 @@ type Store struct {
 	// rowsRead counts the rows claims read, for tests of what a claim
 	// reads again.
 	rowsRead atomic.Int64
+	// lastRead is how many rows the latest read of a claim found: the
+	// room the next one's result is given at first (see readRows).
+	lastRead atomic.Int64
 }
 
 // New returns a Store on db. It does not touch the schema; closing db is
@@ -323,11 +326,12 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		if err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
-		read, prev, readNoID, err := readRows(rows, sqlitedb.NowMs())
+		read, prev, readNoID, err := readRows(rows, sqlitedb.NowMs(), min(readLimit, max(1, int(s.lastRead.Load()))))
 		if err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
 		s.rowsRead.Add(int64(len(read)))
+		s.lastRead.Store(int64(len(read)))
 		// More may be due when the read was cut by the row limit or by the
 		// byte budget.
 		full := len(read) == readLimit || event.PayloadBytes(read) >= maxBytes
@@ -647,8 +651,11 @@ func (s *Store) deadLetterPrint(ctx context.Context) (string, error) {
 // event_id is NULL. The columns are read as whatever SQLite holds, so that
 // one row of a foreign shape (a text created_at, say) is reported on that
 // row alone instead of failing the whole claim, which would take the same
-// row first again. now (Unix ms) stands in for a NULL created_at.
-func readRows(rows *sql.Rows, now int64) (out []event.Row, prev []prevRow, noID []int, err error) {
+// row first again. now (Unix ms) stands in for a NULL created_at. The
+// result is given room for room rows at its first row: as many as the
+// claim before found, so that while a backlog drains it is not grown by
+// doubling to a batch of a thousand, and at a trickle one.
+func readRows(rows *sql.Rows, now int64, room int) (out []event.Row, prev []prevRow, noID []int, err error) {
 	defer rows.Close()
 	// Scanned into anew for each row: declared once, so that they do not
 	// each cost an allocation a row.
@@ -663,6 +670,9 @@ func readRows(rows *sql.Rows, now int64) (out []event.Row, prev []prevRow, noID 
 	)
 	dest := []any{&r.ID, &eventID, &eventType, &payload, &attempts, &created, &hasCreated, &availAt, &hasAvailAt, &orderingKey, &headers, &group, &before.ID, &before.Status}
 	for rows.Next() {
+		if out == nil {
+			out, prev = make([]event.Row, 0, room), make([]prevRow, 0, room)
+		}
 		r = event.Row{}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, nil, err

@@ -55,7 +55,7 @@ func (s *Store) withGroups(ctx context.Context, read []event.Row, prev []prevRow
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	rest, restPrev, restNoID, err := readRows(rows, sqlitedb.NowMs())
+	rest, restPrev, restNoID, err := readRows(rows, sqlitedb.NowMs(), 1)
 	if err != nil || len(rest) == 0 {
 		return read, prev, noID, held, err
 	}
