@@ -681,6 +681,7 @@ func readRows(rows *sql.Rows, now int64, room int) (out []event.Row, prev []prev
 			noID = append(noID, len(out))
 		}
 		r.EventID, r.EventType, r.Payload, r.OrderingKey, r.Headers, r.Group = text(eventID.v), text(eventType.v), blob(payload.v), text(orderingKey.v), text(headers.v), text(group.v)
+		r.Size = len(r.Payload)
 		var problems []string
 		// An event id must be TEXT: SQLite never finds a BLOB or a number
 		// equal to the TEXT of the same bytes, so the unique index would
@@ -904,39 +905,72 @@ func (s *Store) settleTx(ctx context.Context, tx *sql.Tx, outs []event.Outcome, 
 			return nil, err
 		}
 	}
-	if len(done) > 0 {
-		ids := jsonIDs(func(yield func(int64) bool) {
-			for _, i := range done {
-				if !yield(outs[i].Row.ID) {
-					return
-				}
-			}
-		})
-		arg := doneJSON(outs, done)
-		if s.q.doneRecord != "" {
-			if _, err := tx.ExecContext(ctx, s.q.doneRecord, arg, now); err != nil {
-				return nil, fmt.Errorf("settle rows: %w", err)
-			}
+	for len(done) > 0 {
+		n := doneChunk(outs, done)
+		lost, err := s.settleDone(ctx, tx, outs, done[:n], now)
+		if err != nil {
+			return nil, err
 		}
-		var settled int64
-		for _, q := range s.q.done {
-			res, err := tx.ExecContext(ctx, q, arg, now)
-			if err != nil {
-				return nil, fmt.Errorf("settle rows: %w", err)
-			}
-			n, _ := res.RowsAffected()
-			settled += n
-		}
-		if int(settled) < len(done) {
-			lost, err := s.notSettled(ctx, tx, outs, done, ids, now)
-			if err != nil {
-				return nil, err
-			}
-			stale = append(stale, lost...)
-		}
+		stale = append(stale, lost...)
+		done = done[n:]
 	}
 	slices.Sort(stale)
 	return stale, nil
+}
+
+// settleChunkBytes bounds the payloads of the rows one done statement
+// settles. Every statement that reads a column stored after a row's
+// payload walks the row's overflow pages: the done record's copy, the
+// delete's check and its freeing of the pages, the update's check and its
+// rewrite. Within a statement of a few rows the walks after the first
+// find the pages in the writer's page cache (SQLite's default, 2,000
+// KiB); over hundreds of large rows the cache has let them go and every
+// walk reads the file again. Rows of 64 KiB or more go one to a statement,
+// rows of 256 B still 256 to one.
+const settleChunkBytes = 64 << 10
+
+// doneChunk returns how many of the rows at indexes idx of outs to settle
+// in one done statement: those whose payloads fit in settleChunkBytes, at
+// least one.
+func doneChunk(outs []event.Outcome, idx []int) int {
+	var sum int
+	for k, i := range idx {
+		if sum += outs[i].Row.Size; sum > settleChunkBytes && k > 0 {
+			return k
+		}
+	}
+	return len(idx)
+}
+
+// settleDone marks the rows at indexes idx of outs done (or deletes them
+// and records them), and returns the indexes of those it did not settle.
+func (s *Store) settleDone(ctx context.Context, tx *sql.Tx, outs []event.Outcome, idx []int, now int64) ([]int, error) {
+	arg := doneJSON(outs, idx)
+	if s.q.doneRecord != "" {
+		if _, err := tx.ExecContext(ctx, s.q.doneRecord, arg, now); err != nil {
+			return nil, fmt.Errorf("settle rows: %w", err)
+		}
+	}
+	var settled int64
+	for _, q := range s.q.done {
+		res, err := tx.ExecContext(ctx, q, arg, now)
+		if err != nil {
+			return nil, fmt.Errorf("settle rows: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		settled += n
+	}
+	if int(settled) == len(idx) {
+		return nil, nil
+	}
+	ids := jsonIDs(func(yield func(int64) bool) {
+		for _, i := range idx {
+			if !yield(outs[i].Row.ID) {
+				return
+			}
+		}
+	})
+	return s.notSettled(ctx, tx, outs, idx, ids, now)
 }
 
 // leadsIn asks the fence, if any, whether tx may write settlements.

@@ -2,7 +2,11 @@ package claim
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,20 +79,28 @@ func TestSettlingWritesLittleWhateverThePayload(t *testing.T) {
 	}
 }
 
+// claimSeeded seeds a new database with n pending rows of size bytes and
+// claims them all with a Store that deletes done rows or keeps them.
+func claimSeeded(t *testing.T, deleteDone bool, n, size int) (*Store, *sql.DB, []event.Row) {
+	t.Helper()
+	s := New(testenv.MigratedDB(t), Options{DeleteDone: deleteDone})
+	db := testenv.AppDB(t, s.db.Path())
+	if err := benchkit.Seed(context.Background(), db, "event_queue", n, size, "pending"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Claim(context.Background(), n, 0)
+	if err != nil || len(rows) != n {
+		t.Fatal(len(rows), err)
+	}
+	return s, db, rows
+}
+
 // settleWALBytes claims n pending rows of size bytes, settles them all as
 // done in transactions of batch rows while a reader pins the WAL, and
 // returns the WAL bytes per row.
 func settleWALBytes(t *testing.T, deleteDone bool, n, size, batch int) int64 {
 	ctx := context.Background()
-	s := New(testenv.MigratedDB(t), Options{DeleteDone: deleteDone})
-	db := testenv.AppDB(t, s.db.Path())
-	if err := benchkit.Seed(ctx, db, "event_queue", n, size, "pending"); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := s.Claim(ctx, n, 0)
-	if err != nil || len(rows) != n {
-		t.Fatal(len(rows), err)
-	}
+	s, db, rows := claimSeeded(t, deleteDone, n, size)
 	pin, err := benchkit.PinWAL(ctx, s.db.Path(), "event_queue")
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +130,62 @@ func settleWALBytes(t *testing.T, deleteDone bool, n, size, batch int) int64 {
 		t.Fatal(err)
 	}
 	return grown / int64(n)
+}
+
+// TestSettlingReadsALargeRowOnce: settling rows of 64 KiB (16 overflow
+// pages each) reads each row's pages from the file about once, as the
+// relay settles them: their payloads dropped once published, in one
+// settle of many rows. Each statement of a settle that reads a column
+// stored after the payload walks the row's overflow pages; they come from
+// the writer's page cache only while the statement's rows fit in it.
+// Read calls are counted in /proc/self/io.
+func TestSettlingReadsALargeRowOnce(t *testing.T) {
+	if _, err := os.Stat("/proc/self/io"); err != nil {
+		t.Skip("counts read calls in /proc/self/io (Linux)")
+	}
+	const n, size, pages = 100, 64 << 10, 16
+	ctx := context.Background()
+	for _, deleteDone := range []bool{true, false} {
+		s, _, rows := claimSeeded(t, deleteDone, n, size)
+		outs := make([]event.Outcome, n)
+		for i, r := range rows {
+			r.Payload = nil
+			outs[i] = event.Outcome{Row: r, Settlement: event.Done, StreamSeq: uint64(r.ID)}
+		}
+		before := readCalls(t)
+		if stale, err := s.Settle(ctx, outs, 0); err != nil || len(stale) > 0 {
+			t.Fatal(stale, err)
+		}
+		perRow := float64(readCalls(t)-before) / n
+		t.Logf("delete done rows %v: %.1f read calls a row settled", deleteDone, perRow)
+		// Marking a row done rewrites its record, which reads its pages
+		// twice; deleting it, once. In one statement for all the rows,
+		// each took three reads of its pages.
+		if limit := map[bool]float64{true: 1.5 * pages, false: 2.5 * pages}[deleteDone]; perRow > limit {
+			t.Errorf("delete done rows %v: %.1f read calls a row of %d pages settled, want at most %.0f", deleteDone, perRow, pages, limit)
+		}
+	}
+}
+
+// readCalls returns the read calls this process has made (syscr in
+// /proc/self/io).
+func readCalls(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "syscr: "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no syscr in /proc/self/io: %q", b)
+	return 0
 }
 
 // TestDeleteDoneKeepsARecordOfAnIDGivenAgain: an application that writes

@@ -48,6 +48,10 @@ type Row struct {
 	EventID   string
 	EventType string
 	Payload   []byte
+	// Size is the payload's length as the row was read: the relay drops
+	// a payload once it is published, and the settle still needs its size
+	// (claim.Store sizes its statements by it).
+	Size      int
 	Attempts  int
 	CreatedAt int64 // Unix milliseconds
 	// OrderingKey is the row's ordering_key: rows with the same key are
