@@ -811,7 +811,8 @@ func blob(v any) []byte {
 }
 
 // Settle writes the outcomes of claimed rows in one transaction and lets
-// go of the rows. Done rows are settled by one statement. Each write is
+// go of the rows. Done rows are settled at most settleChunkBytes of
+// payload to a statement (one row, if larger). Each write is
 // conditioned on the row being still pending; stale lists the indexes of
 // the outcomes that changed nothing. With a Fence, the store writes only
 // while it leads, checked in the same transaction: one that was paused

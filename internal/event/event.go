@@ -48,9 +48,10 @@ type Row struct {
 	EventID   string
 	EventType string
 	Payload   []byte
-	// Size is the payload's length as the row was read: the relay drops
-	// a payload once it is published, and the settle still needs its size
-	// (claim.Store sizes its statements by it).
+	// Size is the payload's length in bytes as the row was read (0 where
+	// the payload was not read): the relay drops a payload once it is
+	// published, and the settle still needs its size (claim.Store sizes
+	// its statements by it).
 	Size      int
 	Attempts  int
 	CreatedAt int64 // Unix milliseconds

@@ -425,6 +425,7 @@ type row struct {
 	id       int64
 	status   string
 	attempts int
+	size     int // the payload's length: the settle sizes its statements by it
 }
 
 // settle settles the rows of batch's messages and moves the mark to next,
@@ -459,7 +460,7 @@ func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 			continue
 		}
 		taken[r.id] = true
-		ev := event.Row{ID: r.id, EventID: m.msgID}
+		ev := event.Row{ID: r.id, EventID: m.msgID, Size: r.size}
 		reused := o.own(m, r)
 		if reused == nil {
 			outs = append(outs, event.Outcome{Row: ev, Settlement: event.Done, StreamSeq: m.seq})
@@ -525,7 +526,7 @@ func readRows[T any](ctx context.Context, db *sqlitedb.DB, col string, vals []T,
 		return nil
 	}
 	arg, _ := json.Marshal(vals)
-	q := fmt.Sprintf(`SELECT id, CAST(event_id AS TEXT), coalesce(CAST(status AS TEXT), ''), coalesce(attempts, 0)
+	q := fmt.Sprintf(`SELECT id, CAST(event_id AS TEXT), coalesce(CAST(status AS TEXT), ''), coalesce(attempts, 0), coalesce(octet_length(payload), 0)
 FROM %s WHERE %s IN (SELECT value FROM json_each(?1)) AND event_id IS NOT NULL`, db.Table(), col)
 	rs, err := db.Reader().QueryContext(ctx, q, string(arg))
 	if err != nil {
@@ -535,7 +536,7 @@ FROM %s WHERE %s IN (SELECT value FROM json_each(?1)) AND event_id IS NOT NULL`,
 	for rs.Next() {
 		var r row
 		var id string
-		if err := rs.Scan(&r.id, &id, &r.status, &r.attempts); err != nil {
+		if err := rs.Scan(&r.id, &id, &r.status, &r.attempts, &r.size); err != nil {
 			return fmt.Errorf("read the rows of the stream's messages: %w", err)
 		}
 		out[id] = r
