@@ -4,9 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -142,9 +139,6 @@ func settleWALBytes(t *testing.T, deleteDone bool, n, size, batch int) int64 {
 // pages again (the relay checkpoints on a connection of its own). Read
 // calls are counted in /proc/self/io.
 func TestSettlingReadsALargeRowOnce(t *testing.T) {
-	if _, err := os.Stat("/proc/self/io"); err != nil {
-		t.Skip("counts read calls in /proc/self/io (Linux)")
-	}
 	const n, size, pages = 100, 64 << 10, 16
 	ctx := context.Background()
 	for _, deleteDone := range []bool{true, false} {
@@ -158,11 +152,11 @@ func TestSettlingReadsALargeRowOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := readCalls(t)
+		before := testenv.ProcIO(t, "syscr")
 		if stale, err := s.Settle(ctx, outs, 0); err != nil || len(stale) > 0 {
 			t.Fatal(stale, err)
 		}
-		perRow := float64(readCalls(t)-before) / n
+		perRow := float64(testenv.ProcIO(t, "syscr")-before) / n
 		pin.Close()
 		t.Logf("delete done rows %v: %.1f read calls a row settled", deleteDone, perRow)
 		// In one statement for all the rows, each row's pages were read
@@ -171,27 +165,6 @@ func TestSettlingReadsALargeRowOnce(t *testing.T) {
 			t.Errorf("delete done rows %v: %.1f read calls a row of %d pages settled, want about %d", deleteDone, perRow, pages, pages)
 		}
 	}
-}
-
-// readCalls returns the read calls this process has made (syscr in
-// /proc/self/io).
-func readCalls(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/io")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "syscr: "); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("no syscr in /proc/self/io: %q", b)
-	return 0
 }
 
 // TestDeleteDoneKeepsARecordOfAnIDGivenAgain: an application that writes

@@ -1,12 +1,8 @@
 package housekeeping
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -32,9 +28,9 @@ func TestPruneReadsNoPendingPayload(t *testing.T) {
 	}
 	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	p := NewPruner(s)
-	before := readBytes(t)
+	before := testenv.ProcIO(t, "rchar")
 	n, err := p.Prune(ctx, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond)
-	read := readBytes(t) - before
+	read := testenv.ProcIO(t, "rchar") - before
 	if err != nil || n != 1 {
 		t.Fatalf("pruned %d rows, %v; want the old done row", n, err)
 	}
@@ -60,9 +56,9 @@ func TestBacklogReadsFewPayloads(t *testing.T) {
 	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = ?, created_at = ? WHERE id = 7`, due, created)
 	testenv.MustExec(t, db, `UPDATE event_queue SET available_at = ?1, created_at = ?1 WHERE id = 9`, created+1000)
 	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
-	before := readBytes(t)
+	before := testenv.ProcIO(t, "rchar")
 	b, err := Backlog(ctx, s, false)
-	read := readBytes(t) - before
+	read := testenv.ProcIO(t, "rchar") - before
 	if err != nil || b.Pending != 300 || b.OldestPending.UnixMilli() != created {
 		t.Fatalf("backlog %+v, %v; want 300 pending, the oldest due at %d", b, err, created)
 	}
@@ -98,26 +94,4 @@ func TestOldestDueSkipsARowSettledMeanwhile(t *testing.T) {
 	if err != nil || !oldest.Valid {
 		t.Fatalf("OldestDue: %v, %v; want the oldest of the rows left", oldest, err)
 	}
-}
-
-// readBytes is what this process has read from files and sockets so far.
-func readBytes(t *testing.T) int64 {
-	t.Helper()
-	f, err := os.Open("/proc/self/io")
-	if err != nil {
-		t.Skip("no /proc/self/io:", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "rchar: "); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no rchar in /proc/self/io")
-	return 0
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -663,4 +664,26 @@ func ReplaceEnv(t testing.TB, prefix string, names []string, env []string) {
 			t.Setenv(name, val)
 		}
 	}
+}
+
+// ProcIO returns the field (rchar, syscr, ...) of /proc/self/io: what this
+// process has read or written so far. Where there is no /proc/self/io
+// (not Linux) the test is skipped.
+func ProcIO(t testing.TB, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Skip("no /proc/self/io:", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, field+": "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/self/io: %q", field, b)
+	return 0
 }
