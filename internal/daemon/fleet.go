@@ -48,6 +48,10 @@ const (
 	// fleetMaxLooks bounds the looks at closed files' rows under way at
 	// once (each a connection of its own).
 	fleetMaxLooks = 16
+	// fleetLookLockWait is how long a look waits for a file its
+	// application holds locked against readers: a file it cannot read
+	// counts as due, and opening it waits for the lock, saying so.
+	fleetLookLockWait = 100 * time.Millisecond
 )
 
 // fleetRelooks are the looks again at a closed file, after a look that a
@@ -173,7 +177,9 @@ func (m *member) leave() {
 // parkedFile is a file closed while idle.
 type parkedFile struct {
 	file os.FileInfo
-	wake time.Time // zero: on its next commit only
+	// fresh: this process has not served it yet (found idle at start).
+	fresh bool
+	wake  time.Time // zero: on its next commit only
 	// probing: a look at its rows is under way (see commitTo); again: it
 	// was written to meanwhile, so look once more.
 	probing, again bool
@@ -364,10 +370,12 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 			}
 		}
 		if first && f.parks {
-			if wake, due := f.nextDue(ctx, path); !due {
-				f.park(path, &parkedFile{file: fi, wake: wake}, true)
-				continue
-			}
+			// Looked at in a goroutine, as a commit's notification has
+			// it: a file its application holds locked holds up no other.
+			p := &parkedFile{file: fi, fresh: true}
+			f.park(path, p, true)
+			f.probe(ctx, path, p)
+			continue
 		}
 		f.start(ctx, path, fi, false)
 		f.files[path].retried = retried
@@ -428,7 +436,8 @@ func (f *Fleet) nextDue(ctx context.Context, path string) (time.Time, bool) {
 	if f.oo.Test != nil && f.oo.Test.Looked != nil {
 		f.oo.Test.Looked(path)
 	}
-	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: f.cfg.Database.Table, BusyTimeout: f.cfg.Database.BusyTimeout, ReadOnly: true, OneConnection: true})
+	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: f.cfg.Database.Table, BusyTimeout: f.cfg.Database.BusyTimeout, ReadOnly: true, OneConnection: true,
+		LockWait: fleetLookLockWait})
 	if err != nil {
 		return time.Time{}, true
 	}
@@ -474,7 +483,7 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 		switch {
 		case !p.wake.IsZero() && !now.Before(p.wake):
 			delete(f.parked, path)
-			f.wake(ctx, path, p.file)
+			f.wake(ctx, path, p)
 		case !p.relook.IsZero() && !now.Before(p.relook) && !p.probing:
 			p.relook = time.Time{}
 			f.look(ctx, path, p)
@@ -574,7 +583,7 @@ func (f *Fleet) stayOpen(ctx context.Context) {
 	f.parks = false
 	for path, p := range f.parked {
 		delete(f.parked, path)
-		f.wake(ctx, path, p.file)
+		f.wake(ctx, path, p)
 	}
 }
 
@@ -613,7 +622,7 @@ func (f *Fleet) look(ctx context.Context, path string, p *parkedFile) {
 			switch {
 			case due:
 				delete(f.parked, path)
-				f.wake(ctx, path, p.file)
+				f.wake(ctx, path, p)
 			case p.again:
 				p.again = false
 				f.mu.Unlock()
@@ -663,12 +672,12 @@ func (f *Fleet) lookOnce(ctx context.Context, path string, p *parkedFile) (time.
 	return found, due
 }
 
-// wake serves a file that was closed while idle, its App logging only
-// warnings and errors: opening and closing idle files is routine, and
-// each said "relay starting", "leading" and "relay stopped". Called with
-// f.mu held.
-func (f *Fleet) wake(ctx context.Context, path string, fi os.FileInfo) {
-	f.start(ctx, path, fi, true)
+// wake serves the closed file p, its App logging only warnings and
+// errors once it has been served: opening and closing idle files is
+// routine, and each said "relay starting", "leading" and "relay
+// stopped". Called with f.mu held.
+func (f *Fleet) wake(ctx context.Context, path string, p *parkedFile) {
+	f.start(ctx, path, p.file, !p.fresh)
 }
 
 // start serves the file at path in a goroutine of its own: it waits for
