@@ -122,6 +122,9 @@ type Options struct {
 	// Procs, when set, is told of the claims that find a backlog (the
 	// process's GOMAXPROCS follows them).
 	Procs *procs.Governor
+	// Started, when set, is called once the relay's start is over (see
+	// relay.Options.Started).
+	Started func()
 	// Test reaches into the wiring; nil in production.
 	Test *TestHooks
 	// sync, when set, is the fleet's: its files share the stream's
@@ -281,6 +284,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		Ready:             a.brokerReady,
 		Clock:             clock,
 		Backlog:           oo.Procs.Backlog,
+		Started:           oo.Started,
 		Metrics:           a.metrics,
 		Log:               log.Named("relay"),
 	}

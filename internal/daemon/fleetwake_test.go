@@ -190,6 +190,31 @@ func TestWokenFilesLeaveTheStreamReconciled(t *testing.T) {
 	}
 }
 
+// TestLockedFilesGiveTheirTurnToStartBack: a fleet starts a few files at a
+// time, and a file whose start waits gives its turn back. More files than
+// there are turns are held by their applications in exclusive locking
+// mode, so that opening each waits for its lock; files created meanwhile
+// are served all the same, every row published.
+func TestLockedFilesGiveTheirTurnToStartBack(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	const locked, healthy = 8, 6
+	for i := 0; i < locked; i++ {
+		holdExclusive(t, tenantFile(t, dir, fmt.Sprintf("locked%d", i), 1))
+	}
+	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto })
+	testenv.Eventually(t, 30*time.Second, "every locked file's start waiting for its lock", func() bool {
+		return logCountOf(h.logs, "database locked against this process; waiting until it is free") >= locked
+	})
+	var dbs []*sql.DB
+	for i := 0; i < healthy; i++ {
+		dbs = append(dbs, tenantFile(t, dir, fmt.Sprintf("t%d", i), 3))
+	}
+	for _, db := range dbs {
+		waitDone(t, db, 3)
+	}
+}
+
 // TestLockedFilesAtStartHoldUpNoOther: files that their applications hold
 // locked against readers when the fleet starts, each found due as it
 // cannot be read, hold up none of the files beside them: those are

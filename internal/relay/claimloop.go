@@ -28,6 +28,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			return err
 		}
 		r.outage.begin(err, r.log, r.m)
+		r.started()
 	} else if err == nil {
 		r.m.BrokerConnected.Set(1)
 	}
@@ -44,6 +45,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			continue
 		}
 		if !r.leading.Load() && r.o.HeartbeatInterval > 0 {
+			r.started()
 			wait(ctx, r.led, nil) // a standby claims nothing
 			continue
 		}
@@ -93,6 +95,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 		}
 		seq := r.claimSeq.Add(1)
 		rows, err := r.store.Claim(ctx, int(limit), maxBytes)
+		r.started()
 		bytes := event.PayloadBytes(rows)
 		r.o.Budget.give(room{rows: got.rows - int64(len(rows)), bytes: got.bytes - bytes})
 		if r.stopIfReplaced(err) {

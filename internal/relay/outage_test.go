@@ -102,3 +102,30 @@ func TestHalfOpenEndsOnARejection(t *testing.T) {
 		t.Fatalf("the broker answered every publish, yet the relay reports an outage: %v", err)
 	}
 }
+
+// TestStartedOnce: Options.Started is called once, when the relay's start
+// is over: at its first claim, or as it finds the broker out, before it
+// can publish anything.
+func TestStartedOnce(t *testing.T) {
+	for _, up := range []bool{true, false} {
+		t.Run(map[bool]string{true: "broker up", false: "broker out"}[up], func(t *testing.T) {
+			store := &testenv.MemStore{}
+			store.AddN(300, "T", nil)
+			pub := &trialPublisher{result: publish.Result{Kind: publish.Stored}}
+			pub.up.Store(up)
+			var calls atomic.Int32
+			r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 100, MaxInFlight: 500, PollInterval: 20 * time.Millisecond,
+				MaxAttempts: 3, ShutdownTimeout: time.Second, Started: func() { calls.Add(1) }})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); r.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			testenv.Eventually(t, 10*time.Second, "started", func() bool { return calls.Load() > 0 })
+			pub.up.Store(true)
+			testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.Outcomes()) >= 300 })
+			if n := calls.Load(); n != 1 {
+				t.Fatalf("Started called %d times, want once", n)
+			}
+		})
+	}
+}

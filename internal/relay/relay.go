@@ -122,6 +122,10 @@ type Options struct {
 	// Backlog, when set, is called when a claim finds more due rows than
 	// it takes (procs.Governor.Backlog).
 	Backlog func()
+	// Started, when set, is called once, when the relay's start is over:
+	// its first claim is made (it leads, reached the broker and
+	// reconciled), or it stands by, or the broker is out.
+	Started func()
 	// Clock gives the times of retries and deferrals; share the store's.
 	Clock   *event.Clock
 	Metrics *metrics.Metrics
@@ -175,6 +179,8 @@ type Relay struct {
 	claimTrouble, settleTrouble, beatTrouble, reconcileTrouble *episode.Log
 	// halt ends the claim loop with a cause that Run returns (set by Run).
 	halt context.CancelCauseFunc
+	// started calls Options.Started, once.
+	started func()
 	// reserved are the header names a row may not set beyond Nats-* and
 	// Outbox-* (Options.Format's).
 	reserved []string
@@ -227,6 +233,10 @@ func New(store Store, pub Publisher, o Options) *Relay {
 		reserved: o.Format.Reserved(),
 	}
 	r.batcher, _ = pub.(Batcher)
+	r.started = func() {}
+	if o.Started != nil {
+		r.started = sync.OnceFunc(o.Started)
+	}
 	r.inFlightGauge, r.leaderGauge = metrics.NewPart(r.m.InFlight), metrics.NewPart(r.m.Leader)
 	trouble := func(op string) *episode.Log {
 		return episode.New(o.Log.With(zap.String("operation", op)), zap.WarnLevel, "database unavailable; retrying", "database available again")
