@@ -50,7 +50,9 @@ const (
 	fleetMaxLooks = 16
 	// fleetLookLockWait is how long a look waits for a file its
 	// application holds locked against readers: a file it cannot read
-	// counts as due, and opening it waits for the lock, saying so.
+	// counts as due, and opening it waits for the lock, saying so. A
+	// lock held longer that is no hold-up (the recovery of a large WAL)
+	// opens the file for nothing: it is closed again as idle.
 	fleetLookLockWait = 100 * time.Millisecond
 	// fleetStarting bounds the files starting at once (see startTurn),
 	// and fleetStartHold how long one start holds its turn at most.
@@ -377,9 +379,12 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 		if first && f.parks {
 			// Looked at in a goroutine, as a commit's notification has
 			// it: a file its application holds locked holds up no other.
+			// Once: the looks again are for a commit notified before
+			// it could be read, and a commit now is notified anew.
 			p := &parkedFile{file: fi, fresh: true}
 			f.park(path, p, true)
 			f.probe(ctx, path, p)
+			p.relooks = len(fleetRelooks)
 			continue
 		}
 		f.start(ctx, path, fi, false)
@@ -492,7 +497,7 @@ func (f *Fleet) tend(ctx context.Context, now time.Time) {
 		case !p.relook.IsZero() && !now.Before(p.relook) && !p.probing:
 			p.relook = time.Time{}
 			f.look(ctx, path, p)
-		case !p.keep.IsZero() && !now.Before(p.keep) && !p.keeping:
+		case !p.keep.IsZero() && !now.Before(p.keep) && !p.keeping && !p.probing: // a look may open it
 			f.keep(ctx, path, p)
 		}
 	}
@@ -757,22 +762,26 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 }
 
 // startTurn waits for a turn to start a file, and returns the function
-// that gives it back: when the file's relay has started (it publishes, or
-// knows it will not soon) or after fleetStartHold, whichever comes first.
-// Files that an hour's first commits wake at once thus start a few at a
-// time, each in milliseconds, rather than all together, each taking as
-// long as all of them: their first rows wait half as long on average. A
-// file whose start waits (for its application's lock, for the broker)
-// holds its turn for fleetStartHold at most.
+// that gives it back: when the file's relay has started (its first claim,
+// or it stands by, or finds the broker out) or its start failed, or
+// after fleetStartHold, whichever comes first. Files that an hour's first
+// commits wake at once thus start a few at a time, each in milliseconds,
+// rather than all together, each taking as long as all of them: their
+// first rows wait half as long on average. A file whose start waits
+// (for its application's lock, a long reconciliation) holds its turn for
+// fleetStartHold at most.
 func (f *Fleet) startTurn(ctx context.Context) (started func()) {
 	select {
 	case f.starting <- struct{}{}:
 	case <-ctx.Done():
 		return func() {}
 	}
-	started = sync.OnceFunc(func() { <-f.starting })
-	time.AfterFunc(fleetStartHold, started)
-	return started
+	give := sync.OnceFunc(func() { <-f.starting })
+	hold := time.AfterFunc(fleetStartHold, give)
+	return func() {
+		hold.Stop()
+		give()
+	}
 }
 
 // serve opens the file's App and runs it until ctx ends (nil) or it
