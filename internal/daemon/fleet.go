@@ -34,6 +34,12 @@ const (
 	// fleetRescan is how often the pattern is matched again when no
 	// file-system notification said the directory changed.
 	fleetRescan = 5 * time.Second
+	// fleetScanSoon is how soon the pattern is matched again once a
+	// notification (a file created, moved in or removed, a commit to a
+	// name the fleet does not know) asks for it, and fleetScanGap how
+	// often at most: a burst of files created costs ten scans a second.
+	fleetScanSoon = 10 * time.Millisecond
+	fleetScanGap  = 100 * time.Millisecond
 	// fleetRetry is how long a file that could not be served waits
 	// before it is tried again.
 	fleetRetry = 5 * time.Second
@@ -118,6 +124,8 @@ type Fleet struct {
 	gauges map[string]*housekeeping.Gauges
 	fleetM *metrics.FleetMetrics
 	rescan bool // the directory changed: match the pattern again
+	// soon tells Run that rescan was set (see askScan).
+	soon chan struct{}
 	// turnsSaid: the log said files are served in turn (takeTurns).
 	turnsSaid bool
 	// parks: idle files are closed, notifications opening them again.
@@ -214,7 +222,7 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	}
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, said: map[string]string{}, gauges: map[string]*housekeeping.Gauges{},
-		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks), starting: make(chan struct{}, fleetStarting),
+		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks), starting: make(chan struct{}, fleetStarting), soon: make(chan struct{}, 1),
 		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes), sync: &streamSync{}}
 	if oo.Test != nil && oo.Test.MaxOpen > 0 {
 		f.slots = make(chan struct{}, oo.Test.MaxOpen)
@@ -287,6 +295,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 	tick := time.NewTicker(fleetTick)
 	defer tick.Stop()
 	lastScan := time.Now()
+	var soon <-chan time.Time // a scan asked for
 	for {
 		select {
 		case <-ctx.Done():
@@ -296,12 +305,19 @@ func (f *Fleet) Run(ctx context.Context) error {
 			continue
 		case <-changed:
 			f.mu.Lock()
-			f.rescan = true
+			f.askScan()
 			f.mu.Unlock()
+			continue
+		case <-f.soon:
+			if soon == nil {
+				soon = time.After(max(fleetScanSoon, fleetScanGap-time.Since(lastScan)))
+			}
 			continue
 		case <-missed:
 			f.probeAll(ctx)
 			continue
+		case <-soon:
+			soon = nil
 		case <-tick.C:
 		}
 		f.mu.Lock()
@@ -411,6 +427,16 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 		if !matched[path] {
 			delete(f.said, path)
 		}
+	}
+}
+
+// askScan has Run match the pattern again soon (fleetScanSoon), rather
+// than at its next tick. Called with f.mu held.
+func (f *Fleet) askScan() {
+	f.rescan = true
+	select {
+	case f.soon <- struct{}{}:
+	default:
 	}
 }
 
@@ -555,7 +581,7 @@ func (f *Fleet) commitTo(ctx context.Context, path string) {
 	p := f.parked[path]
 	if p == nil {
 		if f.files[path] == nil {
-			f.rescan = true
+			f.askScan()
 		}
 		return // an open file's relay sees it; one closing is looked at once closed
 	}
@@ -738,7 +764,7 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		if errors.Is(err, event.ErrDatabaseReplaced) {
 			// Found by the relay before the scan: served anew at once.
 			f.log.Info("database file replaced; serving the new one", zap.String("tenant", m.tenant), zap.String("database", path))
-			f.rescan = true
+			f.askScan()
 			err = nil
 		}
 		if err == nil || ctx.Err() != nil {
@@ -750,7 +776,8 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 		if !m.retried && tried.changed(t.as) {
 			// Once only: a file its own tries change (creating its -wal)
 			// would be tried again and again.
-			t.retry, t.quick, f.rescan = time.Now(), true, true
+			t.retry, t.quick = time.Now(), true
+			f.askScan()
 		}
 		f.trouble[path] = t
 		if f.said[path] != err.Error() {
