@@ -246,16 +246,7 @@ func TestFleetStatusOfManyFiles(t *testing.T) {
 		testenv.MustExec(t, first, `VACUUM INTO ?`, filepath.Join(dir, fmt.Sprintf("tenant-%02d.db", i)))
 	}
 	pendingRows(t, testenv.AppDB(t, filepath.Join(dir, "tenant-17.db")), "t17", 3, time.Minute)
-	locked, err := testenv.AppDB(t, filepath.Join(dir, "tenant-05.db")).Conn(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locked.Close()
-	for _, q := range []string{`PRAGMA locking_mode = EXCLUSIVE`, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('held', 'A', 'x')`} {
-		if _, err := locked.ExecContext(t.Context(), q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	testenv.HoldExclusive(t, testenv.AppDB(t, filepath.Join(dir, "tenant-05.db")))
 
 	pattern := filepath.Join(dir, "tenant-*.db")
 	code, out, errOut := runCLI(t, "status", "--database-path", pattern)

@@ -200,7 +200,7 @@ func TestLockedFilesGiveTheirTurnToStartBack(t *testing.T) {
 	dir := t.TempDir()
 	const locked, healthy = 8, 6
 	for i := 0; i < locked; i++ {
-		holdExclusive(t, tenantFile(t, dir, fmt.Sprintf("locked%d", i), 1))
+		testenv.HoldExclusive(t, tenantFile(t, dir, fmt.Sprintf("locked%d", i), 1))
 	}
 	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto })
 	testenv.Eventually(t, 30*time.Second, "every locked file's start waiting for its lock", func() bool {
@@ -224,28 +224,11 @@ func TestLockedFilesAtStartHoldUpNoOther(t *testing.T) {
 	dir := t.TempDir()
 	var dbs []*sql.DB
 	for i := 0; i < 12; i++ {
-		holdExclusive(t, tenantFile(t, dir, fmt.Sprintf("locked%d", i), 1))
+		testenv.HoldExclusive(t, tenantFile(t, dir, fmt.Sprintf("locked%d", i), 1))
 		dbs = append(dbs, tenantFile(t, dir, fmt.Sprintf("t%d", i), 3))
 	}
 	startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto })
 	for _, db := range dbs {
 		waitDone(t, db, 3)
-	}
-}
-
-// holdExclusive holds db's file as an application in exclusive locking
-// mode does: in WAL mode the lock is taken at the first write and held
-// until the connection closes (at the test's end).
-func holdExclusive(t *testing.T, db *sql.DB) {
-	t.Helper()
-	conn, err := db.Conn(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	for _, q := range []string{`PRAGMA locking_mode = EXCLUSIVE`, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('held', 'T', x'00')`} {
-		if _, err := conn.ExecContext(context.Background(), q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
 	}
 }

@@ -687,3 +687,22 @@ func ProcIO(t testing.TB, field string) int64 {
 	t.Fatalf("no %s in /proc/self/io: %q", field, b)
 	return 0
 }
+
+// HoldExclusive holds db's file as an application in exclusive locking
+// mode does, on one of db's connections (db must be the file's only
+// handle): in WAL mode the lock is taken at the first write, a row of
+// event_queue, and held until that connection closes, with db at the
+// test's end.
+func HoldExclusive(t testing.TB, db *sql.DB) {
+	t.Helper()
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	for _, q := range []string{`PRAGMA locking_mode = EXCLUSIVE`, `INSERT INTO event_queue (event_id, event_type, payload) VALUES ('held', 'T', x'00')`} {
+		if _, err := conn.ExecContext(context.Background(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
