@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/claim"
@@ -130,6 +131,9 @@ type Options struct {
 	// sync, when set, is the fleet's: its files share the stream's
 	// reconciliation.
 	sync *streamSync
+	// notifications, when set, are the fleet's notifications of the
+	// file's commits (sqlitedb.Options.Notifications).
+	notifications func(wal string) (<-chan fsnotify.Event, func())
 }
 
 // TestHooks are for tests of the whole wiring, as outbox-relay run wires
@@ -206,6 +210,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		// A fleet's other files keep the process busy while a commit's
 		// notification waits for the rest of its writes.
 		GatherCommitWrites: oo.Budget != nil,
+		Notifications:      oo.notifications,
 		// A file held locked against readers (an application in
 		// locking_mode=EXCLUSIVE) is waited out, saying who holds it, as a
 		// busy writer is.

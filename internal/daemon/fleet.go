@@ -108,6 +108,9 @@ type Fleet struct {
 	budget *relay.Budget
 	// sync is the stream's reconciliation, shared by the files' relays.
 	sync *streamSync
+	// routes hands the open files' notifications from the fleet's watch
+	// to their commit watches, while parks.
+	routes *fleet.Routes
 
 	mu    sync.Mutex
 	files map[string]*member // by path: the files open, or opening
@@ -223,7 +226,7 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, said: map[string]string{}, gauges: map[string]*housekeeping.Gauges{},
 		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks), starting: make(chan struct{}, fleetStarting), soon: make(chan struct{}, 1),
-		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes), sync: &streamSync{}}
+		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes), sync: &streamSync{}, routes: fleet.NewRoutes()}
 	if oo.Test != nil && oo.Test.MaxOpen > 0 {
 		f.slots = make(chan struct{}, oo.Test.MaxOpen)
 	}
@@ -285,7 +288,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 			written, changed, missed = w.Written, w.Changed, w.Missed
 		}
 	}
-	use(fleet.Watch(ctx, f.cfg.Database.Path))
+	use(fleet.Watch(ctx, f.cfg.Database.Path, f.routes))
 	if w != nil {
 		f.parks = true
 	} else {
@@ -600,14 +603,16 @@ func (f *Fleet) probeAll(ctx context.Context) {
 // rewatch watches the directory that replaced the watched one; where it
 // gives no notifications, every file stays open.
 func (f *Fleet) rewatch(ctx context.Context) *fleet.Watcher {
-	w := fleet.Watch(ctx, f.cfg.Database.Path)
+	w := fleet.Watch(ctx, f.cfg.Database.Path, f.routes)
 	if w == nil {
+		f.routes.Close() // the open files look periodically
 		f.log.Warn("database directory replaced, and the new one gives no file-system notifications: every file stays open, and new files are found by looking every "+fleetRescan.String(),
 			zap.String("database", f.cfg.Database.Path))
 		f.stayOpen(ctx)
 		return nil
 	}
 	f.log.Info("database directory replaced; watching the new one", zap.String("database", f.cfg.Database.Path))
+	f.routes.All() // a commit before the new watch began was notified to no one
 	return w
 }
 
@@ -821,10 +826,16 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member, started func(
 	if m.quiet {
 		log = log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
 	}
-	app, err := Open(ctx, cfg, log, Options{
+	oo := Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.fileMetrics, Conn: f.conn, Tenant: m.tenant,
 		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Procs: f.oo.Procs, Started: started, Test: f.oo.Test, sync: f.sync,
-	})
+	}
+	f.mu.Lock()
+	if f.parks {
+		oo.notifications = f.routes.Follow
+	}
+	f.mu.Unlock()
+	app, err := Open(ctx, cfg, log, oo)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

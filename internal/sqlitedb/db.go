@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	sqlite3 "github.com/mattn/go-sqlite3"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -38,7 +39,8 @@ type DB struct {
 	busy   time.Duration // how long a write waits for the lock
 	clock  *event.Clock
 
-	gatherWrites bool // Options.GatherCommitWrites
+	gatherWrites  bool                                             // Options.GatherCommitWrites
+	notifications func(wal string) (<-chan fsnotify.Event, func()) // Options.Notifications
 
 	ckptMu  sync.Mutex
 	ckptWal walState // the -wal file after the last complete checkpoint

@@ -45,7 +45,7 @@ type WalWatch struct {
 // NewWalWatch watches the -wal file of the database at path.
 func NewWalWatch(path string) *WalWatch {
 	ww := &WalWatch{}
-	ww.w = newWalWatch(path, &ww.seen)
+	ww.w = newWalWatch(path, &ww.seen, nil)
 	return ww
 }
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -47,6 +48,12 @@ type Options struct {
 	// relay looks at once: the wait would let the process go idle, and the
 	// wake-up after it costs more than the looks it spares (see gather).
 	GatherCommitWrites bool
+	// Notifications, when set, gives the commit watch the notifications
+	// of the -wal file at the absolute path it is called with (and a func
+	// that stops them) in place of a notification of its own: a fleet's
+	// files share the fleet's (see fleet.Routes). A closed channel says no
+	// notification will come.
+	Notifications func(wal string) (<-chan fsnotify.Event, func())
 	// Clock decides which rows are due (a new event.Clock over time.Now
 	// when nil); share it with the relay, which times retries by it.
 	Clock *event.Clock
@@ -95,7 +102,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	if found != "wal" && found != "" && before != nil {
 		log.Info("switched the database to WAL journal mode", zap.String("path", path), zap.String("found", found))
 	}
-	s := &DB{busy: opts.BusyTimeout, write: write, table: opts.Table, path: path, gatherWrites: opts.GatherCommitWrites}
+	s := &DB{busy: opts.BusyTimeout, write: write, table: opts.Table, path: path, gatherWrites: opts.GatherCommitWrites, notifications: opts.Notifications}
 	if s.clock = opts.Clock; s.clock == nil {
 		s.clock = event.NewClock(nil)
 	}

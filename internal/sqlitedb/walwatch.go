@@ -15,14 +15,17 @@ import (
 // each of their commits (each relay's heartbeat waking all the others).
 // While the -wal file is missing (removed, renamed, or not yet created) it
 // watches the directory until the file is back, dropping every other name
-// at once.
+// at once. Given the notifications of another watch (Options.Notifications,
+// which names the -wal file whatever file it is), it only reads them.
 type walWatch struct {
-	w    *fsnotify.Watcher
-	wal  string      // the -wal file's path, as events name it
-	dir  string      // its directory
-	on   os.FileInfo // the -wal file being watched; nil: the directory is
-	dirs bool        // the directory is being watched
-	seen *watchCounts
+	w        *fsnotify.Watcher
+	followed <-chan fsnotify.Event // from Options.Notifications; w is nil then
+	unfollow func()
+	wal      string      // the -wal file's path, as events name it
+	dir      string      // its directory
+	on       os.FileInfo // the -wal file being watched; nil: the directory is
+	dirs     bool        // the directory is being watched
+	seen     *watchCounts
 }
 
 // watchCounts counts the notifications a commit watch received, for the
@@ -30,8 +33,14 @@ type walWatch struct {
 type watchCounts struct{ own, foreign atomic.Int64 }
 
 // newWalWatch starts watching the -wal file of the database at path (an
-// absolute path); it returns nil where notifications are unavailable.
-func newWalWatch(path string, seen *watchCounts) *walWatch {
+// absolute path), or following it with follow when that is set; it
+// returns nil where notifications are unavailable.
+func newWalWatch(path string, seen *watchCounts, follow func(wal string) (<-chan fsnotify.Event, func())) *walWatch {
+	if follow != nil {
+		ww := &walWatch{wal: path + "-wal", dir: filepath.Dir(path), seen: seen}
+		ww.followed, ww.unfollow = follow(ww.wal)
+		return ww
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil
@@ -47,26 +56,34 @@ func newWalWatch(path string, seen *watchCounts) *walWatch {
 
 // events returns the notifications (nil when there are none).
 func (ww *walWatch) events() <-chan fsnotify.Event {
-	if ww == nil {
+	switch {
+	case ww == nil:
 		return nil
+	case ww.w == nil:
+		return ww.followed
 	}
 	return ww.w.Events
 }
 
 // errs returns the watcher's errors (nil when there are none).
 func (ww *walWatch) errs() <-chan error {
-	if ww == nil {
+	if ww == nil || ww.w == nil {
 		return nil
 	}
 	return ww.w.Errors
 }
 
-// armed reports whether the -wal file itself is watched.
-func (ww *walWatch) armed() bool { return ww == nil || ww.on != nil }
+// armed reports whether the -wal file itself is watched (a followed one
+// always is).
+func (ww *walWatch) armed() bool { return ww == nil || ww.w == nil || ww.on != nil }
 
 // close stops the notifications.
 func (ww *walWatch) close() {
-	if ww != nil {
+	switch {
+	case ww == nil:
+	case ww.w == nil:
+		ww.unfollow()
+	default:
 		ww.w.Close()
 	}
 }
@@ -76,6 +93,9 @@ func (ww *walWatch) close() {
 // reports whether it moved onto a new -wal file, whose writes before the
 // move no notification announces.
 func (ww *walWatch) arm() (moved bool) {
+	if ww.w == nil {
+		return false // followed by name, whatever file it is
+	}
 	fi, err := os.Stat(ww.wal)
 	if err == nil && ww.on != nil && os.SameFile(fi, ww.on) {
 		return false

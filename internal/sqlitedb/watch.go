@@ -46,7 +46,7 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 		return v, err
 	}
 	// Watching before the first look: a commit in between is not missed.
-	ww := newWalWatch(s.path, &s.watchSeen)
+	ww := newWalWatch(s.path, &s.watchSeen, s.notifications)
 	defer ww.close()
 	events, errs := ww.events(), ww.errs()
 	last, err := version()
