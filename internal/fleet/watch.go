@@ -23,7 +23,6 @@ type Watcher struct {
 	stop    context.CancelFunc
 	base    string      // the pattern's file name
 	path    string      // the directory watched, as named to the watch (and in Written)
-	abs     string      // and absolute (as Routes names files)
 	dir     os.FileInfo // and as it was then
 	gone    atomic.Bool // it was removed or moved away
 	routes  *Routes
@@ -40,10 +39,6 @@ type Watcher struct {
 // caller then looks periodically).
 func Watch(ctx context.Context, pattern string, routes *Routes) *Watcher {
 	dir := filepath.Dir(pattern)
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil
-	}
 	fi, err := os.Stat(dir)
 	if err != nil {
 		return nil
@@ -57,7 +52,7 @@ func Watch(ctx context.Context, pattern string, routes *Routes) *Watcher {
 		return nil
 	}
 	ctx, stop := context.WithCancel(ctx)
-	fw := &Watcher{w: w, stop: stop, base: filepath.Base(pattern), path: dir, abs: abs, dir: fi, routes: routes,
+	fw := &Watcher{w: w, stop: stop, base: filepath.Base(pattern), path: dir, dir: fi, routes: routes,
 		Written: make(chan string, 1024), Changed: make(chan struct{}, 1), Missed: make(chan struct{}, 1)}
 	go fw.run(ctx)
 	return fw
@@ -72,8 +67,12 @@ func (fw *Watcher) Replaced(pattern string) bool {
 	return err == nil && (fw.gone.Load() || !os.SameFile(fi, fw.dir))
 }
 
-// Close stops the watch.
-func (fw *Watcher) Close() { fw.stop() }
+// Close stops the watch, and gives its notification instance back at once
+// (a watch of the directory's replacement may need it).
+func (fw *Watcher) Close() {
+	fw.stop()
+	fw.w.Close()
+}
 
 func (fw *Watcher) run(ctx context.Context) {
 	defer fw.w.Close()
@@ -112,7 +111,7 @@ func (fw *Watcher) event(ev fsnotify.Event) {
 	if ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
 		fw.changed()
 	}
-	if fw.routes.send(ev.Op, fw.abs, name, base) {
+	if fw.routes.send(ev.Op, name, base) {
 		return
 	}
 	if ev.Has(fsnotify.Write) || ev.Has(fsnotify.Create) {
@@ -141,40 +140,52 @@ func (fw *Watcher) changed() {
 // Routes hands the notifications of open databases' -wal files from a
 // fleet's Watcher to their commit watches, so that the fleet has one
 // notification for all its files: with one per open file, every commit
-// was read twice (by the fleet's watch and by the file's), and a fleet
-// with more files open than the kernel allows notification instances
-// (fs.inotify.max_user_instances, 128 by default) left the rest to look
-// periodically. A Routes outlives the Watchers it is given to (a
-// directory replaced is watched anew). The zero value is not usable; a nil
-// *Routes follows nothing.
+// was read twice (by the fleet's watch and by the file's), and with more
+// files open than the kernel allows notification instances
+// (fs.inotify.max_user_instances, 128 by default) the files past the limit
+// had none and looked periodically. A Routes outlives the Watchers it is
+// given to (a directory replaced is watched anew). Files are told apart
+// by name: a fleet's files are in one directory. A nil *Routes follows
+// nothing.
 type Routes struct {
 	mu     sync.Mutex
-	to     map[string]chan fsnotify.Event // by the -wal file's absolute path
+	to     map[string]follower // by the -wal file's name
 	closed bool
 }
 
-// NewRoutes returns Routes that follow nothing yet.
-func NewRoutes() *Routes { return &Routes{to: make(map[string]chan fsnotify.Event)} }
+// follower is one commit watch following its -wal file.
+type follower struct {
+	wal string // the path it asked for, which its notifications name
+	ch  chan fsnotify.Event
+}
 
-// Follow returns the notifications of the file at wal (a -wal file's
-// absolute path), and a func that stops them. The channel holds one
-// notification: a write while one is pending is announced by it, since
-// its reader looks at the file after taking it. The channel is closed once
-// the notifications stop for good (Close).
+// NewRoutes returns Routes that follow nothing yet.
+func NewRoutes() *Routes { return &Routes{to: make(map[string]follower)} }
+
+// Follow returns the notifications of the -wal file at wal, and a func that
+// stops them. Each notification is a Write: a write to the file or its
+// creation, which may announce a commit. The channel holds one: a write
+// while one is pending is announced by it, since its reader looks at the
+// file after taking it. The channel is closed once the notifications stop
+// for good (Close), or go to a later follower of the same file.
 func (r *Routes) Follow(wal string) (<-chan fsnotify.Event, func()) {
-	ch := make(chan fsnotify.Event, 1)
+	f := follower{wal: wal, ch: make(chan fsnotify.Event, 1)}
+	name := filepath.Base(wal)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		close(ch)
-		return ch, func() {}
+		close(f.ch)
+		return f.ch, func() {}
 	}
-	r.to[wal] = ch
-	return ch, func() {
+	if old, ok := r.to[name]; ok {
+		close(old.ch)
+	}
+	r.to[name] = f
+	return f.ch, func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if r.to[wal] == ch {
-			delete(r.to, wal)
+		if r.to[name].ch == f.ch {
+			delete(r.to, name)
 		}
 	}
 }
@@ -189,49 +200,49 @@ func (r *Routes) Close() {
 		return
 	}
 	r.closed = true
-	for wal, ch := range r.to {
-		close(ch)
-		delete(r.to, wal)
+	for name, f := range r.to {
+		close(f.ch)
+		delete(r.to, name)
 	}
 }
 
 // All tells every follower that notifications may have been missed: each
-// looks at its file again.
+// looks at its file again, as after a write.
 func (r *Routes) All() {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for wal, ch := range r.to {
-		offer(ch, fsnotify.Event{Name: wal, Op: fsnotify.Write})
+	for _, f := range r.to {
+		f.offer()
 	}
 }
 
-// send hands a notification op of the file name in the directory dir (an
-// absolute path), the database db or one of its files, to the database's
-// follower when name is its -wal file, and reports whether the database
-// is followed: then a write to another of its files (a checkpoint's to
-// the database) concerns no one, since its follower is told of commits by
-// the -wal file.
-func (r *Routes) send(op fsnotify.Op, dir, name, db string) bool {
+// send hands a notification op of the file name, the database db or one of
+// its files, to the database's follower when it may announce a commit (a
+// write to the -wal file, or its creation), and reports whether the
+// database is followed: then the notifications of its other files (a
+// checkpoint's writes to the database) and the others of its -wal file
+// (its removal, a change of its mode) concern no one, since a follower is
+// told of commits by writes to the file the name names.
+func (r *Routes) send(op fsnotify.Op, name, db string) bool {
 	if r == nil {
 		return false
 	}
-	wal := filepath.Join(dir, db+"-wal")
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ch, ok := r.to[wal]
-	if ok && name == db+"-wal" {
-		offer(ch, fsnotify.Event{Name: wal, Op: op})
+	f, ok := r.to[db+"-wal"]
+	if ok && name == db+"-wal" && (op.Has(fsnotify.Write) || op.Has(fsnotify.Create)) {
+		f.offer()
 	}
 	return ok
 }
 
-// offer sends ev on ch unless a notification is pending there already.
-func offer(ch chan fsnotify.Event, ev fsnotify.Event) {
+// offer sends a Write on f's channel unless one is pending there already.
+func (f follower) offer() {
 	select {
-	case ch <- ev:
+	case f.ch <- fsnotify.Event{Name: f.wal, Op: fsnotify.Write}:
 	default:
 	}
 }

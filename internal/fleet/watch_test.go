@@ -4,8 +4,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/fsnotify/fsnotify"
 )
 
 // TestWatcherSeesItsDirectoryRemoved: a directory removed and made again
@@ -48,10 +51,15 @@ func TestWatcherSeesItsDirectoryRemoved(t *testing.T) {
 }
 
 // TestRoutesHandAFollowedFilesWrites: a write to the -wal file of a
-// database Routes follows goes to its follower, named by its absolute
-// path even where the pattern is relative, and neither it nor a write to
-// the database itself is sent on Written; another database's write is.
-// All tells every follower to look; Close closes their channels.
+// database Routes follows goes to its follower as a Write naming the path
+// it followed, even after a change of the file's mode that no commit
+// makes (which must not take the follower's one slot), and even where the
+// pattern is relative; neither it nor a write to the database itself is
+// sent on Written, nor to the follower; another database's write is sent
+// on Written, named as the pattern's matches are. All tells every
+// follower to look; a later follower of the same file takes its
+// notifications, closing the earlier one's channel; Close closes the
+// channels, and a follower after it gets a closed one.
 func TestRoutesHandAFollowedFilesWrites(t *testing.T) {
 	dir := t.TempDir()
 	t.Chdir(dir)
@@ -62,47 +70,72 @@ func TestRoutesHandAFollowedFilesWrites(t *testing.T) {
 	}
 	defer w.Close()
 	wal := filepath.Join(dir, "a.db-wal")
-	followed, stop := routes.Follow(wal)
-	defer stop()
 	write := func(name string) {
 		t.Helper()
 		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// Written says when the watch has come past the followed file's
+	// events (a file created is sent for its creation and its write).
+	written := func(want string, also ...string) {
+		t.Helper()
+		for {
+			select {
+			case db := <-w.Written:
+				if db == want {
+					return
+				}
+				if !slices.Contains(also, db) {
+					t.Fatalf("Written %q, want %q: a followed file's writes go to its follower", db, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("nothing on Written for %s, which no one follows", want)
+			}
+		}
+	}
+	write("a.db-wal") // before anyone follows: on Written
+	write("b.db-wal")
+	written("b.db", "a.db")
+	followed, stop := routes.Follow(wal)
+	defer stop()
+	if err := os.Chmod(wal, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	write("b.db-wal")
+	written("b.db")
+	if len(followed) != 0 {
+		t.Fatalf("the follower was sent %v for a change of mode", <-followed)
+	}
 	write("a.db-wal")
 	write("a.db")
 	write("b.db-wal")
-	select {
-	case ev := <-followed:
-		if ev.Name != wal {
-			t.Errorf("the follower was sent %q, want %q", ev.Name, wal)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the follower was sent nothing")
+	written("b.db")
+	if ev := <-followed; ev.Name != wal || ev.Op != fsnotify.Write {
+		t.Errorf("the follower was sent %v, want a Write of %s", ev, wal)
 	}
-	select {
-	case db := <-w.Written:
-		if db != "b.db" {
-			t.Errorf("Written %q, want b.db only, named as the pattern names files: a followed file's writes go to its follower", db)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("nothing on Written for the file no one follows")
-	}
-	for len(followed) > 0 {
-		<-followed
+	write("a.db")
+	write("b.db-wal")
+	written("b.db")
+	if len(followed) != 0 {
+		t.Errorf("the follower was sent %v for a write to the database", <-followed)
 	}
 	routes.All()
 	if len(followed) != 1 {
 		t.Error("All sent the follower nothing")
 	}
-	routes.Close()
+	later, stopLater := routes.Follow(wal)
+	defer stopLater()
 	<-followed
 	if _, open := <-followed; open {
+		t.Error("a later follower of the file left the earlier one's channel open")
+	}
+	routes.Close()
+	if _, open := <-later; open {
 		t.Error("Close left the follower's channel open")
 	}
-	if later, _ := routes.Follow(filepath.Join(dir, "c.db-wal")); later != nil {
-		if _, open := <-later; open {
+	if after, _ := routes.Follow(filepath.Join(dir, "c.db-wal")); after != nil {
+		if _, open := <-after; open {
 			t.Error("a follower after Close was given an open channel")
 		}
 	}

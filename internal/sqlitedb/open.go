@@ -51,8 +51,9 @@ type Options struct {
 	// Notifications, when set, gives the commit watch the notifications
 	// of the -wal file at the absolute path it is called with (and a func
 	// that stops them) in place of a notification of its own: a fleet's
-	// files share the fleet's (see fleet.Routes). A closed channel says no
-	// notification will come.
+	// files share the fleet's (see fleet.Routes). Each names that path and
+	// may announce a commit; a closed channel says no more will come (the
+	// watch then polls).
 	Notifications func(wal string) (<-chan fsnotify.Event, func())
 	// Clock decides which rows are due (a new event.Clock over time.Now
 	// when nil); share it with the relay, which times retries by it.

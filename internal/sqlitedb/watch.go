@@ -17,7 +17,8 @@ import (
 // on one pinned read-only connection (it changes with every other
 // connection's commit); what makes Watch look is a file-system
 // notification on the database's -wal file, which every commit writes
-// (walWatch: other files in the directory send it nothing), and, as a
+// (walWatch: other files in the directory send it nothing; or, with
+// Options.Notifications, another watch's notifications of that file), and, as a
 // fallback where notifications do not work, a poll every interval. Once a notification
 // has announced a change, notifications are trusted and the poll slows to
 // ten times interval; a change that only the poll found makes it fast
