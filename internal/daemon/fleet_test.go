@@ -88,6 +88,11 @@ func startFleetOptions(t *testing.T, dir, natsURL string, idleAfter time.Duratio
 			t.Errorf("fleet run: %v", err)
 		}
 		f.Close()
+		if t.Failed() {
+			for _, e := range logs.All() {
+				t.Logf("%s %s %s %v", e.Time.Format("15:04:05.000"), e.Level, e.Message, e.ContextMap())
+			}
+		}
 	})
 	return h
 }
@@ -576,8 +581,12 @@ func TestFleetBrokerConnected(t *testing.T) {
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
 	acme := tenantFile(t, dir, "acme", 1)
-	tenantFile(t, dir, "globex", 1)
+	globex := tenantFile(t, dir, "globex", 1)
 	h := startFleet(t, dir, n.URL(), 300*time.Millisecond)
+	// Served and closed again: before its first looks, the fleet counts
+	// both files idle too.
+	waitDone(t, acme, 1)
+	waitDone(t, globex, 1)
 	h.waitReadyz(t, ": 0 open (leading 0), 2 idle")
 	h.waitMetrics(t, `outbox_relay_broker_connected 1`)
 
