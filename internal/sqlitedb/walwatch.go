@@ -37,7 +37,7 @@ type watchCounts struct{ own, foreign atomic.Int64 }
 // returns nil where notifications are unavailable.
 func newWalWatch(path string, seen *watchCounts, follow func(wal string) (<-chan fsnotify.Event, func())) *walWatch {
 	if follow != nil {
-		ww := &walWatch{wal: path + "-wal", dir: filepath.Dir(path), seen: seen}
+		ww := &walWatch{wal: path + "-wal", seen: seen}
 		ww.followed, ww.unfollow = follow(ww.wal)
 		return ww
 	}
