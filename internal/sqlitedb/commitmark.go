@@ -70,3 +70,39 @@ func idOf(fi os.FileInfo, err error) (fileID, bool) {
 	}
 	return fileID{dev: uint64(st.Dev), ino: st.Ino}, true
 }
+
+// walIndex reads the WAL index header of a database this process holds
+// open, for its commit watch: a read of 48 bytes of the -shm file, where
+// PRAGMA data_version is a read transaction (its locks, and a query through
+// database/sql): about 7 µs against 28 on a 2-core virtual machine, after
+// each commit. While a connection of the process is open, SQLite keeps
+// the -shm file it opened (a first connection rebuilds it in place).
+type walIndex struct{ f *os.File }
+
+// openWalIndex opens the -shm file of the database at path; nil when it
+// cannot (the caller then asks PRAGMA data_version).
+func openWalIndex(path string) *walIndex {
+	f, err := os.Open(path + "-shm")
+	if err != nil {
+		return nil
+	}
+	return &walIndex{f: f}
+}
+
+// header returns the WAL index header; settled is false while a commit
+// writes it (its two copies differ), as SQLite's readers find it.
+func (w *walIndex) header() (h [walIndexHeaders / 2]byte, settled bool, err error) {
+	var both [walIndexHeaders]byte
+	if _, err := w.f.ReadAt(both[:], 0); err != nil {
+		return h, false, err
+	}
+	copy(h[:], both[:len(h)])
+	return h, h == [len(h)]byte(both[len(h):]), nil
+}
+
+// close closes the -shm file (a nil walIndex is none).
+func (w *walIndex) close() {
+	if w != nil {
+		w.f.Close()
+	}
+}

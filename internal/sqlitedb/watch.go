@@ -13,9 +13,11 @@ import (
 // other than this DB's writer has: an idle relay's own heartbeats then do
 // not make it look for rows. PRAGMA data_version on the writer's
 // connection, which this DB's own commits leave unchanged, tells the two
-// apart; a look at it that fails counts as foreign. The truth is PRAGMA data_version
-// on one pinned read-only connection (it changes with every other
-// connection's commit); what makes Watch look is a file-system
+// apart; a look at it that fails counts as foreign. What a look reads is
+// the WAL index header in the -shm file, which every commit changes (or,
+// where it cannot be read, PRAGMA data_version on one pinned read-only
+// connection, which changes with every other connection's commit); what
+// makes Watch look is a file-system
 // notification on the database's -wal file, which every commit writes
 // (walWatch: other files in the directory send it nothing; or, with
 // Options.Notifications, another watch's notifications of that file), and, as a
@@ -46,11 +48,29 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 		err = stmt.QueryRowContext(quick).Scan(&v)
 		return v, err
 	}
+	// What a look compares: the WAL index header, read from the -shm file,
+	// which every commit changes; PRAGMA data_version where it cannot be
+	// read. settled is false while a commit writes the header.
+	idx := openWalIndex(s.path)
+	defer idx.close()
+	type seen struct {
+		header  [walIndexHeaders / 2]byte
+		version int64
+	}
+	look := func() (v seen, settled bool, err error) {
+		if idx != nil {
+			if v.header, settled, err = idx.header(); err == nil {
+				return v, settled, nil
+			}
+		}
+		v.version, err = version()
+		return v, true, err
+	}
 	// Watching before the first look: a commit in between is not missed.
 	ww := newWalWatch(s.path, &s.watchSeen, s.notifications)
 	defer ww.close()
 	events, errs := ww.events(), ww.errs()
-	last, err := version()
+	last, _, err := look()
 	if err != nil {
 		return fmt.Errorf("watch commits: %w", err)
 	}
@@ -116,9 +136,9 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 				}
 			}
 		}
-		v, err := version()
-		if err != nil || v == last {
-			if notified && err == nil {
+		v, settled, err := look()
+		if err != nil || !settled || v == last {
+			if (notified || !settled) && err == nil {
 				var reset bool
 				if retry, reset = recheckAfter(retry, recheck); reset {
 					again.Reset(retry)
