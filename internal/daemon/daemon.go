@@ -177,7 +177,7 @@ type TestHooks struct {
 func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (_ *App, err error) {
 	a := &App{cfg: cfg, log: log, metrics: oo.Metrics, natsURL: cfg.NATS.URL, version: oo.Version, listener: oo.Listener, sync: oo.sync}
 	if a.sync == nil {
-		a.sync = &streamSync{}
+		a.sync = newStreamSync()
 	}
 	if a.metrics == nil {
 		a.metrics = metrics.New(oo.Version, oo.Commit)

@@ -226,7 +226,7 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, said: map[string]string{}, gauges: map[string]*housekeeping.Gauges{},
 		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks), starting: make(chan struct{}, fleetStarting), soon: make(chan struct{}, 1),
-		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes), sync: &streamSync{}, routes: fleet.NewRoutes()}
+		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes), sync: newStreamSync(), routes: fleet.NewRoutes()}
 	if oo.Test != nil && oo.Test.MaxOpen > 0 {
 		f.slots = make(chan struct{}, oo.Test.MaxOpen)
 	}

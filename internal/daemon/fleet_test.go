@@ -261,6 +261,26 @@ func TestFleetServesFilesAsTheyComeAndGo(t *testing.T) {
 	checkFleetStream(t, n, map[string]int{"acme": 50, "globex": 30, "initech": 25})
 }
 
+// TestFleetReconcilesTheStreamOnce: a fleet's first files start together
+// on a server without the stream. One of them reconciles it (creating it);
+// the others wait for that and find the stream there, so the fleet says
+// once that it created the stream, and every file's rows are published.
+func TestFleetReconcilesTheStreamOnce(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	var dbs []*sql.DB
+	for _, tenant := range strings.Fields("a b c d e f g h i j k l m n o p") {
+		dbs = append(dbs, tenantFile(t, dir, tenant, 1))
+	}
+	h := startFleet(t, dir, n.URL(), 0)
+	for _, db := range dbs {
+		waitDone(t, db, 1)
+	}
+	if got := logCountOf(h.logs, "created stream"); got != 1 {
+		t.Errorf("%d log lines say the stream was created, want 1", got)
+	}
+}
+
 // TestNewFilesAreFoundByTheirNotifications: with the fleet's periodic
 // rescans and retries an hour apart, the directory's notifications alone
 // bring a file moved in to be served (its rows, written elsewhere, are

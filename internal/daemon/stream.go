@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -49,6 +50,28 @@ type streamSync struct {
 	mu      sync.Mutex
 	done    bool
 	atomics bool
+	// first is held by the relay making the first reconciliation: a
+	// fleet's first files start together, and the others wait for it
+	// rather than each reconciling (and each saying it created the
+	// stream).
+	first chan struct{}
+}
+
+func newStreamSync() *streamSync { return &streamSync{first: make(chan struct{}, 1)} }
+
+// awaitFirst waits until no other relay is making the first
+// reconciliation, and returns whether one was made meanwhile (with what
+// it found of atomic publish), and the function that lets the next relay
+// go once the caller's own reconciliation is made or failed. False and a
+// nil function if ctx ended first.
+func (s *streamSync) awaitFirst(ctx context.Context) (done, atomics bool, release func()) {
+	select {
+	case s.first <- struct{}{}:
+	case <-ctx.Done():
+		return false, false, nil
+	}
+	done, atomics = s.get()
+	return done, atomics, func() { <-s.first }
 }
 
 // get returns whether a reconciliation was made, and what it found of
@@ -69,7 +92,8 @@ func (s *streamSync) set(atomics bool) {
 // brokerReady is the relay's outage probe: the broker is connected and, in
 // JetStream mode, the stream exists and captures the relay's subjects. The
 // first time the broker answers, the stream and consumer are reconciled,
-// unless another file's relay in the fleet has done so (streamSync).
+// unless another file's relay in the fleet has done so (streamSync); one
+// doing so is waited for.
 func (a *App) brokerReady(ctx context.Context) error {
 	if err := a.pub.Ready(ctx); err != nil {
 		return err
@@ -79,6 +103,13 @@ func (a *App) brokerReady(ctx context.Context) error {
 	}
 	err := streamsync.ErrNoStream
 	shared, atomics := a.sync.get()
+	if !a.synced.Load() && !shared {
+		var release func()
+		if shared, atomics, release = a.sync.awaitFirst(ctx); release == nil {
+			return fmt.Errorf("waiting for another file's relay to reconcile the stream: %w", ctx.Err())
+		}
+		defer release()
+	}
 	if a.synced.Load() || shared {
 		err = a.examineStream(ctx)
 	}
