@@ -52,14 +52,18 @@ func keepWAL(c *sqlite3.SQLiteConn) error {
 const stmtCache = "32"
 
 // readerCache is the page cache, in KiB, of the read-only pool's and the
-// checkpointer's connections, against SQLite's default of 2,000 (the
-// writer's, whose claims and settles come back to the same pages).
-// Their reads (the backlog's counts, the reconciliation's look-ups, a
-// retention pass) go through many pages once each, which the kernel's
-// page cache holds anyway: with the default, each of the up to five
-// connections kept 2 MiB of them, about 5 to 8 MiB of a relay's 36 MiB
-// of memory draining a 1,000,000-row backlog, with no drain or
-// reconciliation faster for it.
+// checkpointer's connections, against SQLite's default of 2,000, which the
+// writer keeps. A read-only connection's cache is dropped at its first
+// read after another connection's commit (SQLite does so whenever the WAL
+// changed), and its long reads (the backlog's counts, the reconciliation's
+// look-ups, a retention pass) go through many pages once each, which the
+// kernel's page cache holds anyway: with the default, each of the up to
+// five connections kept 2 MiB of them, about 5 to 8 MiB of a relay's 36
+// MiB of memory draining a 1,000,000-row backlog, with no drain or
+// reconciliation faster for it. The writer's settles come back to the
+// pages of the rows they settle: with 512 KiB for it too, a drain of 64
+// KiB rows with retention.done_rows: delete took a quarter to a third
+// more of the relay's CPU.
 const readerCache = "-512"
 
 // dsn builds a go-sqlite3 URI filename; only the file: form passes SQLite
