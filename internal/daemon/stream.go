@@ -59,20 +59,20 @@ type streamSync struct {
 
 func newStreamSync() *streamSync { return &streamSync{first: make(chan struct{}, 1)} }
 
-// awaitFirst waits until no other relay is making the first
-// reconciliation, and returns whether one was made meanwhile (with what
-// it found of atomic publish), and the function that lets the next relay
-// go once the caller's own reconciliation is made or failed. False and a
-// nil function if ctx ended first.
-func (s *streamSync) awaitFirst(ctx context.Context) (done, atomics bool, release func()) {
+// lockFirst waits until no other relay is making the first
+// reconciliation, and holds off the others until unlockFirst; false if
+// ctx ended first.
+func (s *streamSync) lockFirst(ctx context.Context) bool {
 	select {
 	case s.first <- struct{}{}:
+		return true
 	case <-ctx.Done():
-		return false, false, nil
+		return false
 	}
-	done, atomics = s.get()
-	return done, atomics, func() { <-s.first }
 }
+
+// unlockFirst lets the next relay waiting in lockFirst go.
+func (s *streamSync) unlockFirst() { <-s.first }
 
 // get returns whether a reconciliation was made, and what it found of
 // atomic publish.
@@ -104,11 +104,11 @@ func (a *App) brokerReady(ctx context.Context) error {
 	err := streamsync.ErrNoStream
 	shared, atomics := a.sync.get()
 	if !a.synced.Load() && !shared {
-		var release func()
-		if shared, atomics, release = a.sync.awaitFirst(ctx); release == nil {
+		if !a.sync.lockFirst(ctx) {
 			return fmt.Errorf("waiting for another file's relay to reconcile the stream: %w", ctx.Err())
 		}
-		defer release()
+		defer a.sync.unlockFirst()
+		shared, atomics = a.sync.get() // made while this relay waited?
 	}
 	if a.synced.Load() || shared {
 		err = a.examineStream(ctx)
