@@ -18,8 +18,8 @@ var instanceColumns = []string{"in_flight", "outbox_table", "process_scope", "at
 // scope in which its pid means a process (the host's boot and the pid
 // namespace), so that a relay can tell at once that a predecessor on the
 // same host is gone.
-func migrateInstancesPerTable(ctx context.Context, s *sqlitedb.DB) error {
-	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+func migrateInstancesPerTable(ctx context.Context, s steps) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
 		cols, err := sqlitedb.Columns(ctx, tx, InstancesTable)
 		if err != nil {
 			return err
@@ -40,14 +40,14 @@ func migrateInstancesPerTable(ctx context.Context, s *sqlitedb.DB) error {
 // an ordering key its relay sends as one atomic batch (0: one at a time;
 // NULL: a relay from before, or one publishing to core NATS), so that
 // status can say how a key's rows go.
-func migrateInstancesBatchLimit(ctx context.Context, s *sqlitedb.DB) error {
+func migrateInstancesBatchLimit(ctx context.Context, s steps) error {
 	return addInstanceColumn(ctx, s, "atomic_batch_limit", "INTEGER")
 }
 
 // addInstanceColumn adds column col of type typ to the heartbeat table,
 // unless it has it.
-func addInstanceColumn(ctx context.Context, s *sqlitedb.DB, col, typ string) error {
-	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+func addInstanceColumn(ctx context.Context, s steps, col, typ string) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
 		cols, err := sqlitedb.Columns(ctx, tx, InstancesTable)
 		if err != nil || cols[col] {
 			return err

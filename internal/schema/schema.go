@@ -33,13 +33,14 @@ const InstancesTable = "outbox_relay_instances"
 var ErrSchema = errors.New("outbox schema incomplete")
 
 // migration is one schema step for the outbox table. apply runs it in as
-// many short BEGIN IMMEDIATE transactions as it needs (Store.inTx,
-// Store.backfill), each of them idempotent: a run killed half way leaves
-// the version unrecorded, and the next run finishes the job.
+// many short BEGIN IMMEDIATE transactions as it needs (steps.tx, backfill),
+// each of them idempotent: a run killed half way leaves the version
+// unrecorded, and the next run finishes the job. On a file without the
+// table, steps.tx runs them all in createWhole's one transaction.
 type migration struct {
 	version int
 	name    string
-	apply   func(ctx context.Context, s *sqlitedb.DB) error
+	apply   func(ctx context.Context, s steps) error
 }
 
 var migrations = []migration{
@@ -67,9 +68,9 @@ func DoneTable(t string) string { return "outbox_relay_done_" + t }
 // row's, so records are appended in id order. It is created whatever
 // retention.done_rows says, so that switching the setting needs no
 // migration.
-func migrateDoneRecords(ctx context.Context, s *sqlitedb.DB) error {
+func migrateDoneRecords(ctx context.Context, s steps) error {
 	t := DoneTable(s.Table())
-	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
 	id           INTEGER PRIMARY KEY,
 	event_id     TEXT,
@@ -132,9 +133,9 @@ var (
 // object whose entries become the message's headers, and stream_seq, the
 // stream sequence JetStream assigned a row's message, written when the row
 // is marked done.
-func migrateMetadata(ctx context.Context, s *sqlitedb.DB) error {
+func migrateMetadata(ctx context.Context, s steps) error {
 	t := s.Table()
-	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
 		cols, err := sqlitedb.Columns(ctx, tx, t)
 		if err != nil {
 			return err
@@ -160,7 +161,7 @@ func migrateMetadata(ctx context.Context, s *sqlitedb.DB) error {
 // the index, and a row's settlement does not change it (status is not in
 // it): it costs one entry per keyed row, written by the application's
 // INSERT.
-func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
+func migrateOrderingKey(ctx context.Context, s steps) error {
 	return addIndexedColumn(ctx, s, "ordering_key", "_ordering")
 }
 
@@ -168,9 +169,9 @@ func migrateOrderingKey(ctx context.Context, s *sqlitedb.DB) error {
 // and the partial index <table><suffix> on (col, id) of the rows that have
 // it. Each step is a transaction of its own: the index is built by reading
 // the whole table under the lock.
-func addIndexedColumn(ctx context.Context, s *sqlitedb.DB, col, suffix string) error {
+func addIndexedColumn(ctx context.Context, s steps, col, suffix string) error {
 	t := s.Table()
-	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
 		cols, err := sqlitedb.Columns(ctx, tx, t)
 		if err != nil || cols[col] {
 			return err
@@ -179,7 +180,7 @@ func addIndexedColumn(ctx context.Context, s *sqlitedb.DB, col, suffix string) e
 		return err
 	})
 	if err == nil {
-		err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		err = s.tx(ctx, func(tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %[1]s%[2]s ON %[1]s (%[3]s, id) WHERE %[3]s IS NOT NULL`, t, suffix, col))
 			return err
 		})
@@ -194,13 +195,13 @@ func addIndexedColumn(ctx context.Context, s *sqlitedb.DB, col, suffix string) e
 // is in no group; rows that share a value are stored all or none) and the
 // index a claim uses to take a group's rows whole. Rows without a group
 // are not in the index.
-func migrateAtomicGroup(ctx context.Context, s *sqlitedb.DB) error {
+func migrateAtomicGroup(ctx context.Context, s steps) error {
 	return addIndexedColumn(ctx, s, "atomic_group", "_atomic_group")
 }
 
 // migrateInFlight adds the count of rows a relay holds in flight to its
 // heartbeat row: claims are not written to the outbox table.
-func migrateInFlight(ctx context.Context, s *sqlitedb.DB) error {
+func migrateInFlight(ctx context.Context, s steps) error {
 	return addInstanceColumn(ctx, s, "in_flight", "INTEGER")
 }
 
@@ -212,8 +213,8 @@ func migrateInFlight(ctx context.Context, s *sqlitedb.DB) error {
 // messages it finds, publishing nothing twice.
 const PublishedTable = "outbox_relay_published"
 
-func migratePublished(ctx context.Context, s *sqlitedb.DB) error {
-	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+func migratePublished(ctx context.Context, s steps) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+PublishedTable+` (
 	outbox_table   TEXT PRIMARY KEY COLLATE NOCASE,
 	origin         TEXT NOT NULL,
@@ -234,8 +235,8 @@ func migratePublished(ctx context.Context, s *sqlitedb.DB) error {
 // max_deliver deliveries (JetStream has no dead-letter queue).
 const ExhaustedTable = "outbox_relay_exhausted"
 
-func migrateExhausted(ctx context.Context, s *sqlitedb.DB) error {
-	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+func migrateExhausted(ctx context.Context, s steps) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+ExhaustedTable+` (
 	id          INTEGER PRIMARY KEY,
 	event_id    TEXT,
@@ -273,10 +274,10 @@ var addable = []struct{ name, decl string }{
 // every row without one, and create the unique index; and processed_events.
 // Each part is a transaction of its own, and the backfill a series of short
 // ones.
-func migrateOutbox(ctx context.Context, s *sqlitedb.DB) error {
+func migrateOutbox(ctx context.Context, s steps) error {
 	t := s.Table()
 	created := false
-	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
 		cols, err := sqlitedb.Columns(ctx, tx, t)
 		if err != nil {
 			return err
@@ -334,7 +335,7 @@ func migrateOutbox(ctx context.Context, s *sqlitedb.DB) error {
 	if err != nil || created {
 		return err
 	}
-	err = backfill(ctx, s,
+	err = backfill(ctx, s.DB,
 		// A distinct random UUID for every row without one.
 		fmt.Sprintf(`UPDATE %s SET event_id = %s WHERE rowid > ?1 AND rowid <= ?2 AND event_id IS NULL`, t, uuidSQL),
 		// A NULL available_at means "now" to the claim; give it its
@@ -351,7 +352,7 @@ WHERE rowid > ?1 AND rowid <= ?2 AND available_at IS NULL`, t, NowSQL),
 	// twenty times the backfill's cost. Building it is the one step that
 	// reads the whole table under the lock: SQLite builds an index in one
 	// statement (about 2 s for 2.5 million rows).
-	return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error { return createEventIDIndex(ctx, tx, t) })
+	return s.tx(ctx, func(tx *sql.Tx) error { return createEventIDIndex(ctx, tx, t) })
 }
 
 // createEventIDIndex creates the unique index on event_id unless one
@@ -385,9 +386,9 @@ func createEventIDIndex(ctx context.Context, tx *sql.Tx, t string) error {
 // claim owner, the indexes that keep a claim proportional to the batch, and
 // the instance heartbeat table. Each statement is a transaction of its own:
 // an index is built by reading the whole table under the lock.
-func migrateClaims(ctx context.Context, s *sqlitedb.DB) error {
+func migrateClaims(ctx context.Context, s steps) error {
 	t := s.Table()
-	err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
 		cols, err := sqlitedb.Columns(ctx, tx, t)
 		if err != nil || cols["claimed_by"] {
 			return err
@@ -412,7 +413,7 @@ func migrateClaims(ctx context.Context, s *sqlitedb.DB) error {
 	version      TEXT
 )`,
 	} {
-		if err := migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		if err := s.tx(ctx, func(tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, stmt)
 			return err
 		}); err != nil {
@@ -509,10 +510,12 @@ func migrationTx(ctx context.Context, s *sqlitedb.DB, minPause time.Duration, he
 	return nil
 }
 
-// Migrate applies the relay's pending migrations. Each runs in short BEGIN
-// IMMEDIATE transactions, every one of them idempotent, and is recorded
-// only once complete, so two processes migrating the same file at once
-// both succeed and a migration cut short is finished by the next run.
+// Migrate applies the relay's pending migrations. A file without the
+// outbox table gets all of them in one transaction (createWhole). On an
+// existing table each runs in short BEGIN IMMEDIATE transactions, every
+// one of them idempotent, and is recorded only once complete, so two
+// processes migrating the same file at once both succeed and a migration
+// cut short is finished by the next run.
 // Persistent lock contention is retried with a bounded backoff (100 ms
 // doubling to 1 s, 5 retries). It returns the versions it applied.
 //
@@ -538,6 +541,18 @@ func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 		return nil, err
 	}
 	var applied []int
+	if len(recorded) == 0 {
+		created, err := createWhole(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		if created {
+			for _, m := range migrations {
+				recorded[m.version] = true
+				applied = append(applied, m.version)
+			}
+		}
+	}
 	for _, m := range migrations {
 		if recorded[m.version] {
 			continue
@@ -621,42 +636,99 @@ func migrateOne(ctx context.Context, s *sqlitedb.DB, m migration) (applied bool,
 // applyMigration applies m unless it is recorded, and records it once it
 // is complete, unless another process recorded it meanwhile.
 func applyMigration(ctx context.Context, s *sqlitedb.DB, m migration) (applied bool, err error) {
-	recorded := func(tx *sql.Tx) (bool, error) {
-		var n int
-		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+MigrationsTable+` WHERE target = ? AND version = ?`, s.Table(), m.version).Scan(&n)
-		return n > 0, err
-	}
 	var done bool
 	err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
+		var err error
+		done, err = migrationsRecorded(ctx, tx, s.Table(), m.version)
+		return err
+	})
+	if err != nil || done {
+		return false, err
+	}
+	if err := m.apply(ctx, steps{DB: s}); err != nil {
+		return false, err
+	}
+	// Recorded only now that it is complete, and once.
+	err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+		var err error
+		if done, err = migrationsRecorded(ctx, tx, s.Table(), m.version); err != nil || done {
+			return err
+		}
+		return recordMigration(ctx, tx, s.Table(), m)
+	})
+	return err == nil && !done, err
+}
+
+// migrationsRecorded creates the migrations table unless it exists, and
+// reports whether it records migration version of outbox table target, or
+// any migration of it when version is 0.
+func migrationsRecorded(ctx context.Context, tx *sql.Tx, target string, version int) (bool, error) {
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
 	target     TEXT NOT NULL,
 	version    INTEGER NOT NULL,
 	name       TEXT NOT NULL,
 	applied_at INTEGER NOT NULL,
 	PRIMARY KEY (target, version)
 )`); err != nil {
-			return err
-		}
-		var err error
-		done, err = recorded(tx)
-		return err
-	})
-	if err != nil || done {
 		return false, err
 	}
-	if err := m.apply(ctx, s); err != nil {
-		return false, err
-	}
-	// Recorded only now that it is complete, and once.
-	err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
-		var err error
-		if done, err = recorded(tx); err != nil || done {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO `+MigrationsTable+` (target, version, name, applied_at) VALUES (?, ?, ?, ?)`, s.Table(), m.version, m.name, sqlitedb.NowMs())
-		return err
+	var n int
+	err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+MigrationsTable+` WHERE target = ?1 AND (?2 = 0 OR version = ?2)`, target, version).Scan(&n)
+	return n > 0, err
+}
+
+func recordMigration(ctx context.Context, tx *sql.Tx, target string, m migration) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO `+MigrationsTable+` (target, version, name, applied_at) VALUES (?, ?, ?, ?)`, target, m.version, m.name, sqlitedb.NowMs())
+	return err
+}
+
+// createWhole gives a file without the outbox table the table and all the
+// relay keeps beside it, every migration applied and recorded, in one
+// transaction. An application that creates the table itself (CREATE TABLE
+// IF NOT EXISTS) or writes to it as soon as it exists, as a fleet's new
+// tenant does while the relay migrates its file, finds either no table or
+// the whole of it, never the first migration's columns alone. It does
+// nothing, and says so, when the table exists or a migration of it is
+// recorded (a table dropped since): Migrate then applies what is missing
+// version by version.
+func createWhole(ctx context.Context, s *sqlitedb.DB) (created bool, err error) {
+	err = sqlitedb.RetryBusy(ctx, func() error {
+		created = false
+		return migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
+			if cols, err := sqlitedb.Columns(ctx, tx, s.Table()); err != nil || len(cols) > 0 {
+				return err
+			}
+			if recorded, err := migrationsRecorded(ctx, tx, s.Table(), 0); err != nil || recorded {
+				return err
+			}
+			for _, m := range migrations {
+				if err := m.apply(ctx, steps{DB: s, whole: tx}); err != nil {
+					return fmt.Errorf("migration %d (%s): %w", m.version, m.name, err)
+				}
+				if err := recordMigration(ctx, tx, s.Table(), m); err != nil {
+					return err
+				}
+			}
+			created = true
+			return nil
+		})
 	})
-	return err == nil && !done, err
+	return created, err
+}
+
+// steps runs a migration's transactions: each a BEGIN IMMEDIATE transaction
+// of its own (migrationTx), or all of them in the transaction whole, in
+// which createWhole makes a new file's outbox.
+type steps struct {
+	*sqlitedb.DB
+	whole *sql.Tx
+}
+
+func (s steps) tx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	if s.whole != nil {
+		return fn(s.whole)
+	}
+	return migrationTx(ctx, s.DB, 0, nil, fn)
 }
 
 // timeColumns hold Unix milliseconds, which the relay compares as integers

@@ -567,6 +567,81 @@ func TestMigrateRefusesForeignTable(t *testing.T) {
 
 // TestMigrationRace migrates the same new file from several independent
 // connections at once, then from two processes at once.
+// TestMigrateCreatesATableWhole watches a new file's schema from the
+// application's side while Migrate gives it the outbox: it sees no outbox
+// table, then the whole of it (every column, index and table of the relay,
+// every migration recorded), never a table part made. An application that
+// creates the table itself (CREATE TABLE IF NOT EXISTS) and writes its
+// ordering_key at once, as a fleet's new tenant does, would otherwise find
+// the first migration's table and its insert refused.
+func TestMigrateCreatesATableWhole(t *testing.T) {
+	ctx := context.Background()
+	for round := 0; round < 3; round++ {
+		s := testenv.CreateDB(t, filepath.Join(t.TempDir(), "app.db"))
+		app, err := testenv.AppDB(t, s.Path()).Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer app.Close()
+		done := make(chan error, 1)
+		go func() {
+			_, err := schema.Migrate(ctx, s)
+			done <- err
+		}()
+		var seen []string
+		for migrating := true; migrating; {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+				migrating = false
+			default:
+			}
+			objects, records := schemaSeen(t, app)
+			if state := objects + " | recorded: " + records; len(seen) == 0 || seen[len(seen)-1] != state {
+				seen = append(seen, state)
+			}
+		}
+		whole := seen[len(seen)-1]
+		if !strings.Contains(whole, "column:ordering_key") || !strings.HasSuffix(whole, "recorded: 101 102 103 104 105 106 107 108 109 110 111") {
+			t.Fatalf("round %d: after Migrate the application sees %s", round, whole)
+		}
+		for _, state := range seen[:len(seen)-1] {
+			if state != " | recorded: " {
+				t.Errorf("round %d: the application saw the schema part made: %s", round, state)
+			}
+		}
+		if t.Failed() {
+			t.Fatalf("round %d: and then whole: %s", round, whole)
+		}
+	}
+}
+
+// schemaSeen returns, as of one commit, the objects of the file's schema
+// and the outbox table's columns (type:name, sorted), and the migration
+// versions recorded.
+func schemaSeen(t *testing.T, app *sql.Conn) (objects, records string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := app.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
+		t.Fatal(err)
+	}
+	defer app.ExecContext(ctx, `COMMIT`)
+	err := app.QueryRowContext(ctx, `SELECT coalesce(group_concat(name, ' '), '') FROM (SELECT type || ':' || name AS name FROM sqlite_schema
+	UNION ALL SELECT 'column:' || name FROM pragma_table_info('event_queue') ORDER BY 1)`).Scan(&objects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(objects, "table:"+schema.MigrationsTable) {
+		err = app.QueryRowContext(ctx, `SELECT coalesce(group_concat(version, ' '), '') FROM (SELECT version FROM `+schema.MigrationsTable+` ORDER BY version)`).Scan(&records)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return objects, records
+}
+
 func TestMigrationRace(t *testing.T) {
 	for round := 0; round < 5; round++ {
 		path := filepath.Join(t.TempDir(), "app.db")
