@@ -167,8 +167,8 @@ func migrateOrderingKey(ctx context.Context, s steps) error {
 
 // addIndexedColumn adds the optional TEXT column col to the outbox table
 // and the partial index <table><suffix> on (col, id) of the rows that have
-// it. Each step is a transaction of its own: the index is built by reading
-// the whole table under the lock.
+// it. Each step is a transaction of its own (steps.tx): the index is built
+// by reading the whole table under the lock.
 func addIndexedColumn(ctx context.Context, s steps, col, suffix string) error {
 	t := s.Table()
 	err := s.tx(ctx, func(tx *sql.Tx) error {
@@ -272,8 +272,8 @@ var addable = []struct{ name, decl string }{
 // on an empty file, or upgrade a legacy one: add event_id/claimed_at,
 // backfill a distinct random UUID into every row and an available_at into
 // every row without one, and create the unique index; and processed_events.
-// Each part is a transaction of its own, and the backfill a series of short
-// ones.
+// Each part is a transaction of its own (steps.tx), and the backfill a
+// series of short ones.
 func migrateOutbox(ctx context.Context, s steps) error {
 	t := s.Table()
 	created := false
@@ -384,8 +384,8 @@ func createEventIDIndex(ctx context.Context, tx *sql.Tx, t string) error {
 
 // migrateClaims adds what the relay needs beyond the outbox itself: the
 // claim owner, the indexes that keep a claim proportional to the batch, and
-// the instance heartbeat table. Each statement is a transaction of its own:
-// an index is built by reading the whole table under the lock.
+// the instance heartbeat table. Each statement is a transaction of its own
+// (steps.tx): an index is built by reading the whole table under the lock.
 func migrateClaims(ctx context.Context, s steps) error {
 	t := s.Table()
 	err := s.tx(ctx, func(tx *sql.Tx) error {
@@ -526,8 +526,9 @@ func migrationTx(ctx context.Context, s *sqlitedb.DB, minPause time.Duration, he
 // when no UNIQUE index covers event_id.
 func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 	var problems []string
+	var exists bool
 	err := sqlitedb.RetryBusy(ctx, func() (err error) {
-		problems, err = preconditions(ctx, s)
+		problems, exists, err = preconditions(ctx, s)
 		return err
 	})
 	if err != nil {
@@ -541,7 +542,7 @@ func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 		return nil, err
 	}
 	var applied []int
-	if len(recorded) == 0 {
+	if !exists {
 		created, err := createWhole(ctx, s)
 		if err != nil {
 			return nil, err
@@ -607,22 +608,21 @@ func recordedVersions(ctx context.Context, s *sqlitedb.DB) (map[int]bool, error)
 }
 
 // preconditions lists what in an existing outbox table the migrations
-// cannot fix.
-func preconditions(ctx context.Context, s *sqlitedb.DB) ([]string, error) {
+// cannot fix, and reports whether the table exists.
+func preconditions(ctx context.Context, s *sqlitedb.DB) (problems []string, exists bool, err error) {
 	cols, err := sqlitedb.Columns(ctx, s.Reader(), s.Table())
 	if err != nil || len(cols) == 0 {
-		return nil, err
+		return nil, false, err
 	}
-	problems, err := timeColumnProblems(ctx, s.Reader(), s.Table())
-	if err != nil {
-		return nil, err
+	if problems, err = timeColumnProblems(ctx, s.Reader(), s.Table()); err != nil {
+		return nil, true, err
 	}
 	if problem, _, blocked, err := eventIDIndexProblem(ctx, s.Reader(), s.Table()); err != nil {
-		return nil, err
+		return nil, true, err
 	} else if blocked {
 		problems = append(problems, problem)
 	}
-	return problems, nil
+	return problems, true, nil
 }
 
 func migrateOne(ctx context.Context, s *sqlitedb.DB, m migration) (applied bool, err error) {
@@ -639,7 +639,7 @@ func applyMigration(ctx context.Context, s *sqlitedb.DB, m migration) (applied b
 	var done bool
 	err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 		var err error
-		done, err = migrationsRecorded(ctx, tx, s.Table(), m.version)
+		done, err = migrationRecorded(ctx, tx, s.Table(), m.version)
 		return err
 	})
 	if err != nil || done {
@@ -651,7 +651,7 @@ func applyMigration(ctx context.Context, s *sqlitedb.DB, m migration) (applied b
 	// Recorded only now that it is complete, and once.
 	err = migrationTx(ctx, s, 0, nil, func(tx *sql.Tx) error {
 		var err error
-		if done, err = migrationsRecorded(ctx, tx, s.Table(), m.version); err != nil || done {
+		if done, err = migrationRecorded(ctx, tx, s.Table(), m.version); err != nil || done {
 			return err
 		}
 		return recordMigration(ctx, tx, s.Table(), m)
@@ -659,22 +659,26 @@ func applyMigration(ctx context.Context, s *sqlitedb.DB, m migration) (applied b
 	return err == nil && !done, err
 }
 
-// migrationsRecorded creates the migrations table unless it exists, and
-// reports whether it records migration version of outbox table target, or
-// any migration of it when version is 0.
-func migrationsRecorded(ctx context.Context, tx *sql.Tx, target string, version int) (bool, error) {
-	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
+// migrationRecorded creates the migrations table unless it exists, and
+// reports whether it records migration version of outbox table target.
+func migrationRecorded(ctx context.Context, tx *sql.Tx, target string, version int) (bool, error) {
+	if err := createMigrationsTable(ctx, tx); err != nil {
+		return false, err
+	}
+	var n int
+	err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+MigrationsTable+` WHERE target = ? AND version = ?`, target, version).Scan(&n)
+	return n > 0, err
+}
+
+func createMigrationsTable(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
 	target     TEXT NOT NULL,
 	version    INTEGER NOT NULL,
 	name       TEXT NOT NULL,
 	applied_at INTEGER NOT NULL,
 	PRIMARY KEY (target, version)
-)`); err != nil {
-		return false, err
-	}
-	var n int
-	err := tx.QueryRowContext(ctx, `SELECT count(*) FROM `+MigrationsTable+` WHERE target = ?1 AND (?2 = 0 OR version = ?2)`, target, version).Scan(&n)
-	return n > 0, err
+)`)
+	return err
 }
 
 func recordMigration(ctx context.Context, tx *sql.Tx, target string, m migration) error {
@@ -687,10 +691,10 @@ func recordMigration(ctx context.Context, tx *sql.Tx, target string, m migration
 // transaction. An application that creates the table itself (CREATE TABLE
 // IF NOT EXISTS) or writes to it as soon as it exists, as a fleet's new
 // tenant does while the relay migrates its file, finds either no table or
-// the whole of it, never the first migration's columns alone. It does
-// nothing, and says so, when the table exists or a migration of it is
-// recorded (a table dropped since): Migrate then applies what is missing
-// version by version.
+// the whole of it, never the first migration's columns alone. Migrations
+// recorded for a table dropped since are recorded again. It does nothing,
+// and says so, when the table exists (another process made it meanwhile):
+// Migrate then applies what is missing version by version.
 func createWhole(ctx context.Context, s *sqlitedb.DB) (created bool, err error) {
 	err = sqlitedb.RetryBusy(ctx, func() error {
 		created = false
@@ -698,7 +702,10 @@ func createWhole(ctx context.Context, s *sqlitedb.DB) (created bool, err error) 
 			if cols, err := sqlitedb.Columns(ctx, tx, s.Table()); err != nil || len(cols) > 0 {
 				return err
 			}
-			if recorded, err := migrationsRecorded(ctx, tx, s.Table(), 0); err != nil || recorded {
+			if err := createMigrationsTable(ctx, tx); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+MigrationsTable+` WHERE target = ?`, s.Table()); err != nil {
 				return err
 			}
 			for _, m := range migrations {
@@ -718,7 +725,8 @@ func createWhole(ctx context.Context, s *sqlitedb.DB) (created bool, err error) 
 
 // steps runs a migration's transactions: each a BEGIN IMMEDIATE transaction
 // of its own (migrationTx), or all of them in the transaction whole, in
-// which createWhole makes a new file's outbox.
+// which createWhole makes a new file's outbox (there is nothing to build
+// an index from, and the table appears only once whole).
 type steps struct {
 	*sqlitedb.DB
 	whole *sql.Tx
