@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -109,5 +110,36 @@ func TestCheckKeyOrder(t *testing.T) {
 	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'dead_lettered' WHERE id = 5`)
 	if _, _, err := checkKeyOrder(ctx, js, "GOOD", path); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("1 of %d rows are not done", rows)) {
 		t.Errorf("with a row dead-lettered: %v; want it named", err)
+	}
+}
+
+// TestReadStreamLeavesNoConsumer: reading a stream through leaves no
+// consumer on it. A fleet's stream lives through the whole run, and a
+// consumer left there made every message of the drains after it count
+// for that consumer too, which the single file's fresh streams did not
+// pay.
+func TestReadStreamLeavesNoConsumer(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	if err := benchkit.ReplaceStream(ctx, js, "", "BENCH_READ", []string{"bench_read.>"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := js.Publish(ctx, "bench_read.x", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		var read int
+		if err := readStream(ctx, js, "BENCH_READ", func(jetstream.Msg, *jetstream.MsgMetadata) error { read++; return nil }); err != nil || read != 3 {
+			t.Fatalf("read %d messages (%v); want 3", read, err)
+		}
+	}
+	s, err := js.Stream(ctx, "BENCH_READ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Consumers; n != 0 {
+		t.Fatalf("the stream has %d consumers after two reads; want none", n)
 	}
 }
