@@ -299,14 +299,22 @@ func printFleet(w io.Writer, r *Report) {
 	}
 	if d := x.Drains; d != nil {
 		dr := func(name string, run *DrainRun) {
-			fmt.Fprintf(w, "  %-31s %8.0f rows/s  %d rows in %d files, done in %.2f s  CPU %.2f s\n", name, run.RowsPerSec, run.Rows, run.Files, run.Seconds, run.CPUSeconds)
+			fmt.Fprintf(w, "    %-29s %8.0f rows/s  %d rows in %d files, done in %.2f s  CPU %.2f s\n", name, run.RowsPerSec, run.Rows, run.Files, run.Seconds, run.CPUSeconds)
 		}
-		dr("drain, single file", d.Single)
-		dr(fmt.Sprintf("drain, one file of %d", x.Files), d.One)
-		fmt.Fprintf(w, "    %-29s %8.2f\n", "one file / single file", d.OneRatio)
-		dr(fmt.Sprintf("drain, %d files at once", d.Many.Files), d.Many)
-		fmt.Fprintf(w, "    %-29s %8.2f  (mean %.2f s, max %.2f s)\n", "time to done, max / mean", d.ManyMaxOverMean, d.Many.DoneMeanSeconds, d.Many.DoneMaxSeconds)
-		fmt.Fprintf(w, "    %-29s %8.2f\n", fmt.Sprintf("%d files / single file", d.Many.Files), d.ManyRatio)
+		sp := func(name string, s Spread) {
+			fmt.Fprintf(w, "    %-29s %8.2f  (%.2f to %.2f, %d rounds)\n", name, s.Median, s.Min, s.Max, len(d.Rounds))
+		}
+		for i, r := range d.Rounds {
+			fmt.Fprintf(w, "  drains, round %d\n", i+1)
+			dr("single file", r.Single)
+			dr(fmt.Sprintf("one file of %d", x.Files), r.One)
+			dr(fmt.Sprintf("%d files at once", r.Many.Files), r.Many)
+			fmt.Fprintf(w, "    %-29s %8.2f  (mean %.2f s, max %.2f s)\n", "time to done, max / mean", r.ManyMaxOverMean, r.Many.DoneMeanSeconds, r.Many.DoneMaxSeconds)
+		}
+		fmt.Fprintf(w, "  drains, medians of the rounds\n")
+		sp("one file / single file", d.OneRatio)
+		sp("time to done, max / mean", d.ManyMaxOverMean)
+		sp(fmt.Sprintf("%d files / single file", d.Rounds[0].Many.Files), d.ManyRatio)
 	}
 	if n := x.NewFiles; n != nil {
 		nf := func(name string, s *NewFileSamples) {

@@ -32,11 +32,21 @@ func TestFleet(t *testing.T) {
 		t.Errorf("trickle %+v, fleet %+v, single %+v", tr, tr.Fleet, tr.Single)
 	}
 	d := x.Drains
-	if d.Single.Rows != 400 || d.One.Rows != 400 || d.One.Files != 1 || d.Many.Files != 20 || d.Many.Rows != 20*(400/fleetBusy) {
-		t.Errorf("drains: single %+v, one %+v, many %+v", d.Single, d.One, d.Many)
+	if len(d.Rounds) != fleetDrainRounds {
+		t.Fatalf("drains: %d rounds, want %d", len(d.Rounds), fleetDrainRounds)
 	}
-	if d.Many.DoneMeanSeconds <= 0 || d.ManyMaxOverMean < 1 || d.OneRatio <= 0 || d.ManyRatio <= 0 {
-		t.Errorf("drain figures %+v, many %+v", d, d.Many)
+	for i, r := range d.Rounds {
+		if r.Single.Rows != 400 || r.One.Rows != 400 || r.One.Files != 1 || r.Many.Files != 20 || r.Many.Rows != 20*(400/fleetBusy) {
+			t.Errorf("round %d drains: single %+v, one %+v, many %+v", i+1, r.Single, r.One, r.Many)
+		}
+		if r.Many.DoneMeanSeconds <= 0 || r.ManyMaxOverMean < 1 || r.OneRatio <= 0 || r.ManyRatio <= 0 {
+			t.Errorf("round %d drain figures %+v, many %+v", i+1, r, r.Many)
+		}
+	}
+	for name, s := range map[string]Spread{"one file": d.OneRatio, "max / mean": d.ManyMaxOverMean, "many files": d.ManyRatio} {
+		if s.Min <= 0 || s.Min > s.Median || s.Median > s.Max {
+			t.Errorf("%s: %+v", name, s)
+		}
 	}
 	for name, s := range map[string]*NewFileSamples{"moved in": x.NewFiles.MovedIn, "created in place": x.NewFiles.CreatedInPlace, "woken": x.NewFiles.WokenSyncFull} {
 		if len(s.AckMs) != fleetNewFiles || len(s.DoneMs) != fleetNewFiles || s.AckMaxMs < s.AckMedianMs {
@@ -49,7 +59,7 @@ func TestFleet(t *testing.T) {
 	var out bytes.Buffer
 	Print(&out, rep)
 	for _, want := range []string{"--fleet: 20 database files", "all idle", "trickle: 20 files x 20 rows/s", "CPU, fleet / single file",
-		"drain, one file of 20", "drain, 20 files at once", "time to done, max / mean", "new file, moved in", "new file, created in place", "woken, synchronous=FULL", "fleet peak RSS"} {
+		"drains, round 3", "one file of 20", "20 files at once", "time to done, max / mean", "drains, medians of the rounds", "new file, moved in", "new file, created in place", "woken, synchronous=FULL", "fleet peak RSS"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -15,8 +16,18 @@ import (
 )
 
 // FleetDrains are backlogs drained by the fleet, against a single-file
-// relay draining --rows rows in the same run.
+// relay draining --rows rows, in rounds that alternate them (see drains).
 type FleetDrains struct {
+	Rounds []*DrainRound `json:"rounds"`
+	// The rounds' medians, and their ranges.
+	OneRatio        Spread `json:"one_file_to_single_file"`
+	ManyMaxOverMean Spread `json:"many_files_done_max_to_mean"`
+	ManyRatio       Spread `json:"many_files_to_single_file"`
+}
+
+// DrainRound is one round of the drains: each figure beside the single
+// file's of the same round.
+type DrainRound struct {
 	Single   *DrainRun `json:"single_file"`
 	One      *DrainRun `json:"one_file"` // one file of the fleet, the others idle
 	OneRatio float64   `json:"one_file_to_single_file"`
@@ -24,6 +35,21 @@ type FleetDrains struct {
 	Many            *DrainRun `json:"many_files"`
 	ManyMaxOverMean float64   `json:"many_files_done_max_to_mean"`
 	ManyRatio       float64   `json:"many_files_to_single_file"`
+}
+
+// Spread is the median of several rounds' figures, and their range.
+type Spread struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+// spreadOf returns the Spread of xs.
+func spreadOf(xs []float64) Spread {
+	if len(xs) == 0 {
+		return Spread{}
+	}
+	return Spread{Median: median(xs), Min: slices.Min(xs), Max: slices.Max(xs)}
 }
 
 // DrainRun is a backlog that appeared at once (see seedFrozen) drained:
@@ -39,12 +65,35 @@ type DrainRun struct {
 	DoneMaxSeconds  float64 `json:"done_max_seconds,omitempty"`
 }
 
-// drains measures the single-file drain of --rows, the same rows in one
-// file of the fleet, and --rows spread over min(100, N) files of it.
+// fleetDrainRounds is how many rounds of the drains a run measures: on a
+// shared machine one drain against one other differed by a fifth either
+// way from run to run, whichever came second.
+const fleetDrainRounds = 3
+
+// drains measures, in fleetDrainRounds rounds, the single-file drain of
+// --rows, the same rows in one file of the fleet, and --rows spread over
+// min(100, N) files of it. Each round drains files of the fleet that no
+// round drained before, while there are enough.
 func (f *fleetRun) drains(ctx context.Context) (*FleetDrains, error) {
-	o := f.b.o
 	d := &FleetDrains{}
-	path, ch, _, err := f.single("fleet-single-drain")
+	var one, maxMean, many []float64
+	for i := range fleetDrainRounds {
+		r, err := f.drainRound(ctx, i)
+		if err != nil {
+			return nil, err
+		}
+		d.Rounds = append(d.Rounds, r)
+		one, maxMean, many = append(one, r.OneRatio), append(maxMean, r.ManyMaxOverMean), append(many, r.ManyRatio)
+	}
+	d.OneRatio, d.ManyMaxOverMean, d.ManyRatio = spreadOf(one), spreadOf(maxMean), spreadOf(many)
+	return d, nil
+}
+
+// drainRound is round i of the drains.
+func (f *fleetRun) drainRound(ctx context.Context, i int) (*DrainRound, error) {
+	o := f.b.o
+	d := &DrainRound{}
+	path, ch, names, err := f.single(fmt.Sprintf("fleet-single-drain-%d", i))
 	if err != nil {
 		return nil, err
 	}
@@ -56,26 +105,36 @@ func (f *fleetRun) drains(ctx context.Context) (*FleetDrains, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.progress("single-file drain: %.0f rows/s (%d rows), CPU %.2f s", d.Single.RowsPerSec, d.Single.Rows, d.Single.CPUSeconds)
+	// The server holds the fleet's stream alone again, as when the single
+	// file drained.
+	if err := f.js.DeleteStream(ctx, names.stream); err != nil {
+		return nil, err
+	}
+	f.progress("round %d, single-file drain: %.0f rows/s (%d rows), CPU %.2f s", i+1, d.Single.RowsPerSec, d.Single.Rows, d.Single.CPUSeconds)
 
+	n := len(f.files)
 	f.waitQuiet()
-	if d.One, err = drainFrozen(ctx, f.ch, f.files[len(f.files)-1:], o.Rows, o.Size); err != nil {
+	if d.One, err = drainFrozen(ctx, f.ch, []string{f.files[n-1-i%n]}, o.Rows, o.Size); err != nil {
 		return nil, err
 	}
 	f.quiet = time.Now()
 	d.OneRatio = d.One.RowsPerSec / d.Single.RowsPerSec
-	f.progress("fleet, one file draining: %.0f rows/s, CPU %.2f s; / single file %.2f", d.One.RowsPerSec, d.One.CPUSeconds, d.OneRatio)
+	f.progress("round %d, fleet, one file draining: %.0f rows/s, CPU %.2f s; / single file %.2f", i+1, d.One.RowsPerSec, d.One.CPUSeconds, d.OneRatio)
 
-	busy := min(fleetBusy, len(f.files))
+	busy := min(fleetBusy, n)
+	from := i * busy % n
+	if from+busy > n {
+		from = 0
+	}
 	f.waitQuiet()
-	if d.Many, err = drainFrozen(ctx, f.ch, f.files[:busy], max(1, o.Rows/fleetBusy), o.Size); err != nil {
+	if d.Many, err = drainFrozen(ctx, f.ch, f.files[from:from+busy], max(1, o.Rows/fleetBusy), o.Size); err != nil {
 		return nil, err
 	}
 	f.quiet = time.Now()
 	d.ManyMaxOverMean = d.Many.DoneMaxSeconds / d.Many.DoneMeanSeconds
 	d.ManyRatio = d.Many.RowsPerSec / d.Single.RowsPerSec
-	f.progress("fleet, %d files draining: %.0f rows/s, CPU %.2f s; time to done mean %.2f s max %.2f s (max / mean %.2f); / single file %.2f",
-		busy, d.Many.RowsPerSec, d.Many.CPUSeconds, d.Many.DoneMeanSeconds, d.Many.DoneMaxSeconds, d.ManyMaxOverMean, d.ManyRatio)
+	f.progress("round %d, fleet, %d files draining: %.0f rows/s, CPU %.2f s; time to done mean %.2f s max %.2f s (max / mean %.2f); / single file %.2f",
+		i+1, busy, d.Many.RowsPerSec, d.Many.CPUSeconds, d.Many.DoneMeanSeconds, d.Many.DoneMaxSeconds, d.ManyMaxOverMean, d.ManyRatio)
 	return d, nil
 }
 
