@@ -513,6 +513,9 @@ func (a *App) Close() {
 	if a.listener != nil {
 		a.listener.Close() // closed already if Run served it
 	}
+	if a.js != nil {
+		a.js.Close() // a fleet's connection lives on
+	}
 	if a.conn != nil && !a.sharedConn {
 		a.conn.Close()
 	}

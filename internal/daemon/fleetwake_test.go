@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
@@ -231,4 +232,67 @@ func TestLockedFilesAtStartHoldUpNoOther(t *testing.T) {
 	for _, db := range dbs {
 		waitDone(t, db, 3)
 	}
+}
+
+// TestAClosedFileLeavesNothingOnTheConnection: a file closed as idle lets
+// go of what its publishing took on the fleet's one connection. Each
+// file served used to leave its subscription for acknowledgements there,
+// with a goroutine and its table of acknowledgements awaited: a fleet
+// whose files wake and close all day grew without end. Three rounds of
+// every file woken by a row and closed again: the connection holds fewer
+// subscriptions than files once they closed, and no more after the third
+// round than after the first.
+func TestAClosedFileLeavesNothingOnTheConnection(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	const files = 8
+	var dbs []*sql.DB
+	for i := range files {
+		dbs = append(dbs, tenantFile(t, dir, fmt.Sprintf("t%d", i), 0))
+	}
+	var ended atomic.Int64 // tries to serve a file that ended
+	startFleetWith(t, dir, n.URL(), 200*time.Millisecond, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto },
+		func(h *daemon.TestHooks) { h.Tried = func(string, error) { ended.Add(1) } })
+	subs := func() (total int) {
+		conns, err := n.Srv.Connz(&server.ConnzOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range conns.Conns {
+			if c.Name == "outbox-relay" {
+				total += int(c.NumSubs)
+			}
+		}
+		return total
+	}
+	// The server counts a subscription until the client's unsubscribe
+	// reaches it: each count is waited for.
+	var first int // once the first round's files closed
+	for round := 1; round <= 3; round++ {
+		for _, db := range dbs {
+			if err := testenv.Insert(db, testenv.NewEvent("order.placed", []byte("x"))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testenv.Eventually(t, 30*time.Second, fmt.Sprintf("round %d: every row done", round), func() bool {
+			for _, db := range dbs {
+				if testenv.Counts(t, db)["done"] != round {
+					return false
+				}
+			}
+			return true
+		})
+		testenv.Eventually(t, 30*time.Second, fmt.Sprintf("round %d: every file closed", round), func() bool {
+			return ended.Load() >= int64(round*files)
+		})
+		if round == 1 {
+			testenv.Eventually(t, 10*time.Second, "fewer subscriptions on the connection than files closed", func() bool {
+				first = subs()
+				return first < files
+			})
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("as many subscriptions after the third round as the %d after the first", first), func() bool {
+		return subs() <= first
+	})
 }
