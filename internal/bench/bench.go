@@ -881,8 +881,7 @@ func readStream(ctx context.Context, js jetstream.JetStream, stream string, fn f
 	}
 	// Deleted once read, not left to the server's inactivity timeout: a
 	// stream that lives on (a fleet's) would carry the consumer through
-	// the measurements after, every message published stored for it too
-	// (the fleet's drains ran a tenth slower with two of them).
+	// the measurements after, every message published counted for it too.
 	defer func() {
 		if ci := cons.CachedInfo(); ci != nil {
 			st.DeleteConsumer(context.WithoutCancel(ctx), ci.Name)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/outbox-relay/outbox-relay/internal/config"
@@ -254,14 +253,8 @@ func TestAClosedFileLeavesNothingOnTheConnection(t *testing.T) {
 	startFleetWith(t, dir, n.URL(), 200*time.Millisecond, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto },
 		func(h *daemon.TestHooks) { h.Tried = func(string, error) { ended.Add(1) } })
 	subs := func() (total int) {
-		conns, err := n.Srv.Connz(&server.ConnzOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range conns.Conns {
-			if c.Name == "outbox-relay" {
-				total += int(c.NumSubs)
-			}
+		for _, c := range relayConns(t, n) {
+			total += int(c.NumSubs)
 		}
 		return total
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -68,6 +69,23 @@ type harnessOptions struct {
 }
 
 var want = streamsync.Want{Stream: "EVENTS", Subjects: []string{"events.>"}, DuplicateWindow: time.Hour, Replicas: 1, Create: true, SubjectPrefix: "events"}
+
+// relayConns returns the server's connections that the daemon made (it
+// names them "outbox-relay").
+func relayConns(t testing.TB, n *testenv.NATS) []*server.ConnInfo {
+	t.Helper()
+	conns, err := n.Srv.Connz(&server.ConnzOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*server.ConnInfo
+	for _, c := range conns.Conns {
+		if c.Name == "outbox-relay" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
 
 // harnessConfig is the configuration the harness gives the daemon.
 func harnessConfig(dbPath, natsURL string, ho harnessOptions) config.Config {

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -90,20 +89,7 @@ func TestDroppedConnectionsSpendNoAttempts(t *testing.T) {
 	startRelay(t, path, n.URL(), harnessOptions{maxTries: 1, batch: 200, inFlight: 1000})
 	// The daemon names its connection; the rows are committed once it is
 	// up, so that the kicks below land while they are in flight.
-	relayConns := func() []*server.ConnInfo {
-		conns, err := n.Srv.Connz(&server.ConnzOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []*server.ConnInfo
-		for _, c := range conns.Conns {
-			if c.Name == "outbox-relay" {
-				out = append(out, c)
-			}
-		}
-		return out
-	}
-	testenv.Eventually(t, 20*time.Second, "the relay connected", func() bool { return len(relayConns()) > 0 })
+	testenv.Eventually(t, 20*time.Second, "the relay connected", func() bool { return len(relayConns(t, n)) > 0 })
 	tx, err := app.Begin()
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +104,7 @@ func TestDroppedConnectionsSpendNoAttempts(t *testing.T) {
 	}
 	kicks := 0
 	for kicks < 5 && testenv.Counts(t, app)["done"] < rows {
-		for _, c := range relayConns() {
+		for _, c := range relayConns(t, n) {
 			if n.Srv.DisconnectClientByID(c.Cid) == nil {
 				kicks++
 			}
