@@ -22,6 +22,15 @@ func writeFile(t *testing.T, text string) string {
 	return p
 }
 
+// fileOf writes text as a configuration file, when there is any.
+func fileOf(t *testing.T, text string) string {
+	t.Helper()
+	if text == "" {
+		return ""
+	}
+	return writeFile(t, text)
+}
+
 func flags(t *testing.T, args ...string) *pflag.FlagSet {
 	t.Helper()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
@@ -191,10 +200,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "content type with a newline", file: "message:\n  content_type: \"a\\nb\"\n", want: "message.content_type"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			file := ""
-			if tc.file != "" {
-				file = writeFile(t, tc.file)
-			}
+			file := fileOf(t, tc.file)
 			var fs *pflag.FlagSet
 			if tc.args != nil {
 				fs = flags(t, tc.args...)
@@ -265,5 +271,41 @@ func TestAliasPrecedence(t *testing.T) {
 	}
 	if c.NATS.URL != "nats://flag:4222" || c.Relay.MaxAttempts != 6 {
 		t.Fatalf("flag must beat the alias: %q %d", c.NATS.URL, c.Relay.MaxAttempts)
+	}
+}
+
+// TestAFleetsSubjectsNameTheTenantByDefault: a database.path pattern makes
+// the default template put the tenant first; a template set anywhere is
+// kept, an empty one is the default, and a single file's is {event_type}.
+func TestAFleetsSubjectsNameTheTenantByDefault(t *testing.T) {
+	fleet := "OUTBOX_RELAY_DATABASE_PATH=/data/tenants/*.db"
+	shared := "stream:\n  subject_template: \"{event_type}\"\n"
+	for _, tc := range []struct {
+		name string
+		file string
+		fs   []string
+		env  []string
+		want string
+	}{
+		{name: "one file", want: "{event_type}"},
+		{name: "a fleet", env: []string{fleet}, want: "{tenant}.{event_type}"},
+		{name: "a fleet, the variable empty", env: []string{fleet, "OUTBOX_RELAY_STREAM_SUBJECT_TEMPLATE="}, want: "{tenant}.{event_type}"},
+		{name: "a fleet, the template in the file", env: []string{fleet}, file: shared, want: "{event_type}"},
+		{name: "a fleet, the template in the environment", env: []string{fleet, "OUTBOX_RELAY_STREAM_SUBJECT_TEMPLATE=x.{event_type}"}, want: "x.{event_type}"},
+		{name: "a fleet, the template a flag", env: []string{fleet}, fs: []string{"--stream-subject-template={event_type}.{tenant}"}, want: "{event_type}.{tenant}"},
+		{name: "a fleet in the file", file: "database:\n  path: /data/*.db\n", want: "{tenant}.{event_type}"},
+		{name: "a fleet, the template empty in the file", file: "database:\n  path: /data/*.db\nstream:\n  subject_template: \"\"\n", want: "{tenant}.{event_type}"},
+		{name: "one file, the template empty in the file", file: "stream:\n  subject_template: \"\"\n", want: "{event_type}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := fileOf(t, tc.file)
+			c, err := load(t, file, flags(t, tc.fs...), tc.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Stream.SubjectTemplate != tc.want {
+				t.Fatalf("stream.subject_template = %q, want %q", c.Stream.SubjectTemplate, tc.want)
+			}
+		})
 	}
 }

@@ -12,6 +12,9 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/outbox-relay/outbox-relay/internal/fleet"
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 )
 
 // Error is a configuration error; the command line turns it into exit code 2.
@@ -30,8 +33,9 @@ func configErr(format string, args ...any) error {
 // Load reads the configuration: defaults, then the natscli context named by
 // nats.context (if any), then the YAML file (if file is not empty), then the
 // process environment, then the flags in fs that were set on the command
-// line (fs may be nil). The result is validated. Every error is an *Error
-// naming the key.
+// line (fs may be nil). A stream.subject_template left empty or unset
+// is the default for database.path (see defaultSubjectTemplate). The
+// result is validated. Every error is an *Error naming the key.
 //
 // Each source is a layer of viper's own: defaults, the file (merged as a
 // map, see readFile), the environment variables bound to each key and the
@@ -81,10 +85,24 @@ func Load(file string, fs *pflag.FlagSet) (Config, error) {
 		return Config{}, err
 	}
 	c.NATS.Sources = src.sources()
+	if c.Stream.SubjectTemplate == "" || src.of("stream.subject_template") == "" {
+		c.Stream.SubjectTemplate = defaultSubjectTemplate(c.Database.Path)
+	}
 	if err := c.Validate(); err != nil {
 		return Config{}, &Error{Err: err}
 	}
 	return c, nil
+}
+
+// defaultSubjectTemplate is stream.subject_template's default for
+// database.path: a fleet's files (a pattern) each on their tenant's
+// subjects (natsname.FleetTemplate), so that a file's reconciliation reads
+// its own tenant's messages alone; one file's the event type alone.
+func defaultSubjectTemplate(path string) string {
+	if fleet.IsPattern(path) {
+		return natsname.FleetTemplate
+	}
+	return natsname.EventTypeToken
 }
 
 // readFile reads the YAML file for viper. A section written with nothing

@@ -281,6 +281,34 @@ func TestFleetReconcilesTheStreamOnce(t *testing.T) {
 	}
 }
 
+// TestSharedSubjectsAreWarnedOf: a fleet whose template does not give
+// each tenant subjects of their own serves its files, and says once what
+// that costs; with the tenant first it says nothing.
+func TestSharedSubjectsAreWarnedOf(t *testing.T) {
+	n := testenv.StartNATS(t)
+	for _, tc := range []struct {
+		template string
+		warned   int
+	}{{"{event_type}", 1}, {"{event_type}.{tenant}", 1}, {"{tenant}.{event_type}", 0}} {
+		t.Run(tc.template, func(t *testing.T) {
+			dir := t.TempDir()
+			a, b := tenantFile(t, dir, "a", 1), tenantFile(t, dir, "b", 1)
+			h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) {
+				cfg.Schema.Mode = config.SchemaAuto
+				cfg.Stream.SubjectTemplate = tc.template
+				cfg.Stream.Name = "EVENTS_" + strings.NewReplacer("{", "", "}", "", ".", "_").Replace(tc.template)
+				cfg.Stream.SubjectPrefix = strings.ToLower(cfg.Stream.Name)
+				cfg.Stream.Subjects = []string{cfg.Stream.SubjectPrefix + ".>"}
+			})
+			waitDone(t, a, 1)
+			waitDone(t, b, 1)
+			if got := h.logs.FilterMessageSnippet("the tenants share subjects").Len(); got != tc.warned {
+				t.Errorf("%d warnings that the tenants share subjects, want %d", got, tc.warned)
+			}
+		})
+	}
+}
+
 // TestNewFilesAreFoundByTheirNotifications: with the fleet's periodic
 // rescans and retries an hour apart, the directory's notifications alone
 // bring a file moved in to be served (its rows, written elsewhere, are

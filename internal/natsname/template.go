@@ -11,6 +11,10 @@ const (
 	TenantToken    = "{tenant}"
 )
 
+// FleetTemplate is a fleet's default template: each tenant's subjects
+// under a prefix of their own (see ReadApart).
+const FleetTemplate = TenantToken + "." + EventTypeToken
+
 // Template is stream.subject_template: the tokens of a subject after
 // stream.subject_prefix, where {event_type} stands for the row's event
 // type (one or more tokens) and {tenant} for the tenant of the database
@@ -53,6 +57,14 @@ func ParseTemplate(s string) (Template, error) {
 // HasTenant reports whether the subjects name the tenant.
 func (t Template) HasTenant() bool {
 	return strings.Contains(t.before+t.after, TenantToken)
+}
+
+// ReadApart reports whether one tenant's messages can be read apart from
+// the other tenants': {tenant} comes before {event_type} and nothing
+// follows it, so that every subject of a tenant, and only of that tenant,
+// begins with its Subjects' Prefix.
+func (t Template) ReadApart() bool {
+	return strings.Contains(t.before, TenantToken) && t.after == ""
 }
 
 // Subjects returns the subjects of tenant's rows under prefix, or why the
