@@ -15,7 +15,10 @@ import (
 // notification for every file in it: a write to the -wal file of a
 // database that Routes follows goes to its follower; a write to another
 // database or its -wal file (a commit) is sent on Written, the database's
-// path; a file created, removed or renamed is sent on Changed. Neither
+// path; a database file created, removed or renamed is sent on Changed
+// (not its -wal or -journal file, which SQLite creates and removes as
+// connections come and go: each would have the pattern matched again
+// for nothing, a stat of every file, as a fleet's idle files wake). Neither
 // blocks: a reader that is behind misses sends (Changed coalesces; a
 // missed Written is said on Missed).
 type Watcher struct {
@@ -108,7 +111,7 @@ func (fw *Watcher) event(ev fsnotify.Event) {
 	if ok, _ := filepath.Match(fw.base, base); !ok || sidecar(db) {
 		return
 	}
-	if ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+	if name == base && (ev.Has(fsnotify.Create) || ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) {
 		fw.changed()
 	}
 	if fw.routes.send(ev.Op, name, base) {

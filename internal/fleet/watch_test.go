@@ -140,3 +140,59 @@ func TestRoutesHandAFollowedFilesWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestOnlyDatabaseFilesChangeTheSet: a database file created, renamed or
+// removed is sent on Changed; its -wal and -journal files, which SQLite
+// creates and removes as connections come and go, are not (a creation of
+// a -wal is a commit's, sent on Written). Each step ends with a write to
+// another database, sent on Written after every notification before it.
+func TestOnlyDatabaseFilesChangeTheSet(t *testing.T) {
+	dir := t.TempDir()
+	path := func(name string) string { return filepath.Join(dir, name) }
+	if err := os.WriteFile(path("z.db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := Watch(context.Background(), filepath.Join(dir, "*.db"), nil)
+	if w == nil {
+		t.Fatal("no notifications")
+	}
+	defer w.Close()
+	step := func(what string, changes bool, do func() error) {
+		t.Helper()
+		if err := do(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path("z.db"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for done := false; !done; {
+			select {
+			case db := <-w.Written:
+				done = db == path("z.db")
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: the write to z.db was not sent on Written", what)
+			}
+		}
+		select {
+		case <-w.Changed:
+			if !changes {
+				t.Errorf("%s: sent on Changed", what)
+			}
+		default:
+			if changes {
+				t.Errorf("%s: not sent on Changed", what)
+			}
+		}
+	}
+	write := func(name string) func() error {
+		return func() error { return os.WriteFile(path(name), []byte("x"), 0o600) }
+	}
+	remove := func(name string) func() error { return func() error { return os.Remove(path(name)) } }
+	step("a.db created", true, write("a.db"))
+	step("a.db-wal created", false, write("a.db-wal"))
+	step("a.db-wal removed", false, remove("a.db-wal"))
+	step("a.db-journal created", false, write("a.db-journal"))
+	step("a.db-journal removed", false, remove("a.db-journal"))
+	step("a.db renamed", true, func() error { return os.Rename(path("a.db"), path("b.db")) })
+	step("b.db removed", true, remove("b.db"))
+}
