@@ -266,7 +266,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 	f.log.Info("relay starting for a fleet of database files", zap.String("database", f.cfg.Database.Path),
 		zap.String("table", f.cfg.Database.Table), zap.String("nats", natsname.RedactURLs(f.natsURL)),
 		zap.String("stream", f.cfg.Stream.Name), zap.String("subjects", f.cfg.Stream.SubjectPrefix+"."+f.cfg.Stream.SubjectTemplate))
-	if tmpl, err := natsname.ParseTemplate(f.cfg.Stream.SubjectTemplate); err == nil && !tmpl.ReadApart() {
+	if tmpl, err := natsname.ParseTemplate(f.cfg.Stream.SubjectTemplate); err == nil && !tmpl.ReadApart() && f.cfg.NATS.Mode != config.ModeCore {
 		f.log.Warn("the tenants share subjects: a file's reconciliation, each time its relay begins to lead with rows pending (an idle file woken by a commit, a restart), reads every tenant's messages since the file's position; set stream.subject_template to "+natsname.FleetTemplate+", the default for a fleet",
 			zap.String("subject_template", f.cfg.Stream.SubjectTemplate))
 	}

@@ -283,20 +283,27 @@ func TestFleetReconcilesTheStreamOnce(t *testing.T) {
 
 // TestSharedSubjectsAreWarnedOf: a fleet whose template does not give
 // each tenant subjects of their own serves its files, and says once what
-// that costs; with the tenant first it says nothing.
+// that costs; with the tenant first it says nothing, nor in core NATS
+// mode, where no reconciliation reads the stream.
 func TestSharedSubjectsAreWarnedOf(t *testing.T) {
 	n := testenv.StartNATS(t)
 	for _, tc := range []struct {
-		template string
-		warned   int
-	}{{"{event_type}", 1}, {"{event_type}.{tenant}", 1}, {"{tenant}.{event_type}", 0}} {
-		t.Run(tc.template, func(t *testing.T) {
+		template, mode string
+		warned         int
+	}{
+		{"{event_type}", config.ModeJetStream, 1},
+		{"{event_type}.{tenant}", config.ModeJetStream, 1},
+		{"{tenant}.{event_type}", config.ModeJetStream, 0},
+		{"{event_type}", config.ModeCore, 0},
+	} {
+		t.Run(tc.template+" "+tc.mode, func(t *testing.T) {
 			dir := t.TempDir()
 			a, b := tenantFile(t, dir, "a", 1), tenantFile(t, dir, "b", 1)
 			h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) {
 				cfg.Schema.Mode = config.SchemaAuto
+				cfg.NATS.Mode = tc.mode
 				cfg.Stream.SubjectTemplate = tc.template
-				cfg.Stream.Name = "EVENTS_" + strings.NewReplacer("{", "", "}", "", ".", "_").Replace(tc.template)
+				cfg.Stream.Name = "EVENTS_" + strings.NewReplacer("{", "", "}", "", ".", "_").Replace(tc.template+"_"+tc.mode)
 				cfg.Stream.SubjectPrefix = strings.ToLower(cfg.Stream.Name)
 				cfg.Stream.Subjects = []string{cfg.Stream.SubjectPrefix + ".>"}
 			})

@@ -13,6 +13,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -20,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/fleet"
 	"github.com/outbox-relay/outbox-relay/internal/housekeeping"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/natsname"
@@ -124,7 +126,8 @@ func banner(out io.Writer, cfg config.Config, ln net.Listener, rate int) {
 	shownURL := natsname.RedactURLs(cfg.NATS.URL) // credentials are never printed
 	fmt.Fprintf(out, "outbox-relay demo\n")
 	fmt.Fprintf(out, "  database  %s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
-	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.<event_type>)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix)
+	subjects := strings.NewReplacer(natsname.EventTypeToken, "<event_type>", natsname.TenantToken, fleet.Tenant(cfg.Database.Path)).Replace(cfg.Stream.SubjectTemplate)
+	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.%s)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix, subjects)
 	if ln != nil {
 		fmt.Fprintf(out, "  metrics   http://%s/metrics\n", ln.Addr())
 	}

@@ -131,3 +131,21 @@ func atoi(t *testing.T, s string) int {
 	}
 	return n
 }
+
+// TestBannerNamesTheSubjects: the banner gives the subjects the demo's
+// file publishes on, as its template makes them.
+func TestBannerNamesTheSubjects(t *testing.T) {
+	for template, want := range map[string]string{
+		"{event_type}":          "subjects events.<event_type>)",
+		"{tenant}.{event_type}": "subjects events.app.<event_type>)",
+	} {
+		cfg := config.Default()
+		cfg.Database.Path = filepath.Join(t.TempDir(), "app.db")
+		cfg.Stream.SubjectTemplate = template
+		var out bytes.Buffer
+		banner(&out, cfg, nil, 10)
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("template %s: the banner says\n%s\nwant %q in it", template, out.String(), want)
+		}
+	}
+}
