@@ -277,7 +277,11 @@ func TestAliasPrecedence(t *testing.T) {
 // TestAFleetsSubjectsNameTheTenantByDefault: a database.path pattern makes
 // the default template put the tenant first; a template set anywhere is
 // kept, an empty one is the default, and a single file's is {event_type}.
+// The flag's help says so.
 func TestAFleetsSubjectsNameTheTenantByDefault(t *testing.T) {
+	if usage := flags(t).Lookup("stream-subject-template").Usage; !strings.Contains(usage, "{tenant}.{event_type} when database.path is a pattern") {
+		t.Errorf("--stream-subject-template's help does not give a fleet's default: %q", usage)
+	}
 	fleet := "OUTBOX_RELAY_DATABASE_PATH=/data/tenants/*.db"
 	shared := "stream:\n  subject_template: \"{event_type}\"\n"
 	for _, tc := range []struct {

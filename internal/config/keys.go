@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/outbox-relay/outbox-relay/internal/natsname"
 )
 
 // aliases are other programs' environment names for a key, honoured after
@@ -121,6 +123,9 @@ func BindFlags(fs *pflag.FlagSet) {
 		case string:
 			if Secret(k.Name) {
 				usage += "; prefer the environment for secrets"
+			}
+			if k.Name == "stream.subject_template" {
+				usage += "; " + natsname.FleetTemplate + " when database.path is a pattern"
 			}
 			fs.String(k.Flag, d, usage)
 		case int:
