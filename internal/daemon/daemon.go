@@ -244,10 +244,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 	if err != nil {
 		return nil, err
 	}
-	a.readFilter = cfg.Stream.SubjectPrefix + ".>"
-	if subjects.Suffix == "" {
-		a.readFilter = subjects.Prefix + ".>"
-	}
+	a.readFilter = subjects.ReadFilter(cfg.Stream.SubjectPrefix)
 	if a.conn == nil {
 		if a.conn, err = connectBroker(ctx, cfg, a.natsURL, log); err != nil {
 			return nil, err

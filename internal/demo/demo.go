@@ -13,7 +13,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -126,8 +125,13 @@ func banner(out io.Writer, cfg config.Config, ln net.Listener, rate int) {
 	shownURL := natsname.RedactURLs(cfg.NATS.URL) // credentials are never printed
 	fmt.Fprintf(out, "outbox-relay demo\n")
 	fmt.Fprintf(out, "  database  %s (table %s)\n", cfg.Database.Path, cfg.Database.Table)
-	subjects := strings.NewReplacer(natsname.EventTypeToken, "<event_type>", natsname.TenantToken, fleet.Tenant(cfg.Database.Path)).Replace(cfg.Stream.SubjectTemplate)
-	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s.%s)\n", shownURL, cfg.Stream.Name, cfg.Stream.SubjectPrefix, subjects)
+	subjects := cfg.Stream.SubjectPrefix + ".<event_type>"
+	if tmpl, err := natsname.ParseTemplate(cfg.Stream.SubjectTemplate); err == nil {
+		if s, err := tmpl.Subjects(cfg.Stream.SubjectPrefix, fleet.Tenant(cfg.Database.Path)); err == nil {
+			subjects = s.Prefix + ".<event_type>" + s.Suffix
+		}
+	}
+	fmt.Fprintf(out, "  nats      %s (stream %s, subjects %s)\n", shownURL, cfg.Stream.Name, subjects)
 	if ln != nil {
 		fmt.Fprintf(out, "  metrics   http://%s/metrics\n", ln.Addr())
 	}

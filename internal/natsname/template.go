@@ -61,8 +61,8 @@ func (t Template) HasTenant() bool {
 
 // ReadApart reports whether one tenant's messages can be read apart from
 // the other tenants': {tenant} comes before {event_type} and nothing
-// follows it, so that every subject of a tenant, and only of that tenant,
-// begins with its Subjects' Prefix.
+// follows it, so that a tenant's Subjects' ReadFilter takes in its
+// subjects alone.
 func (t Template) ReadApart() bool {
 	return strings.Contains(t.before, TenantToken) && t.after == ""
 }
@@ -99,6 +99,16 @@ func ValidateTenant(name string) error {
 type Subjects struct {
 	Prefix string
 	Suffix string // "" or starting with "."
+}
+
+// ReadFilter is the subject filter that takes in every one of these
+// subjects under prefix (stream.subject_prefix): Prefix.> when nothing
+// follows the event type, else prefix.>.
+func (s Subjects) ReadFilter(prefix string) string {
+	if s.Suffix != "" {
+		return prefix + ".>"
+	}
+	return s.Prefix + ".>"
 }
 
 // Of returns the subject of an event type, or why it cannot form one.
