@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -145,32 +146,40 @@ func TestRoutesHandAFollowedFilesWrites(t *testing.T) {
 // removed is sent on Changed; its -wal and -journal files, which SQLite
 // creates and removes as connections come and go, are not (a creation of
 // a -wal is a commit's, sent on Written). Each step ends with a write to
-// another database, sent on Written after every notification before it.
+// a database of its own, sent on Written after every notification before
+// it (a write sends more than one, so a step's is told from an earlier
+// step's by its name).
 func TestOnlyDatabaseFilesChangeTheSet(t *testing.T) {
 	dir := t.TempDir()
 	path := func(name string) string { return filepath.Join(dir, name) }
-	if err := os.WriteFile(path("z.db"), nil, 0o600); err != nil {
-		t.Fatal(err)
+	const steps = 7
+	for i := range steps {
+		if err := os.WriteFile(path(fmt.Sprintf("z%d.db", i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	w := Watch(context.Background(), filepath.Join(dir, "*.db"), nil)
 	if w == nil {
 		t.Fatal("no notifications")
 	}
 	defer w.Close()
+	n := 0
 	step := func(what string, changes bool, do func() error) {
 		t.Helper()
 		if err := do(); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(path("z.db"), []byte("x"), 0o600); err != nil {
+		end := path(fmt.Sprintf("z%d.db", n))
+		n++
+		if err := os.WriteFile(end, []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		for done := false; !done; {
 			select {
 			case db := <-w.Written:
-				done = db == path("z.db")
+				done = db == end
 			case <-time.After(10 * time.Second):
-				t.Fatalf("%s: the write to z.db was not sent on Written", what)
+				t.Fatalf("%s: the write to %s was not sent on Written", what, end)
 			}
 		}
 		select {
