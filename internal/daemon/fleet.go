@@ -749,7 +749,10 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 			f.mu.Unlock()
 			tried = stampOf(path)
 			started := f.startTurn(mctx)
-			err = f.serve(mctx, path, m, started)
+			err = f.serve(mctx, path, m, func() {
+				f.fleetM.Starts.Observe(time.Since(m.queued).Seconds())
+				started()
+			})
 			started()
 			<-f.slots
 		case <-mctx.Done():

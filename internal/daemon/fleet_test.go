@@ -452,7 +452,8 @@ func dumpLogs(t *testing.T, logs *observer.ObservedLogs) {
 // TestIdleFilesCloseAndWakeOnTheirCommits: files idle for IdleAfter are
 // closed (no connection, heartbeat or goroutine of theirs); a commit to
 // one opens it again and its row is published, and a file whose next row
-// is due later (a retry's backoff) is opened when it comes due.
+// is due later (a retry's backoff) is opened when it comes due. Each
+// start is counted in fleet_file_start_seconds.
 func TestIdleFilesCloseAndWakeOnTheirCommits(t *testing.T) {
 	n := testenv.StartNATS(t)
 	dir := t.TempDir()
@@ -471,14 +472,23 @@ func TestIdleFilesCloseAndWakeOnTheirCommits(t *testing.T) {
 	}
 	waitDone(t, dbs["initech"], 4) // opened again when its row came due, if it was closed meanwhile
 	h.waitReadyz(t, ": 0 open (leading 0), 3 idle")
-	h.waitMetrics(t, `outbox_relay_fleet_files{state="idle"} 3`, `outbox_relay_fleet_files{state="open"} 0`,
+	body := h.waitMetrics(t, `outbox_relay_fleet_files{state="idle"} 3`, `outbox_relay_fleet_files{state="open"} 0`,
 		`outbox_relay_backlog_rows{status="dead_lettered"} 1`, `outbox_relay_backlog_rows{status="pending"} 0`, `outbox_relay_leader 0`)
+	const starts = "outbox_relay_fleet_file_start_seconds_count"
+	before := sampleOf(t, body, starts)
+	if before < 3 {
+		t.Errorf("%s %v after three files were served", starts, before)
+	}
 
 	insertKeyed(t, dbs["globex"], "globex", 1)
 	waitDone(t, dbs["globex"], 4)
 	h.waitReadyz(t, ": 0 open (leading 0), 3 idle") // and closed again
-	if body := h.waitMetrics(t); strings.Contains(body, "tenant=") {
+	body = h.waitMetrics(t)
+	if strings.Contains(body, "tenant=") {
 		t.Errorf("/metrics has a tenant label without metrics.tenant_label")
+	}
+	if after := sampleOf(t, body, starts); after != before+1 {
+		t.Errorf("%s %v after one file was woken, %v before", starts, after, before)
 	}
 	if got := len(testenv.StreamMessages(t, n.JetStream(t), "EVENTS")); got != 11 {
 		t.Fatalf("%d messages, want 11", got)

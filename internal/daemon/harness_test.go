@@ -235,11 +235,17 @@ func scrape(t *testing.T, h *harness, sample string) float64 {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\S+)$`).FindSubmatch(body)
+	return sampleOf(t, string(body), sample)
+}
+
+// sampleOf reads one sample from a /metrics body.
+func sampleOf(t *testing.T, body, sample string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\S+)$`).FindStringSubmatch(body)
 	if m == nil {
 		t.Fatalf("no sample %s in /metrics", sample)
 	}
-	v, err := strconv.ParseFloat(string(m[1]), 64)
+	v, err := strconv.ParseFloat(m[1], 64)
 	if err != nil {
 		t.Fatal(err)
 	}

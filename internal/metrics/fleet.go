@@ -7,6 +7,9 @@ import "github.com/prometheus/client_golang/prometheus"
 // operator opts in (metrics.tenant_label), each tenant's backlog.
 type FleetMetrics struct {
 	Files *prometheus.GaugeVec // by state: open, idle, trouble
+	// Starts is how long files took to start, from the fleet's finding a
+	// row of a closed or new file due to the file's relay having started.
+	Starts prometheus.Histogram
 	// The tenant-labelled gauges; nil without the opt-in.
 	tenantBacklog *prometheus.GaugeVec
 	tenantAge     *prometheus.GaugeVec
@@ -18,7 +21,10 @@ type FleetMetrics struct {
 func (m *Metrics) ServeFleet(perTenant bool) *FleetMetrics {
 	fm := &FleetMetrics{Files: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "fleet_files",
 		Help: "Database files the pattern matches, by state: open (served), waiting (for their turn among the files open at once), idle (closed until a commit or a due row), trouble (cannot be served; tried again)."}, []string{"state"})}
-	m.Registry.MustRegister(fm.Files)
+	fm.Starts = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: Namespace, Name: "fleet_file_start_seconds",
+		Help:    "Seconds from a row of a closed or new file found due to the file's relay having started (its first claim, or standing by, or finding the broker out): the wait for a slot and a turn among the files starting, and the opening.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}})
+	m.Registry.MustRegister(fm.Files, fm.Starts)
 	for _, s := range []string{"open", "waiting", "idle", "trouble"} {
 		fm.Files.WithLabelValues(s)
 	}
