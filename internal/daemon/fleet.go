@@ -857,11 +857,44 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member, started func(
 	err = app.Run(ctx)
 	switch {
 	case ctx.Err() != nil: // let go of
+		f.lookLast(ctx, app, m)
 		return nil
 	case err == nil:
 		return errors.New("its relay stopped")
 	}
 	return err
+}
+
+// lookLast is the first look at a file closed as idle, made on its
+// relay's connections before they close: the look that follows the close
+// then finds the same without opening the file, unless a commit came
+// meanwhile (see lookOnce). The mark is read before the rows, so that
+// what the look finds covers every commit the mark does; a mark that the
+// close changes (its checkpoint) only costs the look it would have
+// spared.
+func (f *Fleet) lookLast(ctx context.Context, app *App, m *member) {
+	f.mu.Lock()
+	p := m.park
+	f.mu.Unlock()
+	if p == nil {
+		return // not closed as idle: gone, replaced, or the fleet stops
+	}
+	mark, marked := sqlitedb.ReadCommitMark(app.db.Path())
+	if !marked {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fleetLookLockWait)
+	defer cancel()
+	next, any, err := claim.NextDue(ctx, app.db, f.cfg.Ordering.Parks())
+	if err != nil {
+		return
+	}
+	if !any {
+		next = time.Time{}
+	}
+	f.mu.Lock()
+	p.mark, p.marked, p.found = mark, true, next
+	f.mu.Unlock()
 }
 
 // gaugesOf returns the file's shares of the backlog gauges.
