@@ -527,8 +527,9 @@ func migrationTx(ctx context.Context, s *sqlitedb.DB, minPause time.Duration, he
 func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 	var problems []string
 	var exists bool
+	var indexProblem string // as preconditions found it
 	err := sqlitedb.RetryBusy(ctx, func() (err error) {
-		problems, exists, err = preconditions(ctx, s)
+		problems, indexProblem, exists, err = preconditions(ctx, s)
 		return err
 	})
 	if err != nil {
@@ -542,6 +543,7 @@ func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 		return nil, err
 	}
 	var applied []int
+	changed := !exists // the table may not be as preconditions read it
 	if !exists {
 		created, err := createWhole(ctx, s)
 		if err != nil {
@@ -558,6 +560,7 @@ func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 		if recorded[m.version] {
 			continue
 		}
+		changed = true // by this relay or, meanwhile, another
 		ok, err := migrateOne(ctx, s, m)
 		if err != nil {
 			return applied, fmt.Errorf("migration %d (%s): %w", m.version, m.name, err)
@@ -566,9 +569,11 @@ func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 			applied = append(applied, m.version)
 		}
 	}
-	problem, _, _, err := eventIDIndexProblem(ctx, s.Reader(), s.Table())
-	if err != nil {
-		return applied, err
+	problem := indexProblem
+	if changed {
+		if problem, _, _, err = eventIDIndexProblem(ctx, s.Reader(), s.Table()); err != nil {
+			return applied, err
+		}
 	}
 	if problem != "" {
 		return applied, fmt.Errorf("%w in %s: %s", ErrSchema, s.Path(), problem)
@@ -609,20 +614,22 @@ func recordedVersions(ctx context.Context, s *sqlitedb.DB) (map[int]bool, error)
 
 // preconditions lists what in an existing outbox table the migrations
 // cannot fix, and reports whether the table exists.
-func preconditions(ctx context.Context, s *sqlitedb.DB) (problems []string, exists bool, err error) {
+func preconditions(ctx context.Context, s *sqlitedb.DB) (problems []string, indexProblem string, exists bool, err error) {
 	cols, err := sqlitedb.Columns(ctx, s.Reader(), s.Table())
 	if err != nil || len(cols) == 0 {
-		return nil, false, err
+		return nil, "", false, err
 	}
 	if problems, err = timeColumnProblems(ctx, s.Reader(), s.Table()); err != nil {
-		return nil, true, err
+		return nil, "", true, err
 	}
-	if problem, _, blocked, err := eventIDIndexProblem(ctx, s.Reader(), s.Table()); err != nil {
-		return nil, true, err
-	} else if blocked {
-		problems = append(problems, problem)
+	indexProblem, _, blocked, err := eventIDIndexProblem(ctx, s.Reader(), s.Table())
+	if err != nil {
+		return nil, "", true, err
 	}
-	return problems, true, nil
+	if blocked {
+		problems = append(problems, indexProblem)
+	}
+	return problems, indexProblem, true, nil
 }
 
 func migrateOne(ctx context.Context, s *sqlitedb.DB, m migration) (applied bool, err error) {
