@@ -570,7 +570,7 @@ func Migrate(ctx context.Context, s *sqlitedb.DB) ([]int, error) {
 		}
 	}
 	problem := indexProblem
-	if changed {
+	if changed || problem != "" { // another process may have made it since
 		if problem, _, _, err = eventIDIndexProblem(ctx, s.Reader(), s.Table()); err != nil {
 			return applied, err
 		}
