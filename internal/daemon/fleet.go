@@ -879,7 +879,7 @@ func (f *Fleet) lookLast(ctx context.Context, app *App, m *member) {
 	if p == nil {
 		return // not closed as idle: gone, replaced, or the fleet stops
 	}
-	mark, marked := sqlitedb.ReadCommitMark(app.db.Path())
+	mark, marked := app.db.CommitMark()
 	if !marked {
 		return
 	}

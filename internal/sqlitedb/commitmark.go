@@ -1,7 +1,6 @@
 package sqlitedb
 
 import (
-	"io"
 	"os"
 	"syscall"
 )
@@ -40,21 +39,41 @@ type fileID struct{ dev, ino uint64 }
 // there is none to read (no -shm file: the database is not in WAL mode, or
 // no connection has opened it since its last one closed) or it cannot be
 // read; the caller then looks at the database.
-func ReadCommitMark(path string) (m CommitMark, ok bool) {
+//
+// It opens the -shm file and closes it again, and closing any descriptor
+// of a file drops every lock the process holds on it: while a connection
+// of this process has the database open, use DB.CommitMark.
+func ReadCommitMark(path string) (CommitMark, bool) {
+	f, err := os.Open(path + "-shm")
+	if err != nil {
+		return CommitMark{}, false
+	}
+	defer f.Close()
+	return markOf(path, f)
+}
+
+// CommitMark is ReadCommitMark through the -shm file s holds open from
+// Open to Close; ok is false when it has none (the database was not in
+// WAL mode when opened).
+func (s *DB) CommitMark() (m CommitMark, ok bool) {
+	if s.shm == nil {
+		return m, false
+	}
+	return markOf(s.path, s.shm.f)
+}
+
+// markOf reads the mark of the database at path, its -shm file open as
+// shm.
+func markOf(path string, shm *os.File) (m CommitMark, ok bool) {
 	db, err := os.Stat(path)
 	if m.db, ok = idOf(db, err); !ok {
 		return m, false
 	}
 	m.dbSize, m.dbAt = db.Size(), db.ModTime().UnixNano()
-	f, err := os.Open(path + "-shm")
-	if err != nil {
+	if m.shm, ok = idOf(shm.Stat()); !ok {
 		return m, false
 	}
-	defer f.Close()
-	if m.shm, ok = idOf(f.Stat()); !ok {
-		return m, false
-	}
-	if _, err := io.ReadFull(f, m.header[:]); err != nil {
+	if _, err := shm.ReadAt(m.header[:], 0); err != nil {
 		return m, false
 	}
 	return m, true
@@ -76,7 +95,11 @@ func idOf(fi os.FileInfo, err error) (fileID, bool) {
 // bytes) from the -shm file, where PRAGMA data_version is a read
 // transaction (its locks on the application's file, and a query through
 // database/sql). While a connection of the process is open, SQLite keeps
-// the -shm file it opened (a first connection rebuilds it in place).
+// the -shm file it opened (a first connection rebuilds it in place). A DB
+// holds it open from Open until its connections are closed: closing it
+// before would drop SQLite's locks on the file (POSIX locks belong to the
+// process), among them the one that tells another process's first
+// connection that the index is in use and must not be rebuilt.
 type walIndex struct{ f *os.File }
 
 // openWalIndex opens the -shm file of the database at path; nil when it

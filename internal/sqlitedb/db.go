@@ -36,6 +36,7 @@ type DB struct {
 	table  string
 	path   string
 	opened os.FileInfo   // the file at path when it was opened
+	shm    *walIndex     // its -shm file, nil when it had none
 	busy   time.Duration // how long a write waits for the lock
 	clock  *event.Clock
 
@@ -125,7 +126,9 @@ func (s *DB) Close() error {
 	if s.read == s.write { // Options.OneConnection
 		return s.write.Close()
 	}
-	return errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
+	err := errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
+	s.shm.close() // once SQLite holds no lock on it (see walIndex)
+	return err
 }
 
 // Path returns the database file's path.
