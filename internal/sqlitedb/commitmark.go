@@ -52,14 +52,15 @@ func ReadCommitMark(path string) (CommitMark, bool) {
 	return markOf(path, f)
 }
 
-// CommitMark is ReadCommitMark through the -shm file s holds open from
-// Open to Close; ok is false when it has none (the database was not in
-// WAL mode when opened).
+// CommitMark is ReadCommitMark through the -shm file s holds open until
+// Close; ok is false when there is none (the database is not in WAL
+// mode).
 func (s *DB) CommitMark() (m CommitMark, ok bool) {
-	if s.shm == nil {
+	idx := s.walIndex()
+	if idx == nil {
 		return m, false
 	}
-	return markOf(s.path, s.shm.f)
+	return markOf(s.path, idx.f)
 }
 
 // markOf reads the mark of the database at path, its -shm file open as
@@ -96,7 +97,7 @@ func idOf(fi os.FileInfo, err error) (fileID, bool) {
 // transaction (its locks on the application's file, and a query through
 // database/sql). While a connection of the process is open, SQLite keeps
 // the -shm file it opened (a first connection rebuilds it in place). A DB
-// holds it open from Open until its connections are closed: closing it
+// holds it open until its connections are closed: closing it
 // before would drop SQLite's locks on the file (POSIX locks belong to the
 // process), among them the one that tells another process's first
 // connection that the index is in use and must not be rebuilt.

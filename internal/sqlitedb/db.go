@@ -35,8 +35,13 @@ type DB struct {
 	ckpt   *sql.DB
 	table  string
 	path   string
-	opened os.FileInfo   // the file at path when it was opened
-	shm    *walIndex     // its -shm file, nil when it had none
+	opened os.FileInfo // the file at path when it was opened
+	// shm is its -shm file, opened by the first commit watch or commit
+	// mark and held until Close (see walIndex); nil: not opened, or
+	// there was none.
+	shmMu  sync.Mutex
+	shm    *walIndex
+	shmSet bool
 	busy   time.Duration // how long a write waits for the lock
 	clock  *event.Clock
 
@@ -127,8 +132,23 @@ func (s *DB) Close() error {
 		return s.write.Close()
 	}
 	err := errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
+	s.shmMu.Lock()
 	s.shm.close() // once SQLite holds no lock on it (see walIndex)
+	s.shmMu.Unlock()
 	return err
+}
+
+// walIndex returns the -shm file, opening it the first time: once the
+// connections made it (a database in WAL mode), and only by the DBs that
+// read it (a relay's), so that a DB opened beside them for a moment (a
+// fleet's pass over a closed file) closes no descriptor of it.
+func (s *DB) walIndex() *walIndex {
+	s.shmMu.Lock()
+	defer s.shmMu.Unlock()
+	if !s.shmSet {
+		s.shm, s.shmSet = openWalIndex(s.path), true
+	}
+	return s.shm
 }
 
 // Path returns the database file's path.

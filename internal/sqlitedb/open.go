@@ -118,11 +118,6 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 		write.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	if s.read != s.write {
-		// The writer's first reads made the -shm file, if the database
-		// is in WAL mode, and its connection keeps it.
-		s.shm = openWalIndex(path)
-	}
 	if s.opened, err = os.Stat(path); err == nil && before != nil && !os.SameFile(before, s.opened) {
 		err = errors.New("the file was replaced while it was being opened; try again")
 	}
