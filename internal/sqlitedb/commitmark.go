@@ -38,42 +38,39 @@ type fileID struct{ dev, ino uint64 }
 // ReadCommitMark reads the mark of the database at path. ok is false when
 // there is none to read (no -shm file: the database is not in WAL mode, or
 // no connection has opened it since its last one closed) or it cannot be
-// read; the caller then looks at the database.
-//
-// It opens the -shm file and closes it again, and closing any descriptor
-// of a file drops every lock the process holds on it: while a connection
-// of this process has the database open, use DB.CommitMark.
+// read; the caller then looks at the database. It reads through the -shm
+// file a DB of the process holds open, if one does (see indexFiles).
 func ReadCommitMark(path string) (CommitMark, bool) {
-	f, err := os.Open(path + "-shm")
-	if err != nil {
+	path = absPath(path)
+	release := useIndex(path)
+	defer release()
+	f, id := indexFileOf(path)
+	if f == nil {
 		return CommitMark{}, false
 	}
-	defer f.Close()
-	return markOf(path, f)
+	return markOf(path, f, id)
 }
 
-// CommitMark is ReadCommitMark through the -shm file s holds open until
-// Close; ok is false when there is none (the database is not in WAL
-// mode).
+// CommitMark is ReadCommitMark through the -shm file s reads its commit
+// watch's headers from; ok is false when there is none (the database is
+// not in WAL mode).
 func (s *DB) CommitMark() (m CommitMark, ok bool) {
 	idx := s.walIndex()
 	if idx == nil {
 		return m, false
 	}
-	return markOf(s.path, idx.f)
+	return markOf(s.path, idx.f, idx.id)
 }
 
 // markOf reads the mark of the database at path, its -shm file open as
-// shm.
-func markOf(path string, shm *os.File) (m CommitMark, ok bool) {
+// shm, which is the file id.
+func markOf(path string, shm *os.File, id fileID) (m CommitMark, ok bool) {
 	db, err := os.Stat(path)
 	if m.db, ok = idOf(db, err); !ok {
 		return m, false
 	}
 	m.dbSize, m.dbAt = db.Size(), db.ModTime().UnixNano()
-	if m.shm, ok = idOf(shm.Stat()); !ok {
-		return m, false
-	}
+	m.shm = id
 	if _, err := shm.ReadAt(m.header[:], 0); err != nil {
 		return m, false
 	}
@@ -96,21 +93,14 @@ func idOf(fi os.FileInfo, err error) (fileID, bool) {
 // bytes) from the -shm file, where PRAGMA data_version is a read
 // transaction (its locks on the application's file, and a query through
 // database/sql). While a connection of the process is open, SQLite keeps
-// the -shm file it opened (a first connection rebuilds it in place). A DB
-// holds it open until its connections are closed: closing it
-// before would drop SQLite's locks on the file (POSIX locks belong to the
-// process), among them the one that tells another process's first
-// connection that the index is in use and must not be rebuilt.
-type walIndex struct{ f *os.File }
-
-// openWalIndex opens the -shm file of the database at path; nil when it
-// cannot (the caller then asks PRAGMA data_version).
-func openWalIndex(path string) *walIndex {
-	f, err := os.Open(path + "-shm")
-	if err != nil {
-		return nil
-	}
-	return &walIndex{f: f}
+// the -shm file it opened (a first connection rebuilds it in place), and
+// the descriptor read here stays open too (indexFiles): closing it would
+// drop SQLite's locks on the file (POSIX locks belong to the process),
+// among them the one that tells another process's first connection that
+// the index is in use and must not be rebuilt.
+type walIndex struct {
+	f  *os.File
+	id fileID
 }
 
 // header returns the WAL index header; settled is false while a commit
@@ -122,11 +112,4 @@ func (w *walIndex) header() (h [walIndexHeaders / 2]byte, settled bool, err erro
 	}
 	copy(h[:], both[:len(h)])
 	return h, h == [len(h)]byte(both[len(h):]), nil
-}
-
-// close closes the -shm file (a nil walIndex is none).
-func (w *walIndex) close() {
-	if w != nil {
-		w.f.Close()
-	}
 }

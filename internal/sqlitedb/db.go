@@ -36,12 +36,14 @@ type DB struct {
 	table  string
 	path   string
 	opened os.FileInfo // the file at path when it was opened
-	// shm is its -shm file, opened by the first commit watch or commit
-	// mark and held until Close (see walIndex); nil: not opened, or
-	// there was none.
+	// shm is its -shm file, found by the first commit watch or commit
+	// mark (see walIndex); nil: not found yet, or there was none. It
+	// stays open while any DB of the path is (indexFiles): Close calls
+	// unused once the connections are closed.
 	shmMu  sync.Mutex
 	shm    *walIndex
 	shmSet bool
+	unused func()
 	busy   time.Duration // how long a write waits for the lock
 	clock  *event.Clock
 
@@ -126,27 +128,25 @@ func (s *DB) Reader() *sql.DB { return s.read }
 // file and rewrite the -wal that now lies beside the new one.
 func (s *DB) Close() error {
 	if errors.Is(s.SameFile(), event.ErrDatabaseReplaced) {
-		return s.read.Close()
+		return s.read.Close() // and the -shm file stays open with the writers
 	}
+	defer s.unused()       // once SQLite holds no lock on the -shm file (see walIndex)
 	if s.read == s.write { // Options.OneConnection
 		return s.write.Close()
 	}
-	err := errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
-	s.shmMu.Lock()
-	s.shm.close() // once SQLite holds no lock on it (see walIndex)
-	s.shmMu.Unlock()
-	return err
+	return errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
 }
 
-// walIndex returns the -shm file, opening it the first time: once the
-// connections made it (a database in WAL mode), and only by the DBs that
-// read it (a relay's), so that a DB opened beside them for a moment (a
-// fleet's pass over a closed file) closes no descriptor of it.
+// walIndex returns the -shm file, finding it the first time: once the
+// connections made it (a database in WAL mode).
 func (s *DB) walIndex() *walIndex {
 	s.shmMu.Lock()
 	defer s.shmMu.Unlock()
 	if !s.shmSet {
-		s.shm, s.shmSet = openWalIndex(s.path), true
+		s.shmSet = true
+		if f, id := indexFileOf(s.path); f != nil {
+			s.shm = &walIndex{f: f, id: id}
+		}
 	}
 	return s.shm
 }

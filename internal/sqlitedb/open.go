@@ -69,6 +69,15 @@ const minLockWait = time.Second
 // names the file by its absolute path, in its errors too.
 func Open(ctx context.Context, opts Options) (*DB, error) {
 	path := absPath(opts.Path)
+	unused := useIndex(path) // from before its first connection
+	s, err := open(ctx, path, opts, unused)
+	if err != nil {
+		unused() // its connections are closed
+	}
+	return s, err
+}
+
+func open(ctx context.Context, path string, opts Options, unused func()) (*DB, error) {
 	before, err := statDatabase(path, opts.Create)
 	if err != nil {
 		return nil, err
@@ -103,7 +112,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	if found != "wal" && found != "" && before != nil {
 		log.Info("switched the database to WAL journal mode", zap.String("path", path), zap.String("found", found))
 	}
-	s := &DB{busy: opts.BusyTimeout, write: write, table: opts.Table, path: path, gatherWrites: opts.GatherCommitWrites, notifications: opts.Notifications}
+	s := &DB{busy: opts.BusyTimeout, write: write, unused: unused, table: opts.Table, path: path, gatherWrites: opts.GatherCommitWrites, notifications: opts.Notifications}
 	if s.clock = opts.Clock; s.clock == nil {
 		s.clock = event.NewClock(nil)
 	}

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -32,6 +33,35 @@ func TestTheIndexStaysLockedWhileOpen(t *testing.T) {
 	}
 	if !indexInUse(t, s.Path()) {
 		t.Fatal("reading the commit mark dropped this process's lock on the -shm file; its connections are open")
+	}
+}
+
+// TestOtherUsersLeaveTheIndexLocked: in a process that has a database
+// open, neither a commit mark read by path (a fleet's look at a closed
+// file) nor another DB of the same file closing (a relay's, beside a
+// fleet's pass over the file) drops the open connections' locks on its
+// -shm file.
+func TestOtherUsersLeaveTheIndexLocked(t *testing.T) {
+	s := testenv.MigratedDB(t)
+	testenv.MustExec(t, s.Reader(), `SELECT count(*) FROM event_queue`) // its connections lock the -shm file
+	if !indexInUse(t, s.Path()) {
+		t.Fatal("this process holds no lock on the -shm file while its connections are open")
+	}
+	if _, ok := sqlitedb.ReadCommitMark(s.Path()); !ok {
+		t.Fatal("no commit mark")
+	}
+	if !indexInUse(t, s.Path()) {
+		t.Fatal("reading the commit mark by path dropped the lock of another DB's connections")
+	}
+	other := testenv.OpenDB(t, s.Path())
+	if _, ok := other.CommitMark(); !ok {
+		t.Fatal("no commit mark")
+	}
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !indexInUse(t, s.Path()) {
+		t.Fatal("closing a DB that read the commit mark dropped the lock of another DB's connections")
 	}
 }
 

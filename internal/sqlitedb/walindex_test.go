@@ -21,11 +21,10 @@ func TestWalIndexHeaderChangesWithCommitsOnly(t *testing.T) {
 	if _, err := db.Exec(`CREATE TABLE t (v TEXT)`); err != nil {
 		t.Fatal(err)
 	}
-	idx := openWalIndex(path)
+	idx := indexAt(t, path)
 	if idx == nil {
 		t.Fatal("no -shm file to read beside a database in WAL mode")
 	}
-	defer idx.close()
 	look := func() [walIndexHeaders / 2]byte {
 		t.Helper()
 		h, settled, err := idx.header()
@@ -65,21 +64,29 @@ func TestWalIndexHeaderBeingWritten(t *testing.T) {
 	if err := os.WriteFile(path+"-shm", shm, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	idx := openWalIndex(path)
+	idx := indexAt(t, path)
 	if h, settled, err := idx.header(); err != nil || !settled || h[7] != 7 {
 		t.Fatalf("two equal copies: %v settled %v, %v", h, settled, err)
 	}
-	idx.close()
 	shm[walIndexHeaders/2+16]++ // one copy written, the other not yet
 	if err := os.WriteFile(path+"-shm", shm, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	idx = openWalIndex(path)
-	defer idx.close()
 	if _, settled, err := idx.header(); err != nil || settled {
 		t.Fatalf("two copies that differ: settled %v, %v", settled, err)
 	}
-	if openWalIndex(filepath.Join(t.TempDir(), "none.db")) != nil {
+	if indexAt(t, filepath.Join(t.TempDir(), "none.db")) != nil {
 		t.Error("a -shm file that is not there was opened")
 	}
+}
+
+// indexAt finds the -shm file of the database at path as a DB does, kept
+// open until the test ends; nil when there is none.
+func indexAt(t *testing.T, path string) *walIndex {
+	t.Helper()
+	t.Cleanup(useIndex(path))
+	if f, id := indexFileOf(path); f != nil {
+		return &walIndex{f: f, id: id}
+	}
+	return nil
 }

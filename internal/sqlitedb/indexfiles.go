@@ -1,0 +1,73 @@
+package sqlitedb
+
+import (
+	"os"
+	"sync"
+)
+
+// indexFiles are the -shm files this process reads WAL index headers
+// from, by database path, shared by every DB of the path and every
+// ReadCommitMark. Closing any descriptor of a file drops every POSIX lock
+// the process holds on it, SQLite's among them (see walIndex), so a -shm
+// file is closed only once nothing of the process has its database open:
+// a DB from Open to Close, a ReadCommitMark while it reads.
+var indexFiles = struct {
+	mu sync.Mutex
+	m  map[string]*indexFile
+}{m: map[string]*indexFile{}}
+
+type indexFile struct {
+	users int
+	// files are the -shm files opened at the path, the last the one there
+	// now: one replaced meanwhile (a restore) stays open with the others.
+	files []*os.File
+	ids   []fileID
+}
+
+// useIndex counts a user of the database at path until release is
+// called (release may be called more than once).
+func useIndex(path string) (release func()) {
+	indexFiles.mu.Lock()
+	x := indexFiles.m[path]
+	if x == nil {
+		x = &indexFile{}
+		indexFiles.m[path] = x
+	}
+	x.users++
+	indexFiles.mu.Unlock()
+	return sync.OnceFunc(func() {
+		indexFiles.mu.Lock()
+		defer indexFiles.mu.Unlock()
+		if x.users--; x.users > 0 {
+			return
+		}
+		for _, f := range x.files {
+			f.Close()
+		}
+		delete(indexFiles.m, path)
+	})
+}
+
+// indexFileOf returns the -shm file of the database at path, and its
+// identity, for a user counted by useIndex; nil when there is none (the
+// database is not in WAL mode).
+func indexFileOf(path string) (*os.File, fileID) {
+	indexFiles.mu.Lock()
+	defer indexFiles.mu.Unlock()
+	x := indexFiles.m[path]
+	if n := len(x.ids); n > 0 {
+		if id, ok := idOf(os.Stat(path + "-shm")); ok && id == x.ids[n-1] {
+			return x.files[n-1], id
+		}
+	}
+	f, err := os.Open(path + "-shm")
+	if err != nil {
+		return nil, fileID{}
+	}
+	id, ok := idOf(f.Stat())
+	x.files, x.ids = append(x.files, f), append(x.ids, id) // kept even so: closing it could drop a lock
+	if !ok {
+		return nil, fileID{}
+	}
+	return f, id
+}
