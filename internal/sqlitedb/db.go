@@ -126,14 +126,19 @@ func (s *DB) Reader() *sql.DB { return s.read }
 // opened (a restore renamed over it) keeps its read-write connections to
 // the process's exit: closing the last of them would checkpoint the old
 // file and rewrite the -wal that now lies beside the new one.
+//
+// Close ends the count of the DB as a user of the -shm file (see
+// indexFiles), unless it keeps its writers, once its connections are
+// closed: it expects no query of the DB to be running.
 func (s *DB) Close() error {
-	if errors.Is(s.SameFile(), event.ErrDatabaseReplaced) {
-		return s.read.Close() // and the -shm file stays open with the writers
-	}
-	defer s.unused()       // once SQLite holds no lock on the -shm file (see walIndex)
-	if s.read == s.write { // Options.OneConnection
+	if s.read == s.write { // Options.OneConnection: read-only
+		defer s.unused()
 		return s.write.Close()
 	}
+	if errors.Is(s.SameFile(), event.ErrDatabaseReplaced) {
+		return s.read.Close() // the writers keep their locks on the -shm file too
+	}
+	defer s.unused() // once SQLite holds no lock on the -shm file (see walIndex)
 	return errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
 }
 

@@ -2,15 +2,19 @@ package sqlitedb
 
 import (
 	"os"
+	"slices"
 	"sync"
 )
 
 // indexFiles are the -shm files this process reads WAL index headers
-// from, by database path, shared by every DB of the path and every
-// ReadCommitMark. Closing any descriptor of a file drops every POSIX lock
-// the process holds on it, SQLite's among them (see walIndex), so a -shm
-// file is closed only once nothing of the process has its database open:
-// a DB from Open to Close, a ReadCommitMark while it reads.
+// from, by database path (made absolute, as Open names it), shared by
+// every DB of the path and every ReadCommitMark. Closing any descriptor
+// of a file drops every POSIX lock the process holds on it, SQLite's
+// among them (see walIndex), so a -shm file is closed only once no DB of
+// the path is open (from Open to Close, or to the process's exit for one
+// that keeps its writers) and no ReadCommitMark of it is reading. Another
+// path to the same file (a symbolic or hard link) counts apart: the relay
+// names each file by one path.
 var indexFiles = struct {
 	mu sync.Mutex
 	m  map[string]*indexFile
@@ -18,8 +22,8 @@ var indexFiles = struct {
 
 type indexFile struct {
 	users int
-	// files are the -shm files opened at the path, the last the one there
-	// now: one replaced meanwhile (a restore) stays open with the others.
+	// files are the -shm files opened at the path, ids their identities:
+	// one replaced meanwhile (a restore) stays open with the others.
 	files []*os.File
 	ids   []fileID
 }
@@ -55,9 +59,14 @@ func indexFileOf(path string) (*os.File, fileID) {
 	indexFiles.mu.Lock()
 	defer indexFiles.mu.Unlock()
 	x := indexFiles.m[path]
-	if n := len(x.ids); n > 0 {
-		if id, ok := idOf(os.Stat(path + "-shm")); ok && id == x.ids[n-1] {
-			return x.files[n-1], id
+	if x == nil { // no user counted (a DB read after its Close)
+		return nil, fileID{}
+	}
+	if len(x.ids) > 0 {
+		if id, ok := idOf(os.Stat(path + "-shm")); ok {
+			if i := slices.Index(x.ids, id); i >= 0 {
+				return x.files[i], id
+			}
 		}
 	}
 	f, err := os.Open(path + "-shm")

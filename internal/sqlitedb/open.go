@@ -69,17 +69,16 @@ const minLockWait = time.Second
 // names the file by its absolute path, in its errors too.
 func Open(ctx context.Context, opts Options) (*DB, error) {
 	path := absPath(opts.Path)
-	unused := useIndex(path) // from before its first connection
-	s, err := open(ctx, path, opts, unused)
-	if err != nil {
-		unused() // its connections are closed
-	}
-	return s, err
+	return open(ctx, path, opts, useIndex(path)) // counted from before its first connection
 }
 
+// open opens the database at path for Open; unused ends its count as a
+// user of the -shm file (useIndex) once its connections are closed: at
+// Close, or here if it fails.
 func open(ctx context.Context, path string, opts Options, unused func()) (*DB, error) {
 	before, err := statDatabase(path, opts.Create)
 	if err != nil {
+		unused()
 		return nil, err
 	}
 	log := opts.Log
@@ -88,6 +87,7 @@ func open(ctx context.Context, path string, opts Options, unused func()) (*DB, e
 	}
 	write, err := openWriter(path, opts)
 	if err != nil {
+		unused()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
 	lockWait := opts.LockWait
@@ -107,6 +107,7 @@ func open(ctx context.Context, path string, opts Options, unused func()) (*DB, e
 		return err
 	}); err != nil {
 		write.Close()
+		unused()
 		return nil, openError(path, opts.ReadOnly, err)
 	}
 	if found != "wal" && found != "" && before != nil {
@@ -125,13 +126,14 @@ func open(ctx context.Context, path string, opts Options, unused func()) (*DB, e
 	}
 	if err != nil {
 		write.Close()
+		unused()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
 	if s.opened, err = os.Stat(path); err == nil && before != nil && !os.SameFile(before, s.opened) {
 		err = errors.New("the file was replaced while it was being opened; try again")
 	}
 	if err != nil {
-		s.Close()
+		s.Close() // and unused, unless it keeps the writers (see Close)
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
 	return s, nil
