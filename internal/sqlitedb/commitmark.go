@@ -44,34 +44,33 @@ func ReadCommitMark(path string) (CommitMark, bool) {
 	path = absPath(path)
 	release := useIndex(path)
 	defer release()
-	f, id := indexFileOf(path)
-	if f == nil {
+	idx := indexFileOf(path)
+	if idx == nil {
 		return CommitMark{}, false
 	}
-	return markOf(path, f, id)
+	return markOf(path, idx)
 }
 
 // CommitMark is ReadCommitMark through the -shm file s reads its commit
 // watch's headers from; ok is false when there is none (the database is
 // not in WAL mode).
 func (s *DB) CommitMark() (m CommitMark, ok bool) {
-	idx := s.walIndex()
+	idx := s.index()
 	if idx == nil {
 		return m, false
 	}
-	return markOf(s.path, idx.f, idx.id)
+	return markOf(s.path, idx)
 }
 
-// markOf reads the mark of the database at path, its -shm file open as
-// shm, which is the file id.
-func markOf(path string, shm *os.File, id fileID) (m CommitMark, ok bool) {
+// markOf reads the mark of the database at path through its -shm file.
+func markOf(path string, shm *walIndex) (m CommitMark, ok bool) {
 	db, err := os.Stat(path)
 	if m.db, ok = idOf(db, err); !ok {
 		return m, false
 	}
 	m.dbSize, m.dbAt = db.Size(), db.ModTime().UnixNano()
-	m.shm = id
-	if _, err := shm.ReadAt(m.header[:], 0); err != nil {
+	m.shm = shm.id
+	if _, err := shm.f.ReadAt(m.header[:], 0); err != nil {
 		return m, false
 	}
 	return m, true

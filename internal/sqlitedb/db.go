@@ -36,13 +36,11 @@ type DB struct {
 	table  string
 	path   string
 	opened os.FileInfo // the file at path when it was opened
-	// shm is its -shm file, found by the first commit watch or commit
-	// mark (see walIndex); nil: not found yet, or there was none. It
-	// stays open while any DB of the path is (indexFiles): Close calls
-	// unused once the connections are closed.
-	shmMu  sync.Mutex
-	shm    *walIndex
-	shmSet bool
+	// index returns its -shm file, found by the first commit watch or
+	// commit mark (see walIndex), once the connections made it; nil:
+	// there was none. The file stays open while any DB of the path is
+	// (indexFiles): Close calls unused once the connections are closed.
+	index  func() *walIndex
 	unused func()
 	busy   time.Duration // how long a write waits for the lock
 	clock  *event.Clock
@@ -140,20 +138,6 @@ func (s *DB) Close() error {
 	}
 	defer s.unused() // once SQLite holds no lock on the -shm file (see walIndex)
 	return errors.Join(s.read.Close(), s.ckpt.Close(), s.write.Close())
-}
-
-// walIndex returns the -shm file, finding it the first time: once the
-// connections made it (a database in WAL mode).
-func (s *DB) walIndex() *walIndex {
-	s.shmMu.Lock()
-	defer s.shmMu.Unlock()
-	if !s.shmSet {
-		s.shmSet = true
-		if f, id := indexFileOf(s.path); f != nil {
-			s.shm = &walIndex{f: f, id: id}
-		}
-	}
-	return s.shm
 }
 
 // Path returns the database file's path.

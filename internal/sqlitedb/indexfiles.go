@@ -22,10 +22,9 @@ var indexFiles = struct {
 
 type indexFile struct {
 	users int
-	// files are the -shm files opened at the path, ids their identities:
-	// one replaced meanwhile (a restore) stays open with the others.
-	files []*os.File
-	ids   []fileID
+	// files are the -shm files opened at the path: one replaced meanwhile
+	// (a restore) stays open with the others.
+	files []*walIndex
 }
 
 // useIndex counts a user of the database at path until release is
@@ -45,38 +44,39 @@ func useIndex(path string) (release func()) {
 		if x.users--; x.users > 0 {
 			return
 		}
-		for _, f := range x.files {
-			f.Close()
+		for _, idx := range x.files {
+			idx.f.Close()
 		}
 		delete(indexFiles.m, path)
 	})
 }
 
-// indexFileOf returns the -shm file of the database at path, and its
-// identity, for a user counted by useIndex; nil when there is none (the
-// database is not in WAL mode).
-func indexFileOf(path string) (*os.File, fileID) {
+// indexFileOf returns the -shm file of the database at path, for a user
+// counted by useIndex; nil when there is none (the database is not in WAL
+// mode).
+func indexFileOf(path string) *walIndex {
 	indexFiles.mu.Lock()
 	defer indexFiles.mu.Unlock()
 	x := indexFiles.m[path]
 	if x == nil { // no user counted (a DB read after its Close)
-		return nil, fileID{}
+		return nil
 	}
-	if len(x.ids) > 0 {
+	if len(x.files) > 0 {
 		if id, ok := idOf(os.Stat(path + "-shm")); ok {
-			if i := slices.Index(x.ids, id); i >= 0 {
-				return x.files[i], id
+			if i := slices.IndexFunc(x.files, func(idx *walIndex) bool { return idx.id == id }); i >= 0 {
+				return x.files[i]
 			}
 		}
 	}
 	f, err := os.Open(path + "-shm")
 	if err != nil {
-		return nil, fileID{}
+		return nil
 	}
 	id, ok := idOf(f.Stat())
-	x.files, x.ids = append(x.files, f), append(x.ids, id) // kept even so: closing it could drop a lock
+	idx := &walIndex{f: f, id: id}
+	x.files = append(x.files, idx) // kept even so: closing it could drop a lock
 	if !ok {
-		return nil, fileID{}
+		return nil
 	}
-	return f, id
+	return idx
 }

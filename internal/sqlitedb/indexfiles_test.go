@@ -28,8 +28,8 @@ func TestIndexFilesAreClosedWithTheirLastUser(t *testing.T) {
 	if _, ok := b.CommitMark(); !ok {
 		t.Fatal("no commit mark")
 	}
-	shm := a.walIndex().f
-	if b.walIndex().f != shm {
+	shm := a.index().f
+	if b.index().f != shm {
 		t.Fatal("two DBs of one file read its -shm file through two descriptors")
 	}
 	if got := usersOf(path); got != 2 {

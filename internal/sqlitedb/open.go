@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -113,7 +114,7 @@ func open(ctx context.Context, path string, opts Options, unused func()) (*DB, e
 	if found != "wal" && found != "" && before != nil {
 		log.Info("switched the database to WAL journal mode", zap.String("path", path), zap.String("found", found))
 	}
-	s := &DB{busy: opts.BusyTimeout, write: write, unused: unused, table: opts.Table, path: path, gatherWrites: opts.GatherCommitWrites, notifications: opts.Notifications}
+	s := &DB{busy: opts.BusyTimeout, write: write, index: sync.OnceValue(func() *walIndex { return indexFileOf(path) }), unused: unused, table: opts.Table, path: path, gatherWrites: opts.GatherCommitWrites, notifications: opts.Notifications}
 	if s.clock = opts.Clock; s.clock == nil {
 		s.clock = event.NewClock(nil)
 	}

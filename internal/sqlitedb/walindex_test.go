@@ -85,8 +85,5 @@ func TestWalIndexHeaderBeingWritten(t *testing.T) {
 func indexAt(t *testing.T, path string) *walIndex {
 	t.Helper()
 	t.Cleanup(useIndex(path))
-	if f, id := indexFileOf(path); f != nil {
-		return &walIndex{f: f, id: id}
-	}
-	return nil
+	return indexFileOf(path)
 }

@@ -51,7 +51,7 @@ func (s *DB) Watch(ctx context.Context, interval time.Duration, foreign chan<- s
 	// What a look compares: the WAL index header, read from the -shm file,
 	// which every commit changes; PRAGMA data_version where it cannot be
 	// read. settled is false while a commit writes the header.
-	idx := s.walIndex()
+	idx := s.index()
 	type seen struct {
 		header  [walIndexHeaders / 2]byte
 		version int64
