@@ -473,31 +473,28 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	defer stop()
 	if a.js != nil && a.cfg.Consumer.Durable != "" && !a.sharedConn {
-		watchCtx, stopWatch := context.WithCancel(ctx)
-		watchDone := make(chan struct{})
-		go func() {
-			defer close(watchDone)
-			if err := streamsync.WatchExhausted(watchCtx, a.conn.NC, a.js.API(), a.cfg.Stream.Name, a.cfg.Consumer.Durable, a.onExhausted); err != nil {
-				a.log.Warn("cannot watch max-deliveries advisories", zap.Error(err))
-			}
-		}()
-		defer func() { stopWatch(); <-watchDone }()
+		defer beside(ctx, func(ctx context.Context) {
+			watchExhausted(ctx, a.conn.NC, a.js.API(), a.cfg, a.onExhausted, a.log)
+		})()
 	}
 	if a.js != nil {
-		streamCtx, stopStream := context.WithCancel(ctx)
-		streamDone := make(chan struct{})
-		go func() { defer close(streamDone); a.watchStream(streamCtx) }()
-		defer func() { stopStream(); <-streamDone }()
+		defer beside(ctx, a.watchStream)()
 	}
 	a.log.Info("relay starting", zap.String("database", a.cfg.Database.Path), zap.String("table", a.cfg.Database.Table),
 		zap.String("nats", natsname.RedactURLs(a.natsURL)), zap.String("mode", a.cfg.NATS.Mode), zap.String("stream", a.cfg.Stream.Name),
 		zap.String("instance", a.lease.Instance()), zap.String("version", a.version))
 	// Housekeeping runs as long as the relay does.
-	keepCtx, stopKeeping := context.WithCancel(ctx)
-	kept := make(chan struct{})
-	go func() { defer close(kept); a.keeper.Run(keepCtx) }()
-	defer func() { stopKeeping(); <-kept }()
+	defer beside(ctx, a.keeper.Run)()
 	return a.relay.Run(ctx)
+}
+
+// beside runs fn in a goroutine of its own until ctx ends or the returned
+// stop is called; stop returns once fn has.
+func beside(ctx context.Context, fn func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); fn(ctx) }()
+	return func() { cancel(); <-done }
 }
 
 // onExhausted records a message the consumer gave up on (see

@@ -5,15 +5,26 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/outbox-relay/outbox-relay/internal/admin"
+	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/fleet"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
+
+// watchExhausted follows the consumer's max-deliveries advisories until
+// ctx ends, handing each to on; a watch that cannot begin is logged.
+func watchExhausted(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, cfg config.Config, on func(streamsync.Exhausted), log *zap.Logger) {
+	if err := streamsync.WatchExhausted(ctx, nc, js, cfg.Stream.Name, cfg.Consumer.Durable, on); err != nil {
+		log.Warn("cannot watch max-deliveries advisories", zap.Error(err))
+	}
+}
 
 // recordExhausted records a message the consumer gave up on in db:
 // JetStream has no dead-letter queue, so the relay makes it as visible as

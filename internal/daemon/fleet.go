@@ -23,7 +23,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
-	"github.com/outbox-relay/outbox-relay/internal/streamsync"
 )
 
 // Fleet timings and bounds.
@@ -273,15 +272,9 @@ func (f *Fleet) Run(ctx context.Context) error {
 	defer f.stopAll()
 	if f.js != nil && f.cfg.Consumer.Durable != "" {
 		// One watch for the fleet: a file's own App does not watch.
-		watchCtx, stopWatch := context.WithCancel(ctx)
-		watchDone := make(chan struct{})
-		go func() {
-			defer close(watchDone)
-			if err := streamsync.WatchExhausted(watchCtx, f.conn.NC, f.js.API(), f.cfg.Stream.Name, f.cfg.Consumer.Durable, f.onExhausted); err != nil {
-				f.log.Warn("cannot watch max-deliveries advisories", zap.Error(err))
-			}
-		}()
-		defer func() { stopWatch(); <-watchDone }()
+		defer beside(ctx, func(ctx context.Context) {
+			watchExhausted(ctx, f.conn.NC, f.js.API(), f.cfg, f.onExhausted, f.log)
+		})()
 	}
 	var w *fleet.Watcher
 	var written <-chan string
