@@ -59,6 +59,14 @@ const (
 	// lock held longer that is no hold-up (the recovery of a large WAL)
 	// opens the file for nothing: it is closed again as idle.
 	fleetLookLockWait = 100 * time.Millisecond
+	// fleetLastLookWait bounds lookLast, which reads on the relay's own
+	// connections as the file closes. Its query takes well under a
+	// millisecond; what it may wait for is a file its application holds
+	// locked against readers, which keeps the closing file's slot that
+	// much longer. A bound as short as fleetLookLockWait is a margin that
+	// a loaded machine can use up, and the look after the close would
+	// then open the file for nothing.
+	fleetLastLookWait = time.Second
 	// fleetStarting bounds the files starting at once (see startTurn),
 	// and fleetStartHold how long one start holds its turn at most.
 	fleetStarting  = 4
@@ -876,7 +884,7 @@ func (f *Fleet) lookLast(ctx context.Context, app *App, m *member) {
 	if !marked {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fleetLookLockWait)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fleetLastLookWait)
 	defer cancel()
 	next, any, err := claim.NextDue(ctx, app.db, f.cfg.Ordering.Parks())
 	if err != nil {
