@@ -134,6 +134,9 @@ type Options struct {
 	// notifications, when set, are the fleet's notifications of the
 	// file's commits (sqlitedb.Options.Notifications).
 	notifications func(wal string) (<-chan fsnotify.Event, func())
+	// sweeps, when set, is where the file's retention stands, which a
+	// fleet keeps while the file is closed (housekeeping.Options.Sweeps).
+	sweeps *housekeeping.Sweeps
 }
 
 // TestHooks are for tests of the whole wiring, as outbox-relay run wires
@@ -296,6 +299,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		RetainDone:            cfg.Retention.Done,
 		RetainProcessedEvents: cfg.Retention.ProcessedEvents,
 		Gauges:                oo.Gauges,
+		Sweeps:                oo.sweeps,
 		CheckpointInterval:    checkpointInterval,
 		Metrics:               a.metrics,
 		Log:                   log.Named("relay"),

@@ -132,6 +132,9 @@ type Fleet struct {
 	// gauges are each file's shares of the backlog gauges, by path: kept
 	// while it is closed, forgotten when it goes.
 	gauges map[string]*housekeeping.Gauges
+	// sweeps are where each file's retention stands, by path: kept while
+	// it is closed, forgotten when it goes.
+	sweeps map[string]*housekeeping.Sweeps
 	fleetM *metrics.FleetMetrics
 	rescan bool // the directory changed: match the pattern again
 	// soon tells Run that rescan was set (see askScan).
@@ -232,7 +235,8 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	}
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, said: map[string]string{}, gauges: map[string]*housekeeping.Gauges{},
-		slots: make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks), starting: make(chan struct{}, fleetStarting), soon: make(chan struct{}, 1),
+		sweeps: map[string]*housekeeping.Sweeps{},
+		slots:  make(chan struct{}, fleetMaxOpen), looks: make(chan struct{}, fleetMaxLooks), starting: make(chan struct{}, fleetStarting), soon: make(chan struct{}, 1),
 		budget: relay.NewBudget(cfg.Relay.MaxInFlight, maxInFlightBytes), sync: newStreamSync(), routes: fleet.NewRoutes()}
 	if oo.Test != nil && oo.Test.MaxOpen > 0 {
 		f.slots = make(chan struct{}, oo.Test.MaxOpen)
@@ -842,6 +846,7 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member, started func(
 	if f.parks {
 		oo.notifications = f.routes.Follow
 	}
+	oo.sweeps = f.sweepsOf(path)
 	f.mu.Unlock()
 	app, err := Open(ctx, cfg, log, oo)
 	if err != nil {
@@ -910,13 +915,26 @@ func (f *Fleet) gaugesOf(path, tenant string) *housekeeping.Gauges {
 	return g
 }
 
-// forget takes a file that is no longer served out of the gauges. Called
+// sweepsOf returns where the file's retention stands. Called with f.mu
+// held.
+func (f *Fleet) sweepsOf(path string) *housekeeping.Sweeps {
+	sw := f.sweeps[path]
+	if sw == nil {
+		sw = &housekeeping.Sweeps{}
+		f.sweeps[path] = sw
+	}
+	return sw
+}
+
+// forget takes a file that is no longer served out of the gauges, and
+// forgets where its retention stands. Called
 // with f.mu held.
 func (f *Fleet) forget(path string) {
 	if g := f.gauges[path]; g != nil {
 		g.Forget()
 		delete(f.gauges, path)
 	}
+	delete(f.sweeps, path)
 }
 
 // count sets the fleet_files gauge. Called with f.mu held.

@@ -28,12 +28,12 @@ func (f *Fleet) keepEvery() time.Duration {
 }
 
 // park records the file at path as closed while idle, its housekeeping
-// due a keepEvery from now; the files found idle at start (first) have
-// theirs spread over the first keepEvery, rather than all at once.
-// Called with f.mu held.
+// due a keepEvery after its relay's last retention pass began; the files
+// found idle at start (first) have theirs spread over the first
+// keepEvery, rather than all at once. Called with f.mu held.
 func (f *Fleet) park(path string, p *parkedFile, first bool) {
 	every := f.keepEvery()
-	p.keep = time.Now().Add(every)
+	p.keep = f.sweepsOf(path).Last.Add(every)
 	if first {
 		p.keep = time.Now().Add(rand.N(every))
 	}
@@ -42,17 +42,21 @@ func (f *Fleet) park(path string, p *parkedFile, first bool) {
 
 // keep runs the housekeeping of the closed file p at path, in a goroutine
 // among the looks: retention as its relay runs it (logged and counted
-// alike), then a passive checkpoint. A file it cannot open or write is
-// tried again a keepEvery later; opening it to serve it says why.
-// Called with f.mu held.
+// alike, going on from where the last pass stopped), then a passive
+// checkpoint. A file it cannot open or write is tried again a keepEvery
+// later; opening it to serve it says why. Called with f.mu held.
 func (f *Fleet) keep(ctx context.Context, path string, p *parkedFile) {
 	p.keeping = true
+	sw := f.sweepsOf(path).Clone() // a commit may open the file meanwhile
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		err := f.keepFile(ctx, path)
+		err := f.keepFile(ctx, path, &sw)
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		if f.parked[path] == p { // else its relay has the file's sweeps
+			*f.sweepsOf(path) = sw
+		}
 		p.keeping, p.keep = false, time.Now().Add(f.keepEvery())
 		if err != nil && ctx.Err() == nil {
 			f.log.Debug("cannot keep an idle database file; tried again later", zap.String("database", path), zap.Error(err))
@@ -60,8 +64,9 @@ func (f *Fleet) keep(ctx context.Context, path string, p *parkedFile) {
 	}()
 }
 
-// keepFile prunes and checkpoints the file at path.
-func (f *Fleet) keepFile(ctx context.Context, path string) error {
+// keepFile prunes the file at path from where its sweeps stand, and
+// checkpoints it.
+func (f *Fleet) keepFile(ctx context.Context, path string, sw *housekeeping.Sweeps) error {
 	select {
 	case f.looks <- struct{}{}:
 		defer func() { <-f.looks }()
@@ -75,7 +80,7 @@ func (f *Fleet) keepFile(ctx context.Context, path string) error {
 	defer db.Close()
 	tenant := fleet.Tenant(path)
 	housekeeping.New(housekeeping.OnFile(db, f.cfg.Ordering.Parks()), housekeeping.Options{
-		RetainDone: f.cfg.Retention.Done, RetainProcessedEvents: f.cfg.Retention.ProcessedEvents,
+		RetainDone: f.cfg.Retention.Done, RetainProcessedEvents: f.cfg.Retention.ProcessedEvents, Sweeps: sw,
 		Metrics: f.fileMetrics, Gauges: f.gaugesOf(path, tenant), Log: f.log.With(zap.String("tenant", tenant)).Named("relay"),
 	}).Retain(ctx)
 	_, _, err = db.Checkpoint(ctx)

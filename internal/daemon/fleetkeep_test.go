@@ -61,3 +61,37 @@ func fileSize(t *testing.T, path string) int64 {
 	}
 	return fi.Size()
 }
+
+// TestWokenFileIsPrunedOnceAnInterval: a file that commits wake is not
+// pruned at every open. Its relay's first pass, at the file's first open,
+// prunes; rows that are old by the file's second open a moment later,
+// well within the relay's retention interval, are still there once the
+// file is closed again: the second relay went on from where the first
+// one's retention stood.
+func TestWokenFileIsPrunedOnceAnInterval(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	app := tenantFile(t, dir, "woken", 0)
+	migrate(t, dir, "woken")
+	insertOldRows(t, app)
+	testenv.InsertRows(t, app, 3, "pending")
+	h := startFleetWith(t, dir, n.URL(), 300*time.Millisecond, func(cfg *config.Config) {
+		cfg.Retention.Done, cfg.Retention.ProcessedEvents = time.Hour, time.Hour
+	})
+	h.waitMetrics(t, `outbox_relay_pruned_rows_total{table="outbox"} 1500`)
+	waitDone(t, app, 3)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+
+	old := time.Now().Add(-2 * time.Hour).UnixMilli()
+	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) VALUES ('old-again', 'T', 'x', 'done', ?1, ?1)`, old)
+	testenv.InsertRows(t, app, 1, "pending") // wakes it
+	testenv.Eventually(t, 30*time.Second, "the row that woke it published", func() bool {
+		return testenv.Counts(t, app)["pending"] == 0
+	})
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	var kept int
+	if err := app.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id = 'old-again'`).Scan(&kept); err != nil || kept != 1 {
+		t.Fatalf("the row old at the second open: %d left (%v); want it kept until the next pass is due", kept, err)
+	}
+	h.waitMetrics(t, `outbox_relay_pruned_rows_total{table="outbox"} 1500`)
+}

@@ -45,7 +45,6 @@ func TestBacklog(t *testing.T) {
 func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 	ctx := context.Background()
 	s := testenv.MigratedDB(t)
-	p := NewPruner(s)
 	db := testenv.AppDB(t, s.Path())
 	old := time.Now().Add(-8 * 24 * time.Hour).UnixMilli()
 	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
@@ -86,7 +85,7 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 		}
 	}()
 	before := time.Now().Add(-7 * 24 * time.Hour)
-	n, err := p.Prune(ctx, event.PruneOutbox, before, 20*time.Millisecond)
+	n, _, err := Prune(ctx, s, event.PruneOutbox, before, 20*time.Millisecond, 0)
 	during := commits.Load()
 	close(stop)
 	worst := <-waits
@@ -104,12 +103,12 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 	if during < 5 {
 		t.Errorf("the application committed %d times while pruning; the prune held the lock throughout", during)
 	}
-	n, err = p.Prune(ctx, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond)
+	n, _, err = Prune(ctx, s, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond, 0)
 	if err != nil || n != 2 {
 		t.Fatalf("pruned %d ledger rows, %v; want the old done one and the abandoned claim", n, err)
 	}
 	// Nothing is old any more: a second pass deletes nothing and stops early.
-	if n, err := p.Prune(ctx, event.PruneOutbox, before, time.Millisecond); err != nil || n != 0 {
+	if n, _, err := Prune(ctx, s, event.PruneOutbox, before, time.Millisecond, 0); err != nil || n != 0 {
 		t.Fatalf("second prune %d, %v", n, err)
 	}
 }
@@ -120,7 +119,6 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 	ctx := context.Background()
 	s := testenv.MigratedDB(t)
-	p := NewPruner(s)
 	db := testenv.AppDB(t, s.Path())
 	day := 24 * time.Hour
 	yesterday, nineDays := time.Now().Add(-day).UnixMilli(), time.Now().Add(-9*day).UnixMilli()
@@ -130,9 +128,10 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, nineDays)
 	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50)
 		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'legacy-' || i, 'T', 'x', 'done', ?1, NULL FROM n`, nineDays)
-	var total int64
+	var total, from int64
 	for i := 0; i < 3; i++ { // a few sweeps, as the relay makes one a minute
-		n, err := p.Prune(ctx, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond)
+		n, next, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond, from)
+		from = next
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ package housekeeping
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -21,22 +22,43 @@ import (
 // Store is the SQLite side (OnFile's).
 type Store interface {
 	Backlog(ctx context.Context) (event.Backlog, error)
-	Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error)
+	Prune(ctx context.Context, table string, before time.Time, pause time.Duration, from int64) (deleted, next int64, err error)
 	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
 }
 
 // OnFile returns the Store of the database file db; parks says whether
 // dead letters park their ordering keys there (see Backlog).
-func OnFile(db *sqlitedb.DB, parks bool) Store { return file{db, NewPruner(db), parks} }
+func OnFile(db *sqlitedb.DB, parks bool) Store { return file{db, parks} }
 
 // file is a database file's Store: its checkpoints are sqlitedb's.
 type file struct {
 	*sqlitedb.DB
-	*Pruner
 	parks bool
 }
 
 func (f file) Backlog(ctx context.Context) (event.Backlog, error) { return Backlog(ctx, f.DB, f.parks) }
+
+func (f file) Prune(ctx context.Context, table string, before time.Time, pause time.Duration, from int64) (int64, int64, error) {
+	return Prune(ctx, f.DB, table, before, pause, from)
+}
+
+// Sweeps is where a file's retention stands: when its last pass began
+// and where each table's sweep stopped (see Prune). A Keeper keeps its
+// own; a fleet carries a file's from one Keeper to the next as it closes
+// the file while idle and opens it on a commit, so that a file opened
+// every few seconds is pruned once a RetentionInterval, not at every
+// open, and its sweeps go on from where they stopped rather than reading
+// the table's first rows again.
+type Sweeps struct {
+	Last time.Time
+	From map[string]int64 // table -> rowid where its last sweep stopped
+}
+
+// Clone returns a copy of s that shares nothing with it.
+func (s Sweeps) Clone() Sweeps {
+	s.From = maps.Clone(s.From)
+	return s
+}
 
 // Options say what to keep and how often. A zero interval turns its loop
 // off.
@@ -65,6 +87,11 @@ type Options struct {
 	// Gauges are the file's shares of the backlog gauges (NewGauges);
 	// nil: new ones.
 	Gauges *Gauges
+	// Sweeps is where the file's retention stands, which the Keeper
+	// updates as it prunes: its first pass comes a RetentionInterval
+	// after Sweeps.Last. Nil: its own, the first pass at once. The
+	// caller reads it once Run and Retain have returned.
+	Sweeps *Sweeps
 	Log    *zap.Logger
 }
 
@@ -134,6 +161,12 @@ func New(store Store, o Options) *Keeper {
 	if o.Gauges == nil {
 		o.Gauges = NewGauges(o.Metrics, "")
 	}
+	if o.Sweeps == nil {
+		o.Sweeps = &Sweeps{}
+	}
+	if o.Sweeps.From == nil {
+		o.Sweeps.From = map[string]int64{}
+	}
 	return &Keeper{store: store, o: o, log: o.Log, m: o.Metrics, g: o.Gauges,
 		readTrouble: episode.New(o.Log, zap.ErrorLevel, "cannot read the outbox", "outbox readable again")}
 }
@@ -184,14 +217,24 @@ func (k *Keeper) RefreshBacklog(ctx context.Context) error {
 	return nil
 }
 
-// retentionLoop runs Retain every RetentionInterval.
+// retentionLoop runs Retain every RetentionInterval, the first time a
+// RetentionInterval after the last pass (at once if none was made).
 func (k *Keeper) retentionLoop(ctx context.Context) {
+	t := time.NewTimer(time.Until(k.o.Sweeps.Last.Add(k.o.RetentionInterval)))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
 	every(ctx, k.o.RetentionInterval, func() { k.Retain(ctx) })
 }
 
 // Retain deletes done rows, their records and ledger rows past their retention, logging
 // and counting what it deleted.
 func (k *Keeper) Retain(ctx context.Context) {
+	sw := k.o.Sweeps
+	sw.Last = time.Now()
 	for _, p := range []struct {
 		table string
 		keep  time.Duration
@@ -199,7 +242,8 @@ func (k *Keeper) Retain(ctx context.Context) {
 		if p.keep <= 0 {
 			continue // 0 keeps rows forever
 		}
-		n, err := k.store.Prune(ctx, p.table, time.Now().Add(-p.keep), retentionPause)
+		n, next, err := k.store.Prune(ctx, p.table, time.Now().Add(-p.keep), retentionPause, sw.From[p.table])
+		sw.From[p.table] = next
 		if n > 0 {
 			k.m.PrunedRows.WithLabelValues(p.table).Add(float64(n))
 			k.log.Info("pruned rows past retention", zap.String("table", p.table), zap.Int64("rows", n), zap.Duration("retention", p.keep))

@@ -14,8 +14,8 @@ import (
 type countingStore struct{ checkpoints chan struct{} }
 
 func (countingStore) Backlog(context.Context) (event.Backlog, error) { return event.Backlog{}, nil }
-func (countingStore) Prune(context.Context, string, time.Time, time.Duration) (int64, error) {
-	return 0, nil
+func (countingStore) Prune(context.Context, string, time.Time, time.Duration, int64) (int64, int64, error) {
+	return 0, 0, nil
 }
 func (s countingStore) Checkpoint(context.Context) (int, int, error) {
 	s.checkpoints <- struct{}{}
@@ -172,7 +172,66 @@ func TestRefreshBacklog(t *testing.T) {
 type backlogStore struct{ b event.Backlog }
 
 func (s backlogStore) Backlog(context.Context) (event.Backlog, error) { return s.b, nil }
-func (backlogStore) Prune(context.Context, string, time.Time, time.Duration) (int64, error) {
-	return 0, nil
+func (backlogStore) Prune(context.Context, string, time.Time, time.Duration, int64) (int64, int64, error) {
+	return 0, 0, nil
 }
 func (backlogStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
+
+// sweepStore records each sweep's table and start, and says the next one
+// starts a row later.
+type sweepStore struct {
+	backlogStore
+	sweeps chan sweep
+}
+
+type sweep struct {
+	table string
+	from  int64
+	at    time.Time
+}
+
+func (s sweepStore) Prune(_ context.Context, table string, _ time.Time, _ time.Duration, from int64) (int64, int64, error) {
+	s.sweeps <- sweep{table, from, time.Now()}
+	return 0, from + 1, nil
+}
+
+// TestRetentionGoesOnFromSweeps: a Keeper given where a file's retention
+// stands (a fleet's file opened again) makes its first pass a
+// RetentionInterval after the last one began, not at once, goes on from
+// where each table's sweep stopped, and leaves the next Keeper where its
+// own stopped. Without them, the first pass comes at once, from the start.
+func TestRetentionGoesOnFromSweeps(t *testing.T) {
+	const interval = 300 * time.Millisecond
+	run := func(sw *Sweeps, passes int) []sweep {
+		t.Helper()
+		st := sweepStore{sweeps: make(chan sweep, 100)}
+		k := New(st, Options{RetentionInterval: interval, RetainDone: time.Hour, RetainProcessedEvents: time.Hour, Sweeps: sw})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); k.Run(ctx) }()
+		var got []sweep
+		for range passes * 3 { // one sweep a table a pass
+			got = append(got, <-st.sweeps)
+		}
+		cancel()
+		<-done
+		return got
+	}
+	start := time.Now()
+	fresh := run(nil, 1)
+	if fresh[0].from != 0 {
+		t.Fatalf("a Keeper of its own swept from %d, want the table's start", fresh[0].from)
+	}
+	last := time.Now().Add(-interval / 3)
+	sw := &Sweeps{Last: last, From: map[string]int64{event.PruneOutbox: 41}}
+	got := run(sw, 2)
+	if early := last.Add(interval); got[0].at.Before(early) {
+		t.Fatalf("first pass at %v, before a RetentionInterval after the last one (%v)", got[0].at.Sub(start), early.Sub(start))
+	}
+	if got[0].table != event.PruneOutbox || got[0].from != 41 || got[3].from != 42 {
+		t.Fatalf("sweeps %+v; want the outbox's from row 41, then 42", got)
+	}
+	if sw.From[event.PruneOutbox] != 43 || !sw.Last.After(last) {
+		t.Fatalf("sweeps left at %+v; want the outbox's next from 43 and the last pass's start", *sw)
+	}
+}

@@ -19,51 +19,40 @@ const pruneScan = 500
 // CPU a call.
 const pruneBudget = 100_000
 
-// Pruner deletes finished rows, a sweep at a time; it remembers where each
-// table's sweep stopped. It is not safe for concurrent use.
-type Pruner struct {
-	db      *sqlitedb.DB
-	cursors map[string]int64 // table -> rowid where the last sweep stopped
-}
-
-// NewPruner returns a Pruner on db.
-func NewPruner(db *sqlitedb.DB) *Pruner {
-	return &Pruner{db: db, cursors: map[string]int64{}}
-}
-
-// Prune deletes finished rows older than before from table
+// Prune deletes finished rows older than before from table of db
 // (event.PruneOutbox: done rows by processed_at, or created_at where a
 // legacy row has none; event.PruneDoneRecords: the records of done rows
 // deleted when settled, by processed_at; event.PruneProcessedEvents: ledger rows by
 // processed_at, or started_at for abandoned claims). It sweeps the table in
-// rowid order from where the previous call stopped, wrapping at the end,
+// rowid order from the rowid after from (where the previous sweep
+// stopped), wrapping at the end,
 // reading a few hundred rows at a time without a lock and deleting the old
 // finished ones among them by rowid in short write transactions, with a
 // pause between them so that the application's writers get the lock. No
 // index is needed, and rows finished out of insertion order (requeued dead
 // letters, rows scheduled late) are found on a later sweep. It returns how
-// many rows it deleted.
-func (p *Pruner) Prune(ctx context.Context, table string, before time.Time, pause time.Duration) (int64, error) {
+// many rows it deleted and where the next sweep starts.
+func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time, pause time.Duration, from int64) (deleted, next int64, err error) {
 	var name, finished, when string
 	unfinished := "" // a query for the rows in a rowid range (?1, ?2] known unfinished without reading them
 	switch table {
 	case event.PruneOutbox:
-		name, finished, when = p.db.Table(), `status = 'done'`, `coalesce(processed_at, created_at)`
+		name, finished, when = db.Table(), `status = 'done'`, `coalesce(processed_at, created_at)`
 		// status and processed_at come after the payload, in the last of a
 		// large row's overflow pages: reading them reads the whole
 		// payload. Pending rows are found in the pending index instead, so
 		// that a sweep does not read a backlog of large rows.
 		unfinished = fmt.Sprintf(`SELECT id FROM %s WHERE status = 'pending' AND id > ?1 AND id <= ?2`, name)
 	case event.PruneDoneRecords:
-		name, finished, when = schema.DoneTable(p.db.Table()), `1`, `processed_at`
+		name, finished, when = schema.DoneTable(db.Table()), `1`, `processed_at`
 		// A file that never had a relay delete its done rows may lack it.
-		if ok, err := sqlitedb.ObjectExists(ctx, p.db.Reader(), "table", name); err != nil || !ok {
-			return 0, err
+		if ok, err := sqlitedb.ObjectExists(ctx, db.Reader(), "table", name); err != nil || !ok {
+			return 0, from, err
 		}
 	case event.PruneProcessedEvents:
 		name, finished, when = "processed_events", `1`, `coalesce(processed_at, started_at)`
 	default:
-		return 0, fmt.Errorf("prune: unknown table %q", table)
+		return 0, from, fmt.Errorf("prune: unknown table %q", table)
 	}
 	// A step reads the rowids of the next pruneScan rows, then the rows
 	// among them that may be finished.
@@ -75,44 +64,41 @@ func (p *Pruner) Prune(ctx context.Context, table string, before time.Time, paus
 	scan += fmt.Sprintf(` AND %s AND %s < ?3`, finished, when)
 	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
 	cutoff := before.UnixMilli()
-	cursor := p.cursors[table]
-	defer func() { p.cursors[table] = cursor }()
-	var deleted int64
+	next = from
 	for read := 0; read < pruneBudget; {
 		var n int
 		var end int64
-		if err := p.db.Reader().QueryRowContext(ctx, window, cursor).Scan(&n, &end); err != nil {
-			return deleted, fmt.Errorf("prune %s: %w", name, err)
+		if err := db.Reader().QueryRowContext(ctx, window, next).Scan(&n, &end); err != nil {
+			return deleted, next, fmt.Errorf("prune %s: %w", name, err)
 		}
-		victims, err := p.victims(ctx, scan, cursor, end, cutoff)
+		old, err := victims(ctx, db, scan, next, end, cutoff)
 		if err != nil {
-			return deleted, fmt.Errorf("prune %s: %w", name, err)
+			return deleted, next, fmt.Errorf("prune %s: %w", name, err)
 		}
-		cursor = max(cursor, end)
+		next = max(next, end)
 		read += n
-		if len(victims) > 0 {
-			k, err := deleteRows(ctx, p.db, del, victims, cutoff)
+		if len(old) > 0 {
+			k, err := deleteRows(ctx, db, del, old, cutoff)
 			deleted += k
 			if err != nil {
-				return deleted, fmt.Errorf("prune %s: %w", name, err)
+				return deleted, next, fmt.Errorf("prune %s: %w", name, err)
 			}
 			select {
 			case <-ctx.Done():
-				return deleted, ctx.Err()
+				return deleted, next, ctx.Err()
 			case <-time.After(pause):
 			}
 		}
 		if n < pruneScan {
-			cursor = 0 // the end of the table: the next sweep starts over
-			return deleted, nil
+			return deleted, 0, nil // the end of the table: the next sweep starts over
 		}
 	}
-	return deleted, nil
+	return deleted, next, nil
 }
 
 // victims runs scan over the rowids (from, to] for the old finished rows.
-func (p *Pruner) victims(ctx context.Context, scan string, from, to, cutoff int64) ([]int64, error) {
-	rows, err := p.db.Reader().QueryContext(ctx, scan, from, to, cutoff)
+func victims(ctx context.Context, db *sqlitedb.DB, scan string, from, to, cutoff int64) ([]int64, error) {
+	rows, err := db.Reader().QueryContext(ctx, scan, from, to, cutoff)
 	if err != nil {
 		return nil, err
 	}

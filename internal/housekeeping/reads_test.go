@@ -27,9 +27,8 @@ func TestPruneReadsNoPendingPayload(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
-	p := NewPruner(s)
 	before := testenv.ProcIO(t, "rchar")
-	n, err := p.Prune(ctx, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond)
+	n, _, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, 0)
 	read := testenv.ProcIO(t, "rchar") - before
 	if err != nil || n != 1 {
 		t.Fatalf("pruned %d rows, %v; want the old done row", n, err)
