@@ -5,6 +5,11 @@ import (
 	"time"
 )
 
+// ClockSkew is how far the application's clock, as created_at tells it,
+// may be ahead of the relay's and the broker's: a row is taken to have
+// been written no earlier than its created_at less ClockSkew.
+const ClockSkew = 5 * time.Minute
+
 // Clock is the time by which the relay decides that a row is due, and
 // times retries and deferrals. It follows the wall clock forward, but when
 // the wall clock steps back (an NTP step, a VM restored from a snapshot) it

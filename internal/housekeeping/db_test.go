@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -142,6 +143,32 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'recent-%'`).Scan(&recent)
 	if total != 1050 || left != 600 || recent != 600 {
 		t.Fatalf("pruned %d, left %d (%d recent); want 1050 pruned and the 600 recent rows kept", total, left, recent)
+	}
+}
+
+// TestPruneTakesRowsWithoutTimes: in a table whose created_at may be NULL
+// (an application's own, migrated), a done row without one is pruned by
+// its processed_at, a row with neither time is kept, and neither ends the
+// sweep or fails it.
+func TestPruneTakesRowsWithoutTimes(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "app.db")
+	db := testenv.AppDB(t, path)
+	testenv.MustExec(t, db, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY AUTOINCREMENT, event_type TEXT NOT NULL, payload BLOB NOT NULL,
+		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, available_at INTEGER, created_at INTEGER, processed_at INTEGER, last_error TEXT)`)
+	s := testenv.OpenDB(t, path)
+	if _, err := schema.Migrate(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) VALUES
+		('timeless', 'T', 'x', 'done', NULL, NULL), ('processed-old', 'T', 'x', 'done', NULL, ?1), ('old', 'T', 'x', 'done', ?1, ?1)`, old)
+	n, _, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, 0)
+	if err != nil || n != 2 {
+		t.Fatalf("pruned %d, %v; want the two rows processed nine days ago", n, err)
+	}
+	if c := testenv.Counts(t, db); c["done"] != 1 {
+		t.Fatalf("%v left; want the row without times", c)
 	}
 }
 

@@ -32,17 +32,30 @@ const pruneBudget = 100_000
 // index is needed, and rows finished out of insertion order (requeued dead
 // letters, rows scheduled late) are found on a later sweep. It returns how
 // many rows it deleted and where the next sweep starts.
+//
+// The outbox's sweep also ends, and the next starts over, at the first row
+// written after the cutoff (its created_at later than before by more than
+// event.ClockSkew, and not in the future): each row after it was written
+// after it, so settled after the cutoff too. A sweep thus reads the rows
+// written before the cutoff and a few minutes' more, not every row kept.
 func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time, pause time.Duration, from int64) (deleted, next int64, err error) {
 	var name, finished, when string
 	unfinished := "" // a query for the rows in a rowid range (?1, ?2] known unfinished without reading them
+	written := "0"   // whether a row was written after the cutoff (?4) and not in the future (?5)
+	cutoff := before.UnixMilli()
+	args := []any{cutoff} // ?3 on
 	switch table {
 	case event.PruneOutbox:
 		name, finished, when = db.Table(), `status = 'done'`, `coalesce(processed_at, created_at)`
 		// status and processed_at come after the payload, in the last of a
 		// large row's overflow pages: reading them reads the whole
 		// payload. Pending rows are found in the pending index instead, so
-		// that a sweep does not read a backlog of large rows.
+		// that a sweep does not read a backlog of large rows, and the
+		// sweep ends at the first row written after the cutoff, so that
+		// it does not read every row kept.
 		unfinished = fmt.Sprintf(`SELECT id FROM %s WHERE status = 'pending' AND id > ?1 AND id <= ?2`, name)
+		written = fmt.Sprintf(`(%[1]s > ?4 AND %[1]s <= ?5)`, schema.MsSQL("created_at"))
+		args = append(args, before.Add(event.ClockSkew).UnixMilli(), time.Now().Add(event.ClockSkew).UnixMilli())
 	case event.PruneDoneRecords:
 		name, finished, when = schema.DoneTable(db.Table()), `1`, `processed_at`
 		// A file that never had a relay delete its done rows may lack it.
@@ -57,13 +70,13 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 	// A step reads the rowids of the next pruneScan rows, then the rows
 	// among them that may be finished.
 	window := fmt.Sprintf(`SELECT count(*), coalesce(max(rowid), 0) FROM (SELECT rowid FROM %s WHERE rowid > ?1 ORDER BY rowid LIMIT %d)`, name, pruneScan)
-	scan := fmt.Sprintf(`SELECT rowid FROM %s WHERE rowid > ?1 AND rowid <= ?2`, name)
+	old := fmt.Sprintf(`%s AND %s < ?3`, finished, when)
+	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s, 0), coalesce(%s, 0) FROM %s WHERE rowid > ?1 AND rowid <= ?2`, old, written, name) // NULL times: neither
 	if unfinished != "" {
 		scan += ` AND rowid NOT IN (` + unfinished + `)` // tested first: SQLite tests the terms in order
 	}
-	scan += fmt.Sprintf(` AND %s AND %s < ?3`, finished, when)
+	scan += fmt.Sprintf(` AND (%s OR %s) ORDER BY rowid`, old, written)
 	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
-	cutoff := before.UnixMilli()
 	next = from
 	for read := 0; read < pruneBudget; {
 		var n int
@@ -71,14 +84,14 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 		if err := db.Reader().QueryRowContext(ctx, window, next).Scan(&n, &end); err != nil {
 			return deleted, next, fmt.Errorf("prune %s: %w", name, err)
 		}
-		old, err := victims(ctx, db, scan, next, end, cutoff)
+		ids, last, err := victims(ctx, db, scan, append([]any{next, end}, args...))
 		if err != nil {
 			return deleted, next, fmt.Errorf("prune %s: %w", name, err)
 		}
 		next = max(next, end)
 		read += n
-		if len(old) > 0 {
-			k, err := deleteRows(ctx, db, del, old, cutoff)
+		if len(ids) > 0 {
+			k, err := deleteRows(ctx, db, del, ids, cutoff)
 			deleted += k
 			if err != nil {
 				return deleted, next, fmt.Errorf("prune %s: %w", name, err)
@@ -89,29 +102,35 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 			case <-time.After(pause):
 			}
 		}
-		if n < pruneScan {
-			return deleted, 0, nil // the end of the table: the next sweep starts over
+		if n < pruneScan || last {
+			return deleted, 0, nil // the table's end, or its rows written after the cutoff: the next sweep starts over
 		}
 	}
 	return deleted, next, nil
 }
 
-// victims runs scan over the rowids (from, to] for the old finished rows.
-func victims(ctx context.Context, db *sqlitedb.DB, scan string, from, to, cutoff int64) ([]int64, error) {
-	rows, err := db.Reader().QueryContext(ctx, scan, from, to, cutoff)
+// victims runs scan over a window of rowids for its old finished rows, up
+// to the first row written after the cutoff, and says whether it met one.
+func victims(ctx context.Context, db *sqlitedb.DB, scan string, args []any) (ids []int64, written bool, err error) {
+	rows, err := db.Reader().QueryContext(ctx, scan, args...)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer rows.Close()
-	var ids []int64
 	for rows.Next() {
 		var id int64
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
+		var old, late bool
+		if err := rows.Scan(&id, &old, &late); err != nil {
+			return nil, false, err
 		}
-		ids = append(ids, id)
+		if late {
+			return ids, true, nil // the rows after it are younger still: not read
+		}
+		if old {
+			ids = append(ids, id)
+		}
 	}
-	return ids, rows.Err()
+	return ids, false, rows.Err()
 }
 
 // deleteRows deletes the given rowids in one short write transaction,

@@ -281,7 +281,7 @@ const readWait = 10 * time.Second
 // relay of this release reconciled, or a scan that began at a time and
 // read nothing yet) a message of a pending row was published after the
 // row was written: the scan starts at the time the oldest pending row was
-// written (less clockSkew), and there is nothing to scan when none is
+// written (less event.ClockSkew), and there is nothing to scan when none is
 // pending (at 0).
 func start(ctx context.Context, o Options, m Mark, created int64) (seq uint64, at time.Time, err error) {
 	switch {
@@ -294,7 +294,7 @@ func start(ctx context.Context, o Options, m Mark, created int64) (seq uint64, a
 	if err != nil || oldest == 0 {
 		return 0, at, err
 	}
-	return 0, time.UnixMilli(oldest).Add(-clockSkew), nil
+	return 0, time.UnixMilli(oldest).Add(-event.ClockSkew), nil
 }
 
 // noneOwn reports whether the stream holds no message on the relay's
@@ -370,10 +370,6 @@ func ask(ctx context.Context, js jetstream.JetStream, api string, req, resp any)
 
 // lastOwnWait bounds noneOwn's request.
 const lastOwnWait = 5 * time.Second
-
-// clockSkew is how far the application's clock (created_at) may be ahead
-// of the broker's (a message's time) for a scan that starts at a time.
-const clockSkew = 5 * time.Minute
 
 // seen is what a message says of its row.
 type seen struct {
