@@ -9,7 +9,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
-	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -152,14 +151,7 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 // sweep or fails it.
 func TestPruneTakesRowsWithoutTimes(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "app.db")
-	db := testenv.AppDB(t, path)
-	testenv.MustExec(t, db, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY AUTOINCREMENT, event_type TEXT NOT NULL, payload BLOB NOT NULL,
-		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, available_at INTEGER, created_at INTEGER, processed_at INTEGER, last_error TEXT)`)
-	s := testenv.OpenDB(t, path)
-	if _, err := schema.Migrate(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	s, db := testenv.NullableCreatedAtDB(t)
 	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
 	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) VALUES
 		('timeless', 'T', 'x', 'done', NULL, NULL), ('processed-old', 'T', 'x', 'done', NULL, ?1), ('old', 'T', 'x', 'done', ?1, ?1)`, old)

@@ -2,12 +2,10 @@ package reconcile
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
-	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -43,14 +41,7 @@ func TestOldestPendingReadsOneRow(t *testing.T) {
 // the pending rows; none pending, 0.
 func TestOldestPendingWithoutCreatedAt(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "app.db")
-	app := testenv.AppDB(t, path)
-	testenv.MustExec(t, app, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY AUTOINCREMENT, event_type TEXT NOT NULL, payload BLOB NOT NULL,
-		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, available_at INTEGER, created_at INTEGER, processed_at INTEGER, last_error TEXT)`)
-	db := testenv.OpenDB(t, path)
-	if _, err := schema.Migrate(ctx, db); err != nil {
-		t.Fatal(err)
-	}
+	db, app := testenv.NullableCreatedAtDB(t)
 	if got, err := oldestPending(ctx, db); err != nil || got != 0 {
 		t.Fatalf("with nothing pending: %d, %v; want 0", got, err)
 	}

@@ -624,6 +624,23 @@ const LegacyNullable = `CREATE TABLE event_queue (
 	processed_at INTEGER,
 	last_error TEXT)`
 
+// NullableCreatedAtDB is a migrated database whose outbox is the
+// application's own table with a created_at that may be NULL (the
+// migration leaves column definitions as they are): the relay's
+// connection, and the application's.
+func NullableCreatedAtDB(t testing.TB) (*sqlitedb.DB, *sql.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "app.db")
+	app := AppDB(t, path)
+	MustExec(t, app, `CREATE TABLE event_queue (id INTEGER PRIMARY KEY AUTOINCREMENT, event_type TEXT NOT NULL, payload BLOB NOT NULL,
+		status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, available_at INTEGER, created_at INTEGER, processed_at INTEGER, last_error TEXT)`)
+	s := OpenDB(t, path)
+	if _, err := schema.Migrate(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	return s, app
+}
+
 // LegacyRows fills a LegacyNullable table with n pending rows created at
 // consecutive milliseconds from 1700000000000, available_at NULL.
 func LegacyRows(t testing.TB, db *sql.DB, n int) {
