@@ -71,19 +71,11 @@ func writeMark(ctx context.Context, db *sqlitedb.DB, stream string, created int6
 	return nil
 }
 
-// oldestPending returns the created_at (Unix milliseconds) of the pending
-// row written first, the one with the lowest id: rows are numbered in the
-// order they are written, so every other pending row was written after it.
-// It reads that one row from the pending index, where the oldest
-// created_at of them all would read every pending payload (created_at
-// comes after the payload in the record). Where that row has no
-// created_at, the oldest of them all; 0 when none is pending.
+// oldestPending returns the created_at (Unix milliseconds) of the oldest
+// pending row; 0 when none is pending.
 func oldestPending(ctx context.Context, db *sqlitedb.DB) (int64, error) {
 	var ms sql.NullInt64
-	created, t := schema.MsSQL("created_at"), db.Table()
-	err := db.Reader().QueryRowContext(ctx, fmt.Sprintf(`SELECT coalesce(
-	(SELECT %[1]s FROM %[2]s WHERE status = 'pending' ORDER BY id LIMIT 1),
-	(SELECT min(%[1]s) FROM %[2]s WHERE status = 'pending'))`, created, t)).Scan(&ms)
+	err := db.Reader().QueryRowContext(ctx, fmt.Sprintf(`SELECT min(%s) FROM %s WHERE status = 'pending'`, schema.MsSQL("created_at"), db.Table())).Scan(&ms)
 	if err != nil {
 		return 0, fmt.Errorf("read the oldest pending row of %s: %w", db.Table(), err)
 	}

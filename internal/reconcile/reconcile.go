@@ -280,9 +280,9 @@ const readWait = 10 * time.Second
 // created since (deleted and created again). Without a mark (a table no
 // relay of this release reconciled, or a scan that began at a time and
 // read nothing yet) a message of a pending row was published after the
-// row was written: the scan starts at the time the first pending row was
-// written (its created_at less event.ClockSkew; see oldestPending), and
-// there is nothing to scan when none is pending (at 0).
+// row was written: the scan starts at the time the oldest pending row was
+// written (less event.ClockSkew), and there is nothing to scan when none is
+// pending (at 0).
 func start(ctx context.Context, o Options, m Mark, created int64) (seq uint64, at time.Time, err error) {
 	switch {
 	case m.Stream == o.Stream && m.Created == created && m.ScanFrom > 0:
