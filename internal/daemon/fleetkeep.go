@@ -80,8 +80,13 @@ func (f *Fleet) keepFile(ctx context.Context, path string, sw *housekeeping.Swee
 	defer db.Close()
 	tenant := fleet.Tenant(path)
 	housekeeping.New(housekeeping.OnFile(db, f.cfg.Ordering.Parks()), housekeeping.Options{
-		RetainDone: f.cfg.Retention.Done, RetainProcessedEvents: f.cfg.Retention.ProcessedEvents, Sweeps: sw,
-		Metrics: f.fileMetrics, Gauges: f.gaugesOf(path, tenant), Log: f.log.With(zap.String("tenant", tenant)).Named("relay"),
+		RetainDone:            f.cfg.Retention.Done,
+		RetainProcessedEvents: f.cfg.Retention.ProcessedEvents,
+		RetentionInterval:     f.keepEvery(), // how often Retain comes here: Run is not called
+		Sweeps:                sw,
+		Metrics:               f.fileMetrics,
+		Gauges:                f.gaugesOf(path, tenant),
+		Log:                   f.log.With(zap.String("tenant", tenant)).Named("relay"),
 	}).Retain(ctx)
 	_, _, err = db.Checkpoint(ctx)
 	return err

@@ -85,7 +85,7 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 		}
 	}()
 	before := time.Now().Add(-7 * 24 * time.Hour)
-	n, _, err := Prune(ctx, s, event.PruneOutbox, before, 20*time.Millisecond, 0)
+	n, _, err := Prune(ctx, s, event.PruneOutbox, before, 20*time.Millisecond, Sweep{Rows: pruneBudget})
 	during := commits.Load()
 	close(stop)
 	worst := <-waits
@@ -103,12 +103,12 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 	if during < 5 {
 		t.Errorf("the application committed %d times while pruning; the prune held the lock throughout", during)
 	}
-	n, _, err = Prune(ctx, s, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond, 0)
+	n, _, err = Prune(ctx, s, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget})
 	if err != nil || n != 2 {
 		t.Fatalf("pruned %d ledger rows, %v; want the old done one and the abandoned claim", n, err)
 	}
 	// Nothing is old any more: a second pass deletes nothing and stops early.
-	if n, _, err := Prune(ctx, s, event.PruneOutbox, before, time.Millisecond, 0); err != nil || n != 0 {
+	if n, _, err := Prune(ctx, s, event.PruneOutbox, before, time.Millisecond, Sweep{Rows: pruneBudget}); err != nil || n != 0 {
 		t.Fatalf("second prune %d, %v", n, err)
 	}
 }
@@ -130,7 +130,7 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'legacy-' || i, 'T', 'x', 'done', ?1, NULL FROM n`, nineDays)
 	var total, from int64
 	for i := 0; i < 3; i++ { // a few sweeps, as the relay makes one a minute
-		n, next, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond, from)
+		n, next, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond, Sweep{From: from, Rows: pruneBudget})
 		from = next
 		if err != nil {
 			t.Fatal(err)
@@ -145,6 +145,57 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 	}
 }
 
+// TestRetainFindsOldRowsBeyondNewOnes: the outbox's second sweep finds
+// the old rows that lie beyond a row written after the cutoff, where the
+// first sweep ends: rows after a dead letter the application wrote with an
+// id of its own, and old rows inserted late (merged back from a backup).
+func TestRetainFindsOldRowsBeyondNewOnes(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
+		INSERT INTO event_queue (id, event_id, event_type, payload, status, created_at, processed_at) SELECT 1000 + i, 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, last_error) VALUES (5, 'low-id', 'T', 'x', 'dead_lettered', 'kept')`)
+	testenv.InsertRows(t, db, 10, "done")
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'merged-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	m := metrics.New("", "")
+	k := New(OnFile(s, false), Options{RetainDone: 7 * 24 * time.Hour, Metrics: m})
+	for range 3 {
+		k.Retain(ctx)
+	}
+	if n := metrics.Value(m.PrunedRows.WithLabelValues(event.PruneOutbox)); n != 1100 {
+		t.Fatalf("pruned %v rows in three passes; want the 1,100 done nine days ago", n)
+	}
+	if c := testenv.Counts(t, db); c["done"] != 10 || c["dead_lettered"] != 1 {
+		t.Fatalf("left %v; want the 10 recent rows and the dead letter", c)
+	}
+}
+
+// TestRetainGoesOnPastKeptRows: the outbox's first sweep goes on from
+// where it stopped when a pass ends at its budget, so a front of more kept
+// rows than a pass reads (dead letters, here) does not hide the old rows
+// behind it.
+func TestRetainGoesOnPastKeptRows(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at, last_error) SELECT 'dead-' || i, 'T', 'x', 'dead_lettered', ?1, ?1, 'kept' FROM n`, old, pruneBudget+500)
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	testenv.InsertRows(t, db, 10, "done")
+	m := metrics.New("", "")
+	k := New(OnFile(s, false), Options{RetainDone: 7 * 24 * time.Hour, Metrics: m})
+	k.Retain(ctx)
+	k.Retain(ctx)
+	if n := metrics.Value(m.PrunedRows.WithLabelValues(event.PruneOutbox)); n != 300 {
+		t.Fatalf("pruned %v rows in two passes; want the 300 old done rows", n)
+	}
+}
+
 // TestPruneTakesRowsWithoutTimes: in a table whose created_at may be NULL
 // (an application's own, migrated), a done row without one is pruned by
 // its processed_at, a row with neither time is kept, and neither ends the
@@ -155,7 +206,7 @@ func TestPruneTakesRowsWithoutTimes(t *testing.T) {
 	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
 	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) VALUES
 		('timeless', 'T', 'x', 'done', NULL, NULL), ('processed-old', 'T', 'x', 'done', NULL, ?1), ('old', 'T', 'x', 'done', ?1, ?1)`, old)
-	n, _, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, 0)
+	n, _, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget, New: true})
 	if err != nil || n != 2 {
 		t.Fatalf("pruned %d, %v; want the two rows processed nine days ago", n, err)
 	}

@@ -7,6 +7,7 @@ package housekeeping
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"sync"
 	"time"
@@ -22,7 +23,9 @@ import (
 // Store is the SQLite side (OnFile's).
 type Store interface {
 	Backlog(ctx context.Context) (event.Backlog, error)
-	Prune(ctx context.Context, table string, before time.Time, pause time.Duration, from int64) (deleted, next int64, err error)
+	Prune(ctx context.Context, table string, before time.Time, pause time.Duration, sw Sweep) (deleted, next int64, err error)
+	// Span is the outbox's highest rowid less its lowest (0: empty).
+	Span(ctx context.Context) (int64, error)
 	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
 }
 
@@ -38,20 +41,27 @@ type file struct {
 
 func (f file) Backlog(ctx context.Context) (event.Backlog, error) { return Backlog(ctx, f.DB, f.parks) }
 
-func (f file) Prune(ctx context.Context, table string, before time.Time, pause time.Duration, from int64) (int64, int64, error) {
-	return Prune(ctx, f.DB, table, before, pause, from)
+func (f file) Prune(ctx context.Context, table string, before time.Time, pause time.Duration, sw Sweep) (int64, int64, error) {
+	return Prune(ctx, f.DB, table, before, pause, sw)
 }
 
-// Sweeps is where a file's retention stands: when its last pass began
-// and where each table's sweep stopped (see Prune). A Keeper keeps its
-// own; a fleet carries a file's from one Keeper to the next as it closes
-// the file while idle and opens it on a commit, so that a file opened
-// every few seconds is pruned once a RetentionInterval, not at every
-// open, and its sweeps go on from where they stopped rather than reading
-// the table's first rows again.
+func (f file) Span(ctx context.Context) (int64, error) { return Span(ctx, f.DB) }
+
+// Sweeps is where a file's retention stands: when its last pass began,
+// where each table's sweep stopped and how far the outbox's next sweep
+// beyond its new rows goes (see Retain). A Keeper keeps its own; a fleet
+// carries a file's from one Keeper to the next as it closes the file
+// while idle and opens it on a commit, so that a file opened every few
+// seconds is pruned once a RetentionInterval, not at every open, and its
+// sweeps go on from where they stopped rather than reading the table's
+// first rows again.
 type Sweeps struct {
 	Last time.Time
-	From map[string]int64 // table -> rowid where its last sweep stopped
+	From map[string]int64 // table -> rowid where its last sweep stopped (the outbox: its first sweep)
+	// Beyond is where the outbox's last sweep beyond its new rows stopped,
+	// and Rows how many rows the next one goes through (see beyondRows).
+	Beyond int64
+	Rows   int
 }
 
 // Clone returns a copy of s that shares nothing with it.
@@ -233,8 +243,7 @@ func (k *Keeper) retentionLoop(ctx context.Context) {
 // Retain deletes done rows, their records and ledger rows past their retention, logging
 // and counting what it deleted.
 func (k *Keeper) Retain(ctx context.Context) {
-	sw := k.o.Sweeps
-	sw.Last = time.Now()
+	k.o.Sweeps.Last = time.Now()
 	for _, p := range []struct {
 		table string
 		keep  time.Duration
@@ -242,8 +251,7 @@ func (k *Keeper) Retain(ctx context.Context) {
 		if p.keep <= 0 {
 			continue // 0 keeps rows forever
 		}
-		n, next, err := k.store.Prune(ctx, p.table, time.Now().Add(-p.keep), retentionPause, sw.From[p.table])
-		sw.From[p.table] = next
+		n, err := k.prune(ctx, p.table, p.keep)
 		if n > 0 {
 			k.m.PrunedRows.WithLabelValues(p.table).Add(float64(n))
 			k.log.Info("pruned rows past retention", zap.String("table", p.table), zap.Int64("rows", n), zap.Duration("retention", p.keep))
@@ -252,6 +260,53 @@ func (k *Keeper) Retain(ctx context.Context) {
 			k.log.Warn("prune rows", zap.String("table", p.table), zap.Error(err))
 		}
 	}
+}
+
+// pruneBeyond is the least number of rows the outbox's sweep beyond its
+// new rows goes through in a pass.
+const pruneBeyond = 1000
+
+// prune sweeps table for rows finished longer than keep ago, on from where its
+// last sweep stopped. The outbox has two sweeps a pass. The first runs
+// from the table's start to the first row written after the cutoff, where
+// all old rows are while SQLite numbers the rows: it reads what it
+// deletes, not the rows kept. The second goes on through the rest from
+// where the last pass left it, for the rows an application wrote with ids
+// of its own and old rows inserted late (see beyondRows).
+func (k *Keeper) prune(ctx context.Context, table string, keep time.Duration) (int64, error) {
+	sw, before := k.o.Sweeps, time.Now().Add(-keep)
+	first, next, err := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.From[table], Rows: pruneBudget, New: table == event.PruneOutbox})
+	sw.From[table] = next
+	if table != event.PruneOutbox || ctx.Err() != nil {
+		return first, err
+	}
+	span, serr := k.store.Span(ctx)
+	if serr != nil {
+		return first, errors.Join(err, serr)
+	}
+	rows := k.beyondRows(span, keep)
+	beyond, next, berr := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.Beyond, Rows: rows})
+	sw.Beyond = next
+	switch {
+	case beyond > 0:
+		sw.Rows = min(2*rows, pruneBudget)
+	case berr == nil:
+		sw.Rows = rows / 2
+	}
+	return first + beyond, errors.Join(err, berr)
+}
+
+// beyondRows is how many rows the outbox's sweep beyond its new rows goes
+// through this pass, on a table whose rowids span span, keeping rows for
+// keep: as many as the last pass said (Sweeps.Rows, which doubles while the
+// sweep finds rows to delete, and halves while it finds none), but at
+// least pruneBeyond and enough to go through the table in half of keep,
+// and at most pruneBudget. On a table SQLite numbers, where it finds none,
+// it thus reads twice the rows written meanwhile.
+func (k *Keeper) beyondRows(span int64, keep time.Duration) int {
+	passes := float64(keep/2) / float64(max(k.o.RetentionInterval, time.Minute))
+	least := max(pruneBeyond, int(min(float64(span)/max(passes, 1), pruneBudget)))
+	return min(max(k.o.Sweeps.Rows, least), pruneBudget)
 }
 
 // checkpointLoop copies the WAL into the database beside the relay's

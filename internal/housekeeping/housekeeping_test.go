@@ -14,9 +14,10 @@ import (
 type countingStore struct{ checkpoints chan struct{} }
 
 func (countingStore) Backlog(context.Context) (event.Backlog, error) { return event.Backlog{}, nil }
-func (countingStore) Prune(context.Context, string, time.Time, time.Duration, int64) (int64, int64, error) {
+func (countingStore) Prune(context.Context, string, time.Time, time.Duration, Sweep) (int64, int64, error) {
 	return 0, 0, nil
 }
+func (countingStore) Span(context.Context) (int64, error) { return 0, nil }
 func (s countingStore) Checkpoint(context.Context) (int, int, error) {
 	s.checkpoints <- struct{}{}
 	return 0, 0, nil
@@ -172,27 +173,32 @@ func TestRefreshBacklog(t *testing.T) {
 type backlogStore struct{ b event.Backlog }
 
 func (s backlogStore) Backlog(context.Context) (event.Backlog, error) { return s.b, nil }
-func (backlogStore) Prune(context.Context, string, time.Time, time.Duration, int64) (int64, int64, error) {
+func (backlogStore) Prune(context.Context, string, time.Time, time.Duration, Sweep) (int64, int64, error) {
 	return 0, 0, nil
 }
+func (backlogStore) Span(context.Context) (int64, error)          { return 0, nil }
 func (backlogStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
 
-// sweepStore records each sweep's table and start, and says the next one
-// starts a row later.
+// sweepStore records each sweep, says the next one starts a row later,
+// and that the outbox's sweeps beyond its new rows deleted found rows.
 type sweepStore struct {
 	backlogStore
 	sweeps chan sweep
+	found  int64
 }
 
 type sweep struct {
 	table string
-	from  int64
-	at    time.Time
+	Sweep
+	at time.Time
 }
 
-func (s sweepStore) Prune(_ context.Context, table string, _ time.Time, _ time.Duration, from int64) (int64, int64, error) {
-	s.sweeps <- sweep{table, from, time.Now()}
-	return 0, from + 1, nil
+func (s sweepStore) Prune(_ context.Context, table string, _ time.Time, _ time.Duration, sw Sweep) (int64, int64, error) {
+	s.sweeps <- sweep{table, sw, time.Now()}
+	if table == event.PruneOutbox && !sw.New {
+		return s.found, sw.From + 1, nil
+	}
+	return 0, sw.From + 1, nil
 }
 
 // TestRetentionGoesOnFromSweeps: a Keeper given where a file's retention
@@ -200,17 +206,20 @@ func (s sweepStore) Prune(_ context.Context, table string, _ time.Time, _ time.D
 // RetentionInterval after the last one began, not at once, goes on from
 // where each table's sweep stopped, and leaves the next Keeper where its
 // own stopped. Without them, the first pass comes at once, from the start.
+// The outbox's first sweep starts at the table's start, to its new rows;
+// the second, beyond them, goes twice as far as the pass before while it
+// finds rows to delete, and pruneBeyond rows while it finds none.
 func TestRetentionGoesOnFromSweeps(t *testing.T) {
 	const interval = 300 * time.Millisecond
-	run := func(sw *Sweeps, passes int) []sweep {
+	run := func(sw *Sweeps, found int64, passes int) []sweep {
 		t.Helper()
-		st := sweepStore{sweeps: make(chan sweep, 100)}
+		st := sweepStore{sweeps: make(chan sweep, 100), found: found}
 		k := New(st, Options{RetentionInterval: interval, RetainDone: time.Hour, RetainProcessedEvents: time.Hour, Sweeps: sw})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); k.Run(ctx) }()
 		var got []sweep
-		for range passes * 3 { // one sweep a table a pass
+		for range passes * 4 { // the outbox's two sweeps, and one of each other table, a pass
 			got = append(got, <-st.sweeps)
 		}
 		cancel()
@@ -218,20 +227,41 @@ func TestRetentionGoesOnFromSweeps(t *testing.T) {
 		return got
 	}
 	start := time.Now()
-	fresh := run(nil, 1)
-	if fresh[0].from != 0 {
-		t.Fatalf("a Keeper of its own swept from %d, want the table's start", fresh[0].from)
+	fresh := run(nil, 0, 1)
+	if f := fresh[0]; f.table != event.PruneOutbox || !f.New || f.From != 0 || fresh[1].New || fresh[1].From != 0 || fresh[1].Rows != pruneBeyond {
+		t.Fatalf("a Keeper of its own swept %+v; want the outbox from its start to its new rows, then from its start %d rows", fresh, pruneBeyond)
 	}
 	last := time.Now().Add(-interval / 3)
-	sw := &Sweeps{Last: last, From: map[string]int64{event.PruneOutbox: 41}}
-	got := run(sw, 2)
+	sw := &Sweeps{Last: last, From: map[string]int64{event.PruneOutbox: 41}, Beyond: 7}
+	got := run(sw, 1, 2)
 	if early := last.Add(interval); got[0].at.Before(early) {
 		t.Fatalf("first pass at %v, before a RetentionInterval after the last one (%v)", got[0].at.Sub(start), early.Sub(start))
 	}
-	if got[0].table != event.PruneOutbox || got[0].from != 41 || got[3].from != 42 {
-		t.Fatalf("sweeps %+v; want the outbox's from row 41, then 42", got)
+	if got[0].From != 41 || !got[0].New || got[1].From != 7 || got[4].From != 42 || got[5].From != 8 || got[5].Rows != 2*pruneBeyond {
+		t.Fatalf("sweeps %+v; want the outbox's new rows from row 41, and beyond them from row 7, then from 42 and from 8, twice as far", got)
 	}
-	if sw.From[event.PruneOutbox] != 43 || !sw.Last.After(last) {
-		t.Fatalf("sweeps left at %+v; want the outbox's next from 43 and the last pass's start", *sw)
+	if sw.From[event.PruneOutbox] != 43 || sw.Beyond != 9 || sw.Rows != 4*pruneBeyond || !sw.Last.After(last) {
+		t.Fatalf("sweeps left at %+v; want the outbox's next sweeps from 43 and from 9, %d rows, and the last pass's start", *sw, 4*pruneBeyond)
+	}
+	if quiet := run(&Sweeps{Rows: 4 * pruneBeyond}, 0, 2); quiet[1].Rows != 4*pruneBeyond || quiet[5].Rows != 2*pruneBeyond {
+		t.Fatalf("sweeps %+v; want half as far after a pass that found nothing", quiet)
+	}
+}
+
+// TestBeyondRowsGoThroughTheTableInHalfTheRetention: the sweep beyond the
+// outbox's new rows goes through at least enough rows a pass to go
+// through the whole table in half the retention, at least pruneBeyond and
+// at most pruneBudget, and as many as the last pass said if more.
+func TestBeyondRowsGoThroughTheTableInHalfTheRetention(t *testing.T) {
+	week := 7 * 24 * time.Hour
+	k := New(backlogStore{}, Options{RetentionInterval: time.Minute})
+	for _, c := range []struct {
+		span, last int64
+		want       int
+	}{{0, 0, pruneBeyond}, {6_048_000, 0, 1200}, {6_048_000, 5000, 5000}, {1 << 40, 0, pruneBudget}, {0, 1 << 30, pruneBudget}} {
+		k.o.Sweeps.Rows = int(c.last)
+		if got := k.beyondRows(c.span, week); got != c.want {
+			t.Errorf("a table spanning %d rows, the last pass saying %d: %d rows, want %d", c.span, c.last, got, c.want)
+		}
 	}
 }

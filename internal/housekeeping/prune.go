@@ -2,6 +2,7 @@ package housekeeping
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -16,29 +17,41 @@ const pruneScan = 500
 
 // pruneBudget is how many rows one Prune call reads at most: a table of a
 // million rows is swept every ten calls, at a few tens of milliseconds of
-// CPU a call.
+// CPU a call (rows without large payloads).
 const pruneBudget = 100_000
+
+// A Sweep says where a Prune call starts and how far it goes.
+type Sweep struct {
+	From int64 // the rowid it starts after (0: the table's start)
+	Rows int   // how many rows it goes through at most
+	// New ends the outbox's sweep at the first row written after the
+	// cutoff (see Prune).
+	New bool
+}
 
 // Prune deletes finished rows older than before from table of db
 // (event.PruneOutbox: done rows by processed_at, or created_at where a
 // legacy row has none; event.PruneDoneRecords: the records of done rows
 // deleted when settled, by processed_at; event.PruneProcessedEvents: ledger rows by
 // processed_at, or started_at for abandoned claims). It sweeps the table in
-// rowid order from the rowid after from (where the previous sweep
-// stopped), wrapping at the end,
+// rowid order from the rowid after sw.From, through sw.Rows rows at most,
 // reading a few hundred rows at a time without a lock and deleting the old
 // finished ones among them by rowid in short write transactions, with a
 // pause between them so that the application's writers get the lock. No
 // index is needed, and rows finished out of insertion order (requeued dead
 // letters, rows scheduled late) are found on a later sweep. It returns how
-// many rows it deleted and where the next sweep starts.
+// many rows it deleted and where the next sweep starts: after the last row
+// it read, or 0 (the table's start) when it read the last row.
 //
-// The outbox's sweep also ends, and the next starts over, at the first row
-// written after the cutoff (its created_at later than before by more than
-// event.ClockSkew, and not in the future): each row after it was written
-// after it, so settled after the cutoff too. A sweep thus reads the rows
-// written before the cutoff and a few minutes' more, not every row kept.
-func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time, pause time.Duration, from int64) (deleted, next int64, err error) {
+// With sw.New the outbox's sweep ends, and says to start over, at the first
+// row written after the cutoff (its created_at later than before by more
+// than event.ClockSkew, and not in the future). While SQLite numbers the
+// rows, each row after it was written after it, so settled after the
+// cutoff too: the sweep reads the rows written before the cutoff and a
+// few minutes' more, not every row kept. Rows an application writes with
+// ids of its own, and old rows inserted late, may lie beyond it: a sweep
+// without New finds them.
+func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time, pause time.Duration, sw Sweep) (deleted, next int64, err error) {
 	var name, finished, when string
 	unfinished := "" // a query for the rows in a rowid range (?1, ?2] known unfinished without reading them
 	written := "0"   // whether a row was written after the cutoff (?4) and not in the future (?5)
@@ -50,22 +63,24 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 		// status and processed_at come after the payload, in the last of a
 		// large row's overflow pages: reading them reads the whole
 		// payload. Pending rows are found in the pending index instead, so
-		// that a sweep does not read a backlog of large rows, and the
-		// sweep ends at the first row written after the cutoff, so that
+		// that a sweep does not read a backlog of large rows, and a sweep
+		// with New ends at the first row written after the cutoff, so that
 		// it does not read every row kept.
 		unfinished = fmt.Sprintf(`SELECT id FROM %s WHERE status = 'pending' AND id > ?1 AND id <= ?2`, name)
-		written = fmt.Sprintf(`(%[1]s > ?4 AND %[1]s <= ?5)`, schema.MsSQL("created_at"))
-		args = append(args, before.Add(event.ClockSkew).UnixMilli(), time.Now().Add(event.ClockSkew).UnixMilli())
+		if sw.New {
+			written = fmt.Sprintf(`(%[1]s > ?4 AND %[1]s <= ?5)`, schema.MsSQL("created_at"))
+			args = append(args, before.Add(event.ClockSkew).UnixMilli(), time.Now().Add(event.ClockSkew).UnixMilli())
+		}
 	case event.PruneDoneRecords:
 		name, finished, when = schema.DoneTable(db.Table()), `1`, `processed_at`
 		// A file that never had a relay delete its done rows may lack it.
 		if ok, err := sqlitedb.ObjectExists(ctx, db.Reader(), "table", name); err != nil || !ok {
-			return 0, from, err
+			return 0, sw.From, err
 		}
 	case event.PruneProcessedEvents:
 		name, finished, when = "processed_events", `1`, `coalesce(processed_at, started_at)`
 	default:
-		return 0, from, fmt.Errorf("prune: unknown table %q", table)
+		return 0, sw.From, fmt.Errorf("prune: unknown table %q", table)
 	}
 	// A step reads the rowids of the next pruneScan rows, then the rows
 	// among them that may be finished.
@@ -77,8 +92,8 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 	}
 	scan += fmt.Sprintf(` AND (%s OR %s) ORDER BY rowid`, old, written)
 	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
-	next = from
-	for read := 0; read < pruneBudget; {
+	next = sw.From
+	for read := 0; read < sw.Rows; {
 		var n int
 		var end int64
 		if err := db.Reader().QueryRowContext(ctx, window, next).Scan(&n, &end); err != nil {
@@ -107,6 +122,18 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 		}
 	}
 	return deleted, next, nil
+}
+
+// Span returns the highest rowid of db's outbox table less its lowest (0:
+// empty): about how many rows it holds while SQLite numbers them, read
+// from the table's two ends.
+func Span(ctx context.Context, db *sqlitedb.DB) (int64, error) {
+	var span sql.NullInt64
+	q := fmt.Sprintf(`SELECT (SELECT max(rowid) FROM %[1]s) - (SELECT min(rowid) FROM %[1]s)`, db.Table())
+	if err := db.Reader().QueryRowContext(ctx, q).Scan(&span); err != nil {
+		return 0, fmt.Errorf("read the span of %s: %w", db.Table(), err)
+	}
+	return span.Int64, nil
 }
 
 // victims runs scan over a window of rowids for its old finished rows, up

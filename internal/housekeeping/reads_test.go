@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/benchkit"
 	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
@@ -28,7 +29,7 @@ func TestPruneReadsNoPendingPayload(t *testing.T) {
 	}
 	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	before := testenv.ProcIO(t, "rchar")
-	n, _, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, 0)
+	n, _, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget})
 	read := testenv.ProcIO(t, "rchar") - before
 	if err != nil || n != 1 {
 		t.Fatalf("pruned %d rows, %v; want the old done row", n, err)
@@ -56,7 +57,7 @@ func TestPruneStopsAtRowsWrittenSinceTheCutoff(t *testing.T) {
 	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) VALUES ('old-behind', 'T', 'x', 'done', ?1, ?1)`, old)
 	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	before := testenv.ProcIO(t, "rchar")
-	n, next, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, 0)
+	n, next, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget, New: true})
 	read := testenv.ProcIO(t, "rchar") - before
 	if err != nil || n != 1 || next != 0 {
 		t.Fatalf("pruned %d rows, %v, next sweep from row %d; want the old row before the new ones, and the next sweep from the start", n, err, next)
@@ -127,10 +128,10 @@ func TestOldestDueSkipsARowSettledMeanwhile(t *testing.T) {
 	}
 }
 
-// BenchmarkPruneKept: a retention pass over a table of 10,000 done rows
-// of BENCH_SIZE bytes (256 unless set), all settled within retention, with
-// nothing to delete (ns/op is per pass): what a relay pays every minute
-// to keep a week of rows.
+// BenchmarkPruneKept: a retention pass (Keeper.Retain) over a table of
+// 10,000 done rows of BENCH_SIZE bytes (256 unless set), all settled
+// within retention, with nothing to delete (ns/op is per pass): what a
+// relay pays every minute to keep a week of rows.
 func BenchmarkPruneKept(b *testing.B) {
 	ctx := context.Background()
 	s := testenv.MigratedDB(b)
@@ -139,13 +140,14 @@ func BenchmarkPruneKept(b *testing.B) {
 		b.Fatal(err)
 	}
 	testenv.MustExec(b, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
-	var from int64
+	m := metrics.New("", "")
+	k := New(OnFile(s, false), Options{RetainDone: 7 * 24 * time.Hour, RetainProcessedEvents: 30 * 24 * time.Hour, Metrics: m})
 	b.ResetTimer()
 	for range b.N {
-		n, next, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), 0, from)
-		if err != nil || n != 0 {
-			b.Fatalf("pruned %d, %v", n, err)
-		}
-		from = next
+		k.Retain(ctx)
+	}
+	b.StopTimer()
+	if n := metrics.Value(m.PrunedRows.WithLabelValues(event.PruneOutbox)); n != 0 {
+		b.Fatalf("pruned %v rows; want none", n)
 	}
 }
