@@ -172,6 +172,9 @@ type TestHooks struct {
 	// KeepClosed, when set, replaces how often a fleet's file closed
 	// while idle has its housekeeping.
 	KeepClosed time.Duration
+	// Rewatch, when set, is called as a fleet begins to watch a directory
+	// that replaced the watched one.
+	Rewatch func()
 	// Relay is given the relay Open built, whose state tests follow.
 	Relay func(*relay.Relay)
 }

@@ -39,6 +39,12 @@ const (
 	// often at most: a burst of files created costs ten scans a second.
 	fleetScanSoon = 10 * time.Millisecond
 	fleetScanGap  = 100 * time.Millisecond
+	// fleetRewatchFor is how long the relay tries to watch a directory
+	// that replaced the watched one, every fleetRewatchStep: a directory
+	// removed and made again (a restore) may be away, or made again once
+	// more, as the relay looks.
+	fleetRewatchFor  = time.Second
+	fleetRewatchStep = 50 * time.Millisecond
 	// fleetRetry is how long a file that could not be served waits
 	// before it is tried again.
 	fleetRetry = 5 * time.Second
@@ -609,10 +615,22 @@ func (f *Fleet) probeAll(ctx context.Context) {
 	f.probeParked(ctx)
 }
 
-// rewatch watches the directory that replaced the watched one; where it
-// gives no notifications, every file stays open.
+// rewatch watches the directory that replaced the watched one, trying
+// for fleetRewatchFor; where it gives no notifications, every file stays
+// open.
 func (f *Fleet) rewatch(ctx context.Context) *fleet.Watcher {
+	if f.oo.Test != nil && f.oo.Test.Rewatch != nil {
+		f.oo.Test.Rewatch()
+	}
 	w := fleet.Watch(ctx, f.cfg.Database.Path, f.routes)
+	for tried := time.Now(); w == nil && time.Since(tried) < fleetRewatchFor; {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(fleetRewatchStep):
+		}
+		w = fleet.Watch(ctx, f.cfg.Database.Path, f.routes)
+	}
 	if w == nil {
 		f.routes.Close() // the open files look periodically
 		f.log.Warn("database directory replaced, and the new one gives no file-system notifications: every file stays open, and new files are found by looking every "+fleetRescan.String(),

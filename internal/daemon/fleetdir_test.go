@@ -4,10 +4,13 @@ import (
 	"database/sql"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/config"
+	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -67,6 +70,63 @@ func TestFleetDirectoryRemovedAndRecreated(t *testing.T) {
 	time.Sleep(6 * time.Second) // past the looks that follow a close
 	insertKeyed(t, globex, "globex", 1)
 	waitDone(t, globex, 3)
+}
+
+// TestFleetDirectoryAwayAsItIsWatchedAgain: the directory that replaced
+// the watched one is away for a moment as the relay begins to watch it
+// (moved away and back, as a restore that makes it again may): the relay
+// tries again, watches it, and its closed files still wake on their
+// commits rather than all staying open.
+func TestFleetDirectoryAwayAsItIsWatchedAgain(t *testing.T) {
+	n := testenv.StartNATS(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "tenants")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	acme := tenantFile(t, dir, "acme", 1)
+	var once sync.Once
+	h := startFleetWith(t, dir, n.URL(), 300*time.Millisecond, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaAuto // the tenants' files are given the table
+	}, func(th *daemon.TestHooks) {
+		th.Rewatch = func() {
+			once.Do(func() {
+				away := filepath.Join(root, "away")
+				if err := os.Rename(dir, away); err != nil {
+					t.Error(err)
+					return
+				}
+				go func() {
+					time.Sleep(200 * time.Millisecond)
+					if err := os.Rename(away, dir); err != nil {
+						t.Error(err)
+					}
+				}()
+			})
+		}
+	})
+	waitDone(t, acme, 1)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+
+	staged := filepath.Join(root, "staged")
+	if err := os.Mkdir(staged, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	globex := tenantFile(t, staged, "globex", 2)
+	if err := os.Rename(dir, filepath.Join(root, "before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(staged, dir); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, globex, 2)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	time.Sleep(6 * time.Second) // past the looks that follow a close
+	insertKeyed(t, globex, "globex", 1)
+	waitDone(t, globex, 3)
+	if got := logCountOf(h.logs, "database directory replaced; watching the new one"); got != 1 {
+		t.Errorf("%d log lines saying the new directory is watched, want 1", got)
+	}
 }
 
 // TestFleetDirectoryReplacedWithItsOwnFiles: the files are moved into a
