@@ -196,6 +196,18 @@ func TestRetainGoesOnPastKeptRows(t *testing.T) {
 	}
 }
 
+// TestSpanOfRowidsFarApart: rowids an application wrote at both ends of
+// the integers give a span too large for an integer, read as the largest
+// the second sweep needs, not as an error.
+func TestSpanOfRowidsFarApart(t *testing.T) {
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload) VALUES (-5, 'low', 'T', 'x'), (9223372036854775807, 'high', 'T', 'x')`)
+	if span, err := Span(context.Background(), s); err != nil || span < 1<<62 {
+		t.Fatalf("span %d, %v; want at least 2^62", span, err)
+	}
+}
+
 // TestPruneTakesRowsWithoutTimes: in a table whose created_at may be NULL
 // (an application's own, migrated), a done row without one is pruned by
 // its processed_at, a row with neither time is kept, and neither ends the

@@ -280,10 +280,7 @@ func (k *Keeper) prune(ctx context.Context, table string, keep time.Duration) (i
 	if table != event.PruneOutbox || ctx.Err() != nil {
 		return first, err
 	}
-	span, serr := k.store.Span(ctx)
-	if serr != nil {
-		return first, errors.Join(err, serr)
-	}
+	span, serr := k.store.Span(ctx) // 0 where it cannot be read: the least
 	rows := k.beyondRows(span, keep)
 	beyond, next, berr := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.Beyond, Rows: rows})
 	sw.Beyond = next
@@ -293,7 +290,7 @@ func (k *Keeper) prune(ctx context.Context, table string, keep time.Duration) (i
 	case berr == nil:
 		sw.Rows = rows / 2
 	}
-	return first + beyond, errors.Join(err, berr)
+	return first + beyond, errors.Join(err, serr, berr)
 }
 
 // beyondRows is how many rows the outbox's sweep beyond its new rows goes

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -126,14 +127,15 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 
 // Span returns the highest rowid of db's outbox table less its lowest (0:
 // empty): about how many rows it holds while SQLite numbers them, read
-// from the table's two ends.
+// from the table's two ends. Rowids an application wrote far apart make
+// it larger than that.
 func Span(ctx context.Context, db *sqlitedb.DB) (int64, error) {
-	var span sql.NullInt64
-	q := fmt.Sprintf(`SELECT (SELECT max(rowid) FROM %[1]s) - (SELECT min(rowid) FROM %[1]s)`, db.Table())
+	var span sql.NullFloat64 // rowids far apart overflow an integer
+	q := fmt.Sprintf(`SELECT CAST((SELECT max(rowid) FROM %[1]s) AS REAL) - (SELECT min(rowid) FROM %[1]s)`, db.Table())
 	if err := db.Reader().QueryRowContext(ctx, q).Scan(&span); err != nil {
 		return 0, fmt.Errorf("read the span of %s: %w", db.Table(), err)
 	}
-	return span.Int64, nil
+	return int64(min(span.Float64, math.MaxInt64/2)), nil
 }
 
 // victims runs scan over a window of rowids for its old finished rows, up
