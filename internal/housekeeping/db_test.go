@@ -85,12 +85,12 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 		}
 	}()
 	before := time.Now().Add(-7 * 24 * time.Hour)
-	n, _, err := Prune(ctx, s, event.PruneOutbox, before, 20*time.Millisecond, Sweep{Rows: pruneBudget})
+	r, err := Prune(ctx, s, event.PruneOutbox, before, 20*time.Millisecond, Sweep{Rows: pruneBudget})
 	during := commits.Load()
 	close(stop)
 	worst := <-waits
-	if err != nil || n != 100000 {
-		t.Fatalf("pruned %d, %v; want 100000", n, err)
+	if err != nil || r.Deleted != 100000 {
+		t.Fatalf("pruned %d, %v; want 100000", r.Deleted, err)
 	}
 	var left, kept int
 	db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'old-%'`).Scan(&left)
@@ -103,13 +103,13 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 	if during < 5 {
 		t.Errorf("the application committed %d times while pruning; the prune held the lock throughout", during)
 	}
-	n, _, err = Prune(ctx, s, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget})
-	if err != nil || n != 2 {
-		t.Fatalf("pruned %d ledger rows, %v; want the old done one and the abandoned claim", n, err)
+	r, err = Prune(ctx, s, event.PruneProcessedEvents, time.Now().Add(-30*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget})
+	if err != nil || r.Deleted != 2 {
+		t.Fatalf("pruned %d ledger rows, %v; want the old done one and the abandoned claim", r.Deleted, err)
 	}
 	// Nothing is old any more: a second pass deletes nothing and stops early.
-	if n, _, err := Prune(ctx, s, event.PruneOutbox, before, time.Millisecond, Sweep{Rows: pruneBudget}); err != nil || n != 0 {
-		t.Fatalf("second prune %d, %v", n, err)
+	if r, err := Prune(ctx, s, event.PruneOutbox, before, time.Millisecond, Sweep{Rows: pruneBudget}); err != nil || r.Deleted != 0 {
+		t.Fatalf("second prune %d, %v", r.Deleted, err)
 	}
 }
 
@@ -130,12 +130,12 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'legacy-' || i, 'T', 'x', 'done', ?1, NULL FROM n`, nineDays)
 	var total, from int64
 	for i := 0; i < 3; i++ { // a few sweeps, as the relay makes one a minute
-		n, next, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond, Sweep{From: from, Rows: pruneBudget})
-		from = next
+		r, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*day), time.Millisecond, Sweep{From: from, Rows: pruneBudget})
+		from = r.Next
 		if err != nil {
 			t.Fatal(err)
 		}
-		total += n
+		total += r.Deleted
 	}
 	var left, recent int
 	db.QueryRow(`SELECT count(*) FROM event_queue`).Scan(&left)
@@ -208,6 +208,39 @@ func TestSpanOfRowidsFarApart(t *testing.T) {
 	}
 }
 
+// TestRetainLearnsHowManyRowsATableHolds: in a table whose rowids an
+// application wrote far apart, the span says nothing of how many rows it
+// holds. A round of the sweep beyond the new rows counts them, and the
+// sweep then goes through as few rows a pass as that many need, not
+// pruneBudget.
+func TestRetainLearnsHowManyRowsATableHolds(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
+		INSERT INTO event_queue (id, event_id, event_type, payload, status, processed_at) SELECT i * 1000000000000, 'far-' || i, 'T', 'x', 'done', ?1 FROM n`, time.Now().UnixMilli())
+	sw := &Sweeps{}
+	k := New(OnFile(s, false), Options{RetainDone: 7 * 24 * time.Hour, RetentionInterval: time.Minute, Sweeps: sw})
+	span, err := Span(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows := k.beyondRows(span, k.o.RetainDone); rows != pruneBudget {
+		t.Fatalf("before a round, %d rows a pass on a table spanning %d; want pruneBudget", rows, span)
+	}
+	k.Retain(ctx)
+	if sw.Size != 3000 || sw.Round != 0 || sw.Beyond != 0 {
+		t.Fatalf("sweeps left at %+v; want a round of the table's 3,000 rows, the next from the start", *sw)
+	}
+	sw.Rows = 0
+	if rows := k.beyondRows(span, k.o.RetainDone); rows != pruneBeyond {
+		t.Fatalf("after a round of 3,000 rows, %d rows a pass; want pruneBeyond", rows)
+	}
+	if c := testenv.Counts(t, db); c["done"] != 3000 {
+		t.Fatalf("left %v; want every row, none old", c)
+	}
+}
+
 // TestPruneTakesRowsWithoutTimes: in a table whose created_at may be NULL
 // (an application's own, migrated), a done row without one is pruned by
 // its processed_at, a row with neither time is kept, and neither ends the
@@ -218,9 +251,9 @@ func TestPruneTakesRowsWithoutTimes(t *testing.T) {
 	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
 	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) VALUES
 		('timeless', 'T', 'x', 'done', NULL, NULL), ('processed-old', 'T', 'x', 'done', NULL, ?1), ('old', 'T', 'x', 'done', ?1, ?1)`, old)
-	n, _, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget, New: true})
-	if err != nil || n != 2 {
-		t.Fatalf("pruned %d, %v; want the two rows processed nine days ago", n, err)
+	r, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget, New: true})
+	if err != nil || r.Deleted != 2 {
+		t.Fatalf("pruned %d, %v; want the two rows processed nine days ago", r.Deleted, err)
 	}
 	if c := testenv.Counts(t, db); c["done"] != 1 {
 		t.Fatalf("%v left; want the row without times", c)

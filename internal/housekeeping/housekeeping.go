@@ -23,7 +23,7 @@ import (
 // Store is the SQLite side (OnFile's).
 type Store interface {
 	Backlog(ctx context.Context) (event.Backlog, error)
-	Prune(ctx context.Context, table string, before time.Time, pause time.Duration, sw Sweep) (deleted, next int64, err error)
+	Prune(ctx context.Context, table string, before time.Time, pause time.Duration, sw Sweep) (Swept, error)
 	// Span is the outbox's highest rowid less its lowest (0: empty).
 	Span(ctx context.Context) (int64, error)
 	Checkpoint(ctx context.Context) (walPages, checkpointed int, err error)
@@ -41,7 +41,7 @@ type file struct {
 
 func (f file) Backlog(ctx context.Context) (event.Backlog, error) { return Backlog(ctx, f.DB, f.parks) }
 
-func (f file) Prune(ctx context.Context, table string, before time.Time, pause time.Duration, sw Sweep) (int64, int64, error) {
+func (f file) Prune(ctx context.Context, table string, before time.Time, pause time.Duration, sw Sweep) (Swept, error) {
 	return Prune(ctx, f.DB, table, before, pause, sw)
 }
 
@@ -62,6 +62,11 @@ type Sweeps struct {
 	// and Rows how many rows the next one goes through (see beyondRows).
 	Beyond int64
 	Rows   int
+	// Round is how many rows the sweeps beyond the new rows went through
+	// since they last started at the table's start, and Size how many
+	// their last whole round did (0: none yet): how many rows the table
+	// holds, where rowids far apart make its span no measure of it.
+	Round, Size int64
 }
 
 // Clone returns a copy of s that shares nothing with it.
@@ -275,22 +280,26 @@ const pruneBeyond = 1000
 // of its own and old rows inserted late (see beyondRows).
 func (k *Keeper) prune(ctx context.Context, table string, keep time.Duration) (int64, error) {
 	sw, before := k.o.Sweeps, time.Now().Add(-keep)
-	first, next, err := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.From[table], Rows: pruneBudget, New: table == event.PruneOutbox})
-	sw.From[table] = next
+	first, err := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.From[table], Rows: pruneBudget, New: table == event.PruneOutbox})
+	sw.From[table] = first.Next
 	if table != event.PruneOutbox || ctx.Err() != nil {
-		return first, err
+		return first.Deleted, err
 	}
 	span, serr := k.store.Span(ctx) // 0 where it cannot be read: the least
 	rows := k.beyondRows(span, keep)
-	beyond, next, berr := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.Beyond, Rows: rows})
-	sw.Beyond = next
+	beyond, berr := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.Beyond, Rows: rows})
+	sw.Beyond = beyond.Next
+	sw.Round += beyond.Read
 	switch {
-	case beyond > 0:
+	case beyond.Deleted > 0:
 		sw.Rows = min(2*rows, pruneBudget)
 	case berr == nil:
 		sw.Rows = rows / 2
 	}
-	return first + beyond, errors.Join(err, serr, berr)
+	if berr == nil && beyond.Next == 0 {
+		sw.Size, sw.Round = sw.Round, 0
+	}
+	return first.Deleted + beyond.Deleted, errors.Join(err, serr, berr)
 }
 
 // beyondRows is how many rows the outbox's sweep beyond its new rows goes
@@ -298,12 +307,18 @@ func (k *Keeper) prune(ctx context.Context, table string, keep time.Duration) (i
 // keep: as many as the last pass said (Sweeps.Rows, which doubles while the
 // sweep finds rows to delete, and halves while it finds none), but at
 // least pruneBeyond and enough to go through the table in half of keep,
-// and at most pruneBudget. On a table SQLite numbers, where it finds none,
-// it thus reads twice the rows written meanwhile.
+// and at most pruneBudget. The table holds span rows at most, and once a
+// round of the sweep went through it, about as many as the last round or
+// the one under way found, if fewer. On a table SQLite numbers, where it
+// finds none, it thus reads twice the rows written meanwhile.
 func (k *Keeper) beyondRows(span int64, keep time.Duration) int {
+	sw := k.o.Sweeps
+	if sw.Size > 0 {
+		span = min(span, max(sw.Size, sw.Round))
+	}
 	passes := float64(keep/2) / float64(max(k.o.RetentionInterval, time.Minute))
 	least := max(pruneBeyond, int(min(float64(span)/max(passes, 1), pruneBudget)))
-	return min(max(k.o.Sweeps.Rows, least), pruneBudget)
+	return min(max(sw.Rows, least), pruneBudget)
 }
 
 // checkpointLoop copies the WAL into the database beside the relay's

@@ -14,8 +14,8 @@ import (
 type countingStore struct{ checkpoints chan struct{} }
 
 func (countingStore) Backlog(context.Context) (event.Backlog, error) { return event.Backlog{}, nil }
-func (countingStore) Prune(context.Context, string, time.Time, time.Duration, Sweep) (int64, int64, error) {
-	return 0, 0, nil
+func (countingStore) Prune(context.Context, string, time.Time, time.Duration, Sweep) (Swept, error) {
+	return Swept{}, nil
 }
 func (countingStore) Span(context.Context) (int64, error) { return 0, nil }
 func (s countingStore) Checkpoint(context.Context) (int, int, error) {
@@ -173,8 +173,8 @@ func TestRefreshBacklog(t *testing.T) {
 type backlogStore struct{ b event.Backlog }
 
 func (s backlogStore) Backlog(context.Context) (event.Backlog, error) { return s.b, nil }
-func (backlogStore) Prune(context.Context, string, time.Time, time.Duration, Sweep) (int64, int64, error) {
-	return 0, 0, nil
+func (backlogStore) Prune(context.Context, string, time.Time, time.Duration, Sweep) (Swept, error) {
+	return Swept{}, nil
 }
 func (backlogStore) Span(context.Context) (int64, error)          { return 0, nil }
 func (backlogStore) Checkpoint(context.Context) (int, int, error) { return 0, 0, nil }
@@ -193,12 +193,12 @@ type sweep struct {
 	at time.Time
 }
 
-func (s sweepStore) Prune(_ context.Context, table string, _ time.Time, _ time.Duration, sw Sweep) (int64, int64, error) {
+func (s sweepStore) Prune(_ context.Context, table string, _ time.Time, _ time.Duration, sw Sweep) (Swept, error) {
 	s.sweeps <- sweep{table, sw, time.Now()}
 	if table == event.PruneOutbox && !sw.New {
-		return s.found, sw.From + 1, nil
+		return Swept{Deleted: s.found, Next: sw.From + 1, Read: 1}, nil
 	}
-	return 0, sw.From + 1, nil
+	return Swept{Next: sw.From + 1, Read: 1}, nil
 }
 
 // TestRetentionGoesOnFromSweeps: a Keeper given where a file's retention
@@ -251,17 +251,22 @@ func TestRetentionGoesOnFromSweeps(t *testing.T) {
 // TestBeyondRowsGoThroughTheTableInHalfTheRetention: the sweep beyond the
 // outbox's new rows goes through at least enough rows a pass to go
 // through the whole table in half the retention, at least pruneBeyond and
-// at most pruneBudget, and as many as the last pass said if more.
+// at most pruneBudget, and as many as the last pass said if more. The
+// table holds as many rows as its span at most, and about as many as the
+// sweep's last whole round or the one under way went through, if fewer.
 func TestBeyondRowsGoThroughTheTableInHalfTheRetention(t *testing.T) {
 	week := 7 * 24 * time.Hour
 	k := New(backlogStore{}, Options{RetentionInterval: time.Minute})
 	for _, c := range []struct {
-		span, last int64
-		want       int
-	}{{0, 0, pruneBeyond}, {6_048_000, 0, 1200}, {6_048_000, 5000, 5000}, {1 << 40, 0, pruneBudget}, {0, 1 << 30, pruneBudget}} {
-		k.o.Sweeps.Rows = int(c.last)
+		span, last, size, round int64
+		want                    int
+	}{
+		{0, 0, 0, 0, pruneBeyond}, {6_048_000, 0, 0, 0, 1200}, {6_048_000, 5000, 0, 0, 5000}, {1 << 40, 0, 0, 0, pruneBudget}, {0, 1 << 30, 0, 0, pruneBudget},
+		{1 << 40, 0, 6_048_000, 0, 1200}, {1 << 40, 0, 6_048_000, 12_096_000, 2400}, {6_048_000, 0, 12_096_000, 0, 1200}, {1 << 40, 0, 3000, 0, pruneBeyond},
+	} {
+		k.o.Sweeps.Rows, k.o.Sweeps.Size, k.o.Sweeps.Round = int(c.last), c.size, c.round
 		if got := k.beyondRows(c.span, week); got != c.want {
-			t.Errorf("a table spanning %d rows, the last pass saying %d: %d rows, want %d", c.span, c.last, got, c.want)
+			t.Errorf("a table spanning %d rows, the last pass saying %d, the last round %d rows and this one %d: %d rows, want %d", c.span, c.last, c.size, c.round, got, c.want)
 		}
 	}
 }

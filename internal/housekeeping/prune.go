@@ -30,6 +30,16 @@ type Sweep struct {
 	New bool
 }
 
+// Swept is what a Prune call did.
+type Swept struct {
+	Deleted int64 // rows deleted
+	// Next is the rowid the next sweep starts after: the last row read,
+	// or 0 (the table's start) when the sweep read the table's last row
+	// or ended at a row written after the cutoff.
+	Next int64
+	Read int64 // rows read
+}
+
 // Prune deletes finished rows older than before from table of db
 // (event.PruneOutbox: done rows by processed_at, or created_at where a
 // legacy row has none; event.PruneDoneRecords: the records of done rows
@@ -41,8 +51,7 @@ type Sweep struct {
 // pause between them so that the application's writers get the lock. No
 // index is needed, and rows finished out of insertion order (requeued dead
 // letters, rows scheduled late) are found on a later sweep. It returns how
-// many rows it deleted and where the next sweep starts: after the last row
-// it read, or 0 (the table's start) when it read the last row.
+// many rows it deleted and read, and where the next sweep starts.
 //
 // With sw.New the outbox's sweep ends, and says to start over, at the first
 // row written after the cutoff (its created_at later than before by more
@@ -52,7 +61,7 @@ type Sweep struct {
 // few minutes' more, not every row kept. Rows an application writes with
 // ids of its own, and old rows inserted late, may lie beyond it: a sweep
 // without New finds them.
-func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time, pause time.Duration, sw Sweep) (deleted, next int64, err error) {
+func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time, pause time.Duration, sw Sweep) (r Swept, err error) {
 	var name, finished, when string
 	unfinished := "" // a query for the rows in a rowid range (?1, ?2] known unfinished without reading them
 	written := "0"   // whether a row was written after the cutoff (?4) and not in the future (?5)
@@ -76,12 +85,12 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 		name, finished, when = schema.DoneTable(db.Table()), `1`, `processed_at`
 		// A file that never had a relay delete its done rows may lack it.
 		if ok, err := sqlitedb.ObjectExists(ctx, db.Reader(), "table", name); err != nil || !ok {
-			return 0, sw.From, err
+			return Swept{Next: sw.From}, err
 		}
 	case event.PruneProcessedEvents:
 		name, finished, when = "processed_events", `1`, `coalesce(processed_at, started_at)`
 	default:
-		return 0, sw.From, fmt.Errorf("prune: unknown table %q", table)
+		return Swept{Next: sw.From}, fmt.Errorf("prune: unknown table %q", table)
 	}
 	// A step reads the rowids of the next pruneScan rows, then the rows
 	// among them that may be finished.
@@ -93,36 +102,37 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 	}
 	scan += fmt.Sprintf(` AND (%s OR %s) ORDER BY rowid`, old, written)
 	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
-	next = sw.From
-	for read := 0; read < sw.Rows; {
-		var n int
+	r.Next = sw.From
+	for r.Read < int64(sw.Rows) {
+		var n int64
 		var end int64
-		if err := db.Reader().QueryRowContext(ctx, window, next).Scan(&n, &end); err != nil {
-			return deleted, next, fmt.Errorf("prune %s: %w", name, err)
+		if err := db.Reader().QueryRowContext(ctx, window, r.Next).Scan(&n, &end); err != nil {
+			return r, fmt.Errorf("prune %s: %w", name, err)
 		}
-		ids, last, err := victims(ctx, db, scan, append([]any{next, end}, args...))
+		ids, last, err := victims(ctx, db, scan, append([]any{r.Next, end}, args...))
 		if err != nil {
-			return deleted, next, fmt.Errorf("prune %s: %w", name, err)
+			return r, fmt.Errorf("prune %s: %w", name, err)
 		}
-		next = max(next, end)
-		read += n
+		r.Next = max(r.Next, end)
+		r.Read += n
 		if len(ids) > 0 {
 			k, err := deleteRows(ctx, db, del, ids, cutoff)
-			deleted += k
+			r.Deleted += k
 			if err != nil {
-				return deleted, next, fmt.Errorf("prune %s: %w", name, err)
+				return r, fmt.Errorf("prune %s: %w", name, err)
 			}
 			select {
 			case <-ctx.Done():
-				return deleted, next, ctx.Err()
+				return r, ctx.Err()
 			case <-time.After(pause):
 			}
 		}
 		if n < pruneScan || last {
-			return deleted, 0, nil // the table's end, or its rows written after the cutoff: the next sweep starts over
+			r.Next = 0 // the table's end, or its rows written after the cutoff: the next sweep starts over
+			return r, nil
 		}
 	}
-	return deleted, next, nil
+	return r, nil
 }
 
 // Span returns the highest rowid of db's outbox table less its lowest (0:

@@ -29,10 +29,10 @@ func TestPruneReadsNoPendingPayload(t *testing.T) {
 	}
 	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	before := testenv.ProcIO(t, "rchar")
-	n, _, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget})
+	r, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget})
 	read := testenv.ProcIO(t, "rchar") - before
-	if err != nil || n != 1 {
-		t.Fatalf("pruned %d rows, %v; want the old done row", n, err)
+	if err != nil || r.Deleted != 1 {
+		t.Fatalf("pruned %d rows, %v; want the old done row", r.Deleted, err)
 	}
 	if read > 2<<20 {
 		t.Errorf("a sweep of 300 pending rows of 64 KiB read %d bytes: it reads their payloads", read)
@@ -57,10 +57,10 @@ func TestPruneStopsAtRowsWrittenSinceTheCutoff(t *testing.T) {
 	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) VALUES ('old-behind', 'T', 'x', 'done', ?1, ?1)`, old)
 	testenv.MustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
 	before := testenv.ProcIO(t, "rchar")
-	n, next, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget, New: true})
+	r, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget, New: true})
 	read := testenv.ProcIO(t, "rchar") - before
-	if err != nil || n != 1 || next != 0 {
-		t.Fatalf("pruned %d rows, %v, next sweep from row %d; want the old row before the new ones, and the next sweep from the start", n, err, next)
+	if err != nil || r.Deleted != 1 || r.Next != 0 {
+		t.Fatalf("pruned %d rows, %v, next sweep from row %d; want the old row before the new ones, and the next sweep from the start", r.Deleted, err, r.Next)
 	}
 	if read > 2<<20 {
 		t.Errorf("a sweep that met 300 rows of 64 KiB written since the cutoff read %d bytes: it read past the first", read)
