@@ -2,6 +2,8 @@ package housekeeping
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -38,6 +40,18 @@ func TestBacklog(t *testing.T) {
 	}
 }
 
+// insertDone inserts n done rows, event ids prefix followed by their
+// number i from 1, written and settled at (Unix milliseconds), their ids
+// the SQL expression id of i ("": SQLite's).
+func insertDone(t *testing.T, db *sql.DB, prefix string, n int, at int64, id string) {
+	t.Helper()
+	if id == "" {
+		id = "NULL"
+	}
+	testenv.MustExec(t, db, fmt.Sprintf(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+		INSERT INTO event_queue (id, event_id, event_type, payload, status, created_at, processed_at) SELECT %s, ?2 || i, 'T', 'x', 'done', ?3, ?3 FROM n`, id), n, prefix, at)
+}
+
 // TestPruneLeavesTheApplicationAlone deletes 100,000 old done rows while an
 // application writes; pruning completes, keeps everything else, and the
 // writer's commits go on between the prune's short transactions (its
@@ -47,8 +61,7 @@ func TestPruneLeavesTheApplicationAlone(t *testing.T) {
 	s := testenv.MigratedDB(t)
 	db := testenv.AppDB(t, s.Path())
 	old := time.Now().Add(-8 * 24 * time.Hour).UnixMilli()
-	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
-		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	insertDone(t, db, "old-", 100000, old, "")
 	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at, last_error) VALUES ('old-dead', 'T', 'x', 'dead_lettered', ?1, ?1, 'kept')`, old)
 	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, created_at) VALUES ('old-pending', 'T', 'x', ?1)`, old)
 	testenv.InsertRows(t, db, 100, "done") // recent
@@ -124,8 +137,7 @@ func TestPruneFindsRowsOutOfOrder(t *testing.T) {
 	yesterday, nineDays := time.Now().Add(-day).UnixMilli(), time.Now().Add(-9*day).UnixMilli()
 	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600)
 		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'recent-' || i, 'T', 'x', 'done', ?1, ?2 FROM n`, nineDays, yesterday)
-	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
-		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, nineDays)
+	insertDone(t, db, "old-", 1000, nineDays, "")
 	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50)
 		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'legacy-' || i, 'T', 'x', 'done', ?1, NULL FROM n`, nineDays)
 	var total, from int64
@@ -154,12 +166,10 @@ func TestRetainFindsOldRowsBeyondNewOnes(t *testing.T) {
 	s := testenv.MigratedDB(t)
 	db := testenv.AppDB(t, s.Path())
 	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
-	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
-		INSERT INTO event_queue (id, event_id, event_type, payload, status, created_at, processed_at) SELECT 1000 + i, 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	insertDone(t, db, "old-", 1000, old, "1000 + i")
 	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, last_error) VALUES (5, 'low-id', 'T', 'x', 'dead_lettered', 'kept')`)
 	testenv.InsertRows(t, db, 10, "done")
-	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100)
-		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'merged-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	insertDone(t, db, "merged-", 100, old, "")
 	m := metrics.New("", "")
 	k := New(OnFile(s, false), Options{RetainDone: 7 * 24 * time.Hour, Metrics: m})
 	for range 3 {
@@ -184,8 +194,7 @@ func TestRetainGoesOnPastKeptRows(t *testing.T) {
 	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
 	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
 		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at, last_error) SELECT 'dead-' || i, 'T', 'x', 'dead_lettered', ?1, ?1, 'kept' FROM n`, old, pruneBudget+500)
-	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
-		INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) SELECT 'old-' || i, 'T', 'x', 'done', ?1, ?1 FROM n`, old)
+	insertDone(t, db, "old-", 300, old, "")
 	testenv.InsertRows(t, db, 10, "done")
 	m := metrics.New("", "")
 	k := New(OnFile(s, false), Options{RetainDone: 7 * 24 * time.Hour, Metrics: m})
@@ -211,33 +220,107 @@ func TestSpanOfRowidsFarApart(t *testing.T) {
 // TestRetainLearnsHowManyRowsATableHolds: in a table whose rowids an
 // application wrote far apart, the span says nothing of how many rows it
 // holds. A round of the sweep beyond the new rows counts them, and the
-// sweep then goes through as few rows a pass as that many need, not
+// sweep's passes then shrink to as few rows as that many need, not
 // pruneBudget.
 func TestRetainLearnsHowManyRowsATableHolds(t *testing.T) {
 	ctx := context.Background()
 	s := testenv.MigratedDB(t)
 	db := testenv.AppDB(t, s.Path())
-	testenv.MustExec(t, db, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000)
-		INSERT INTO event_queue (id, event_id, event_type, payload, status, processed_at) SELECT i * 1000000000000, 'far-' || i, 'T', 'x', 'done', ?1 FROM n`, time.Now().UnixMilli())
+	insertDone(t, db, "far-", 3000, time.Now().UnixMilli(), "i * 1000000000000")
 	sw := &Sweeps{}
 	k := New(OnFile(s, false), Options{RetainDone: 7 * 24 * time.Hour, RetentionInterval: time.Minute, Sweeps: sw})
 	span, err := Span(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rows := k.beyondRows(span, k.o.RetainDone); rows != pruneBudget {
+	if rows := k.beyondRows(span, k.o.RetainDone, time.Minute); rows != pruneBudget {
 		t.Fatalf("before a round, %d rows a pass on a table spanning %d; want pruneBudget", rows, span)
 	}
-	k.Retain(ctx)
-	if sw.Size != 3000 || sw.Round != 0 || sw.Beyond != 0 {
-		t.Fatalf("sweeps left at %+v; want a round of the table's 3,000 rows, the next from the start", *sw)
+	for range 8 { // from pruneBudget, halving
+		k.Retain(ctx)
 	}
-	sw.Rows = 0
-	if rows := k.beyondRows(span, k.o.RetainDone); rows != pruneBeyond {
-		t.Fatalf("after a round of 3,000 rows, %d rows a pass; want pruneBeyond", rows)
+	if rows := k.beyondRows(span, k.o.RetainDone, time.Minute); rows != pruneBeyond || sw.Density == 0 {
+		t.Fatalf("after rounds of 3,000 rows, %d rows a pass, sweeps at %+v; want pruneBeyond, and the table's density", rows, *sw)
 	}
 	if c := testenv.Counts(t, db); c["done"] != 3000 {
 		t.Fatalf("left %v; want every row, none old", c)
+	}
+}
+
+// TestPruneTakesRowidsBelowOne: rows an application numbered 0 or below,
+// down to the least rowid, are swept like the others, and a sweep that
+// stops at row 0 goes on after it, not from the table's start.
+func TestPruneTakesRowidsBelowOne(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	old, now := time.Now().Add(-9*24*time.Hour).UnixMilli(), time.Now().UnixMilli()
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, created_at, processed_at) VALUES
+		(-9223372036854775808, 'old-least', 'T', 'x', 'done', ?1, ?1), (0, 'old-zero', 'T', 'x', 'done', ?1, ?1), (600, 'old-600', 'T', 'x', 'done', ?1, ?1)`, old)
+	// Kept rows: the first window ends at row 0, the second holds row 600.
+	insertDone(t, db, "kept-", pruneScan-2, now, "-1000 + i")
+	insertDone(t, db, "kept-after-", 10, now, "i")
+	before := time.Now().Add(-7 * 24 * time.Hour)
+	r, err := Prune(ctx, s, event.PruneOutbox, before, time.Millisecond, Sweep{Rows: 1})
+	if err != nil || r.Deleted != 2 || r.Read != pruneScan || r.Next != -1 {
+		t.Fatalf("a sweep of a window: %+v, %v; want the window's two old rows, its %d rows read, the next after -1", r, err, pruneScan)
+	}
+	total := r.Deleted
+	if r, err = Prune(ctx, s, event.PruneOutbox, before, time.Millisecond, Sweep{From: r.Next, Rows: 1}); err != nil {
+		t.Fatal(err)
+	}
+	total += r.Deleted
+	var left int
+	if err := db.QueryRow(`SELECT count(*) FROM event_queue WHERE event_id LIKE 'old-%'`).Scan(&left); err != nil || total != 3 || left != 0 {
+		t.Fatalf("pruned %d in two sweeps, %d old rows left (%v); want all 3", total, left, err)
+	}
+}
+
+// TestPruneReadsForeignTimes: a legacy done row without processed_at is
+// aged by its created_at as SQLite text (CURRENT_TIMESTAMP) too: pruned
+// when old, kept when recent.
+func TestPruneReadsForeignTimes(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.MustExec(t, db, `INSERT INTO event_queue (event_id, event_type, payload, status, created_at, processed_at) VALUES
+		('old-text', 'T', 'x', 'done', datetime('now', '-9 days'), NULL), ('recent-text', 'T', 'x', 'done', datetime('now', '-1 days'), NULL)`)
+	r, err := Prune(ctx, s, event.PruneOutbox, time.Now().Add(-7*24*time.Hour), time.Millisecond, Sweep{Rows: pruneBudget})
+	var left string
+	if err == nil {
+		err = db.QueryRow(`SELECT group_concat(event_id) FROM event_queue`).Scan(&left)
+	}
+	if err != nil || r.Deleted != 1 || left != "recent-text" {
+		t.Fatalf("pruned %d, left %q (%v); want the row written nine days ago pruned, the other kept", r.Deleted, left, err)
+	}
+}
+
+// TestAFailedDeleteIsTriedAgain: a sweep whose delete fails (the
+// application holding the write lock past the wait) says where to start
+// again before the rows it could not delete, not after them.
+func TestAFailedDeleteIsTriedAgain(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	old := time.Now().Add(-9 * 24 * time.Hour).UnixMilli()
+	insertDone(t, db, "old-", 600, old, "")
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(`UPDATE event_queue SET last_error = 'held' WHERE id = 0`); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	before := time.Now().Add(-7 * 24 * time.Hour)
+	r, err := Prune(short, s, event.PruneOutbox, before, time.Millisecond, Sweep{Rows: pruneBudget})
+	tx.Rollback()
+	if err == nil || r.Deleted != 0 || r.Next != 0 {
+		t.Fatalf("a sweep against a held lock: %+v, %v; want an error, nothing deleted, and the next sweep from the start", r, err)
+	}
+	if r, err = Prune(ctx, s, event.PruneOutbox, before, time.Millisecond, Sweep{From: r.Next, Rows: pruneBudget}); err != nil || r.Deleted != 600 {
+		t.Fatalf("the sweep after it pruned %d, %v; want all 600 old rows", r.Deleted, err)
 	}
 }
 

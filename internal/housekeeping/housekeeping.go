@@ -63,10 +63,12 @@ type Sweeps struct {
 	Beyond int64
 	Rows   int
 	// Round is how many rows the sweeps beyond the new rows went through
-	// since they last started at the table's start, and Size how many
-	// their last whole round did (0: none yet): how many rows the table
-	// holds, where rowids far apart make its span no measure of it.
-	Round, Size int64
+	// since they last started at the table's start, and Density how many
+	// their last whole round went through for each rowid of the table's
+	// span (0: no round yet): rowids far apart make the span no measure
+	// of the table's rows.
+	Round   int64
+	Density float64
 }
 
 // Clone returns a copy of s that shares nothing with it.
@@ -248,6 +250,10 @@ func (k *Keeper) retentionLoop(ctx context.Context) {
 // Retain deletes done rows, their records and ledger rows past their retention, logging
 // and counting what it deleted.
 func (k *Keeper) Retain(ctx context.Context) {
+	gap := k.o.RetentionInterval // since the last pass
+	if last := k.o.Sweeps.Last; !last.IsZero() {
+		gap = max(gap, time.Since(last))
+	}
 	k.o.Sweeps.Last = time.Now()
 	for _, p := range []struct {
 		table string
@@ -256,7 +262,7 @@ func (k *Keeper) Retain(ctx context.Context) {
 		if p.keep <= 0 {
 			continue // 0 keeps rows forever
 		}
-		n, err := k.prune(ctx, p.table, p.keep)
+		n, err := k.prune(ctx, p.table, p.keep, gap)
 		if n > 0 {
 			k.m.PrunedRows.WithLabelValues(p.table).Add(float64(n))
 			k.log.Info("pruned rows past retention", zap.String("table", p.table), zap.Int64("rows", n), zap.Duration("retention", p.keep))
@@ -272,13 +278,13 @@ func (k *Keeper) Retain(ctx context.Context) {
 const pruneBeyond = 1000
 
 // prune sweeps table for rows finished longer than keep ago, on from where its
-// last sweep stopped. The outbox has two sweeps a pass. The first runs
+// last sweep stopped, gap after the last pass. The outbox has two sweeps a pass. The first runs
 // from the table's start to the first row written after the cutoff, where
 // all old rows are while SQLite numbers the rows: it reads what it
 // deletes, not the rows kept. The second goes on through the rest from
 // where the last pass left it, for the rows an application wrote with ids
 // of its own and old rows inserted late (see beyondRows).
-func (k *Keeper) prune(ctx context.Context, table string, keep time.Duration) (int64, error) {
+func (k *Keeper) prune(ctx context.Context, table string, keep, gap time.Duration) (int64, error) {
 	sw, before := k.o.Sweeps, time.Now().Add(-keep)
 	first, err := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.From[table], Rows: pruneBudget, New: table == event.PruneOutbox})
 	sw.From[table] = first.Next
@@ -286,7 +292,7 @@ func (k *Keeper) prune(ctx context.Context, table string, keep time.Duration) (i
 		return first.Deleted, err
 	}
 	span, serr := k.store.Span(ctx) // 0 where it cannot be read: the least
-	rows := k.beyondRows(span, keep)
+	rows := k.beyondRows(span, keep, gap)
 	beyond, berr := k.store.Prune(ctx, table, before, retentionPause, Sweep{From: sw.Beyond, Rows: rows})
 	sw.Beyond = beyond.Next
 	sw.Round += beyond.Read
@@ -296,28 +302,29 @@ func (k *Keeper) prune(ctx context.Context, table string, keep time.Duration) (i
 	case berr == nil:
 		sw.Rows = rows / 2
 	}
-	if berr == nil && beyond.Next == 0 {
-		sw.Size, sw.Round = sw.Round, 0
+	if berr == nil && serr == nil && beyond.Next == 0 {
+		sw.Density, sw.Round = min(float64(sw.Round)/float64(max(span, 1)), 1), 0
 	}
 	return first.Deleted + beyond.Deleted, errors.Join(err, serr, berr)
 }
 
 // beyondRows is how many rows the outbox's sweep beyond its new rows goes
 // through this pass, on a table whose rowids span span, keeping rows for
-// keep: as many as the last pass said (Sweeps.Rows, which doubles while the
-// sweep finds rows to delete, and halves while it finds none), but at
-// least pruneBeyond and enough to go through the table in half of keep,
-// and at most pruneBudget. The table holds span rows at most, and once a
-// round of the sweep went through it, about as many as the last round or
-// the one under way found, if fewer. On a table SQLite numbers, where it
+// keep, gap after the last pass: as many as the last pass said
+// (Sweeps.Rows, which doubles while the sweep finds rows to delete, and
+// halves while it finds none), but at least pruneBeyond and enough to go
+// through the table in half of keep at a pass every gap, and at most
+// pruneBudget. The table holds span rows at most; once a round of the
+// sweep went through it, as many as its density of rows says, or as the
+// round under way found, if more. On a table SQLite numbers, where it
 // finds none, it thus reads twice the rows written meanwhile.
-func (k *Keeper) beyondRows(span int64, keep time.Duration) int {
-	sw := k.o.Sweeps
-	if sw.Size > 0 {
-		span = min(span, max(sw.Size, sw.Round))
+func (k *Keeper) beyondRows(span int64, keep, gap time.Duration) int {
+	sw, size := k.o.Sweeps, float64(span)
+	if sw.Density > 0 {
+		size = min(size, max(size*sw.Density, float64(sw.Round)))
 	}
-	passes := float64(keep/2) / float64(max(k.o.RetentionInterval, time.Minute))
-	least := max(pruneBeyond, int(min(float64(span)/max(passes, 1), pruneBudget)))
+	passes := float64(keep/2) / float64(max(gap, time.Minute))
+	least := max(pruneBeyond, int(min(size/max(passes, 1), pruneBudget)))
 	return min(max(sw.Rows, least), pruneBudget)
 }
 

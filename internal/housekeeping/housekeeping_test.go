@@ -250,23 +250,31 @@ func TestRetentionGoesOnFromSweeps(t *testing.T) {
 
 // TestBeyondRowsGoThroughTheTableInHalfTheRetention: the sweep beyond the
 // outbox's new rows goes through at least enough rows a pass to go
-// through the whole table in half the retention, at least pruneBeyond and
-// at most pruneBudget, and as many as the last pass said if more. The
-// table holds as many rows as its span at most, and about as many as the
-// sweep's last whole round or the one under way went through, if fewer.
+// through the whole table in half the retention at a pass every
+// RetentionInterval, or as long as it was since the last pass if longer;
+// at least pruneBeyond and at most pruneBudget, and as many as the last
+// pass said if more. The table holds as many rows as its span at most,
+// and as many as the density the sweep's last whole round found, or as
+// the round under way went through, if fewer: the table's growth since
+// counts.
 func TestBeyondRowsGoThroughTheTableInHalfTheRetention(t *testing.T) {
 	week := 7 * 24 * time.Hour
 	k := New(backlogStore{}, Options{RetentionInterval: time.Minute})
 	for _, c := range []struct {
-		span, last, size, round int64
-		want                    int
+		span, last, round int64
+		density           float64
+		gap               time.Duration
+		want              int
 	}{
-		{0, 0, 0, 0, pruneBeyond}, {6_048_000, 0, 0, 0, 1200}, {6_048_000, 5000, 0, 0, 5000}, {1 << 40, 0, 0, 0, pruneBudget}, {0, 1 << 30, 0, 0, pruneBudget},
-		{1 << 40, 0, 6_048_000, 0, 1200}, {1 << 40, 0, 6_048_000, 12_096_000, 2400}, {6_048_000, 0, 12_096_000, 0, 1200}, {1 << 40, 0, 3000, 0, pruneBeyond},
+		{0, 0, 0, 0, time.Minute, pruneBeyond}, {6_048_000, 0, 0, 0, time.Minute, 1200}, {6_048_000, 5000, 0, 0, time.Minute, 5000},
+		{1 << 40, 0, 0, 0, time.Minute, pruneBudget}, {0, 1 << 30, 0, 0, time.Minute, pruneBudget},
+		{6_048_000, 0, 0, 0, 10 * time.Minute, 12_000}, {6_048_000, 0, 0, 0, time.Second, 1200},
+		{6_048_000 << 20, 0, 0, 1.0 / (1 << 20), time.Minute, 1200}, {6_048_000 << 20, 0, 12_096_000, 1.0 / (1 << 20), time.Minute, 2400},
+		{12_096_000, 0, 0, 1, time.Minute, 2400}, {6_048_000, 0, 0, 0.5, time.Minute, pruneBeyond},
 	} {
-		k.o.Sweeps.Rows, k.o.Sweeps.Size, k.o.Sweeps.Round = int(c.last), c.size, c.round
-		if got := k.beyondRows(c.span, week); got != c.want {
-			t.Errorf("a table spanning %d rows, the last pass saying %d, the last round %d rows and this one %d: %d rows, want %d", c.span, c.last, c.size, c.round, got, c.want)
+		k.o.Sweeps.Rows, k.o.Sweeps.Round, k.o.Sweeps.Density = int(c.last), c.round, c.density
+		if got := k.beyondRows(c.span, week, c.gap); got != c.want {
+			t.Errorf("a table spanning %d rows, the last pass saying %d, %d rows of this round, density %g, a pass %v after the last: %d rows, want %d", c.span, c.last, c.round, c.density, c.gap, got, c.want)
 		}
 	}
 }

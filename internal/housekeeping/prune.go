@@ -23,7 +23,7 @@ const pruneBudget = 100_000
 
 // A Sweep says where a Prune call starts and how far it goes.
 type Sweep struct {
-	From int64 // the rowid it starts after (0: the table's start)
+	From int64 // the rowid it starts after (0: the table's start, where rowids below 0 are read too)
 	Rows int   // how many rows it goes through at most
 	// New ends the outbox's sweep at the first row written after the
 	// cutoff (see Prune).
@@ -33,9 +33,10 @@ type Sweep struct {
 // Swept is what a Prune call did.
 type Swept struct {
 	Deleted int64 // rows deleted
-	// Next is the rowid the next sweep starts after: the last row read,
-	// or 0 (the table's start) when the sweep read the table's last row
-	// or ended at a row written after the cutoff.
+	// Next is the rowid the next sweep starts after: the last row read
+	// (-1 for row 0), or 0 (the table's start) when the sweep read the
+	// table's last row or ended at a row written after the cutoff. After
+	// an error, the rows it had not deleted yet are read again.
 	Next int64
 	Read int64 // rows read
 }
@@ -63,20 +64,20 @@ type Swept struct {
 // without New finds them.
 func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time, pause time.Duration, sw Sweep) (r Swept, err error) {
 	var name, finished, when string
-	unfinished := "" // a query for the rows in a rowid range (?1, ?2] known unfinished without reading them
+	unfinished := "" // a query for the rows in a rowid range [?1, ?2] known unfinished without reading them
 	written := "0"   // whether a row was written after the cutoff (?4) and not in the future (?5)
 	cutoff := before.UnixMilli()
 	args := []any{cutoff} // ?3 on
 	switch table {
 	case event.PruneOutbox:
-		name, finished, when = db.Table(), `status = 'done'`, `coalesce(processed_at, created_at)`
+		name, finished, when = db.Table(), `status = 'done'`, fmt.Sprintf(`coalesce(processed_at, %s)`, schema.MsSQL("created_at"))
 		// status and processed_at come after the payload, in the last of a
 		// large row's overflow pages: reading them reads the whole
 		// payload. Pending rows are found in the pending index instead, so
 		// that a sweep does not read a backlog of large rows, and a sweep
 		// with New ends at the first row written after the cutoff, so that
 		// it does not read every row kept.
-		unfinished = fmt.Sprintf(`SELECT id FROM %s WHERE status = 'pending' AND id > ?1 AND id <= ?2`, name)
+		unfinished = fmt.Sprintf(`SELECT id FROM %s WHERE status = 'pending' AND id >= ?1 AND id <= ?2`, name)
 		if sw.New {
 			written = fmt.Sprintf(`(%[1]s > ?4 AND %[1]s <= ?5)`, schema.MsSQL("created_at"))
 			args = append(args, before.Add(event.ClockSkew).UnixMilli(), time.Now().Add(event.ClockSkew).UnixMilli())
@@ -94,41 +95,52 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 	}
 	// A step reads the rowids of the next pruneScan rows, then the rows
 	// among them that may be finished.
-	window := fmt.Sprintf(`SELECT count(*), coalesce(max(rowid), 0) FROM (SELECT rowid FROM %s WHERE rowid > ?1 ORDER BY rowid LIMIT %d)`, name, pruneScan)
+	window := fmt.Sprintf(`SELECT count(*), coalesce(max(rowid), 0) FROM (SELECT rowid FROM %s WHERE rowid >= ?1 ORDER BY rowid LIMIT %d)`, name, pruneScan)
 	old := fmt.Sprintf(`%s AND %s < ?3`, finished, when)
-	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s, 0), coalesce(%s, 0) FROM %s WHERE rowid > ?1 AND rowid <= ?2`, old, written, name) // NULL times: neither
+	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s, 0), coalesce(%s, 0) FROM %s WHERE rowid >= ?1 AND rowid <= ?2`, old, written, name) // NULL times: neither
 	if unfinished != "" {
 		scan += ` AND rowid NOT IN (` + unfinished + `)` // tested first: SQLite tests the terms in order
 	}
 	scan += fmt.Sprintf(` AND (%s OR %s) ORDER BY rowid`, old, written)
 	del := fmt.Sprintf(`DELETE FROM %s WHERE rowid = ? AND %s AND %s < ?`, name, finished, when)
 	r.Next = sw.From
+	lo := int64(math.MinInt64) // the window's first rowid: the table's start, rowids below 0 too
+	if sw.From != 0 {
+		lo = sw.From + 1
+	}
 	for r.Read < int64(sw.Rows) {
-		var n int64
-		var end int64
-		if err := db.Reader().QueryRowContext(ctx, window, r.Next).Scan(&n, &end); err != nil {
+		var n, end int64
+		if err := db.Reader().QueryRowContext(ctx, window, lo).Scan(&n, &end); err != nil {
 			return r, fmt.Errorf("prune %s: %w", name, err)
 		}
-		ids, last, err := victims(ctx, db, scan, append([]any{r.Next, end}, args...))
+		ids, last, err := victims(ctx, db, scan, append([]any{lo, end}, args...))
 		if err != nil {
 			return r, fmt.Errorf("prune %s: %w", name, err)
 		}
-		r.Next = max(r.Next, end)
-		r.Read += n
 		if len(ids) > 0 {
 			k, err := deleteRows(ctx, db, del, ids, cutoff)
 			r.Deleted += k
-			if err != nil {
+			if err != nil { // the window again next time
 				return r, fmt.Errorf("prune %s: %w", name, err)
 			}
+		}
+		r.Read += n
+		if n < pruneScan || last || end == math.MaxInt64 {
+			r.Next = 0 // the table's end, or its rows written after the cutoff: the next sweep starts over
+		} else {
+			r.Next, lo = end, end+1
+			if end == 0 {
+				r.Next = -1 // after 0 would be the table's start: row 0 is read again
+			}
+		}
+		if len(ids) > 0 {
 			select {
 			case <-ctx.Done():
 				return r, ctx.Err()
 			case <-time.After(pause):
 			}
 		}
-		if n < pruneScan || last {
-			r.Next = 0 // the table's end, or its rows written after the cutoff: the next sweep starts over
+		if r.Next == 0 {
 			return r, nil
 		}
 	}
