@@ -54,6 +54,9 @@ func (c *cli) deadLettersListCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if consumer && lf != (filterFlags{}) {
+				return usagef("dead-letters list --consumer lists what the consumer gave up on, which --type, --since, --until and --error do not filter: drop them, or --consumer")
+			}
 			ctx := context.Background()
 			var tables []string
 			if consumer {

@@ -92,6 +92,9 @@ func TestDeadLetterWorkbench(t *testing.T) {
 	if code, _, errOut = runCLI(t, "dead-letters", "list", "--since", "yesterday", "--database-path", path); code != 2 || !strings.Contains(errOut, `--since "yesterday"`) {
 		t.Errorf("list --since yesterday: exit %d, %s", code, errOut)
 	}
+	if code, _, errOut = runCLI(t, "dead-letters", "list", "--consumer", "--since", "24h", "--database-path", path); code != 2 || !strings.Contains(errOut, "do not filter") {
+		t.Errorf("list --consumer --since 24h: exit %d, %s; want a usage error, not an unfiltered list", code, errOut)
+	}
 
 	code, out, _ = runCLI(t, "dead-letters", "retry", "--all", "--type", "OrderPaid", "--dry-run", "--database-path", path)
 	if code != 0 || out != "would retry 2 dead-lettered row(s) (dry run: nothing changed)\n" || testenv.Counts(t, db)["dead_lettered"] != 3 {
