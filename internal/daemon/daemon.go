@@ -179,6 +179,16 @@ type TestHooks struct {
 	Relay func(*relay.Relay)
 }
 
+// newMetrics returns the process's metrics, with the stream patches' series
+// at 0 before the first patch (a fleet's before its first file opens).
+func newMetrics(oo Options) *metrics.Metrics {
+	m := metrics.New(oo.Version, oo.Commit)
+	for _, field := range streamsync.ManagedFields {
+		m.StreamConfigPatched.WithLabelValues(field)
+	}
+	return m
+}
+
 // Open wires everything the daemon needs; on error it closes what it opened.
 func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (_ *App, err error) {
 	a := &App{cfg: cfg, log: log, metrics: oo.Metrics, natsURL: cfg.NATS.URL, version: oo.Version, listener: oo.Listener, sync: oo.sync}
@@ -186,10 +196,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		a.sync = newStreamSync()
 	}
 	if a.metrics == nil {
-		a.metrics = metrics.New(oo.Version, oo.Commit)
-	}
-	for _, field := range streamsync.ManagedFields {
-		a.metrics.StreamConfigPatched.WithLabelValues(field) // at 0 before the first patch
+		a.metrics = newMetrics(oo)
 	}
 	defer func() {
 		if err != nil {

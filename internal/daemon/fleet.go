@@ -248,7 +248,7 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 		f.slots = make(chan struct{}, oo.Test.MaxOpen)
 	}
 	if f.metrics == nil {
-		f.metrics = metrics.New(oo.Version, oo.Commit)
+		f.metrics = newMetrics(oo)
 	}
 	f.fleetM = f.metrics.ServeFleet(cfg.Metrics.TenantLabel)
 	f.fileMetrics = f.metrics.ForFiles()

@@ -638,6 +638,16 @@ func TestFilesTheirApplicationClosedStayClosed(t *testing.T) {
 	h.waitReadyz(t, ": 1 open (leading 1), 2 idle")
 }
 
+// TestFleetCounterSeriesStartAtZero: a fleet whose files are all closed
+// (here, none yet) has the series of its known label values at 0, as a
+// single file's relay has them, so that rate() and alerts see the first
+// increase.
+func TestFleetCounterSeriesStartAtZero(t *testing.T) {
+	h := startFleet(t, t.TempDir(), testenv.StartNATS(t).URL(), 0)
+	h.waitMetrics(t, `outbox_relay_stream_config_patched_total{field="duplicate_window"} 0`, `outbox_relay_stream_config_patched_total{field="ack_wait"} 0`,
+		`outbox_relay_deferred_total{reason="atomic_groups_held"} 0`, `outbox_relay_deferred_total{reason="outage"} 0`)
+}
+
 // TestFleetBrokerConnected: broker_connected is the fleet's, with every
 // file closed too: 0 while the broker is down (a row committed meanwhile
 // opens its file, paused without spending an attempt), 1 once it is back

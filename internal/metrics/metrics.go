@@ -141,7 +141,7 @@ func New(version, commit string) *Metrics {
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.BuildInfo.WithLabelValues(version, commit, runtime.Version()).Set(1)
 	// Known label values start at 0, so rate() and alerts see them at once.
-	for _, reason := range []string{DeferOutage, DeferShutdown, DeferOrdering} {
+	for _, reason := range []string{DeferOutage, DeferShutdown, DeferOrdering, DeferGroupsHeld} {
 		m.Deferred.WithLabelValues(reason)
 	}
 	for _, reason := range []string{FallbackDisabled, FallbackIncomplete, FallbackDuplicate, FallbackRefused, FallbackTooLarge} {
