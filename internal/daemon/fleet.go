@@ -307,7 +307,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 	if w != nil {
 		f.parks = true
 	} else {
-		f.log.Warn("no file-system notifications for the database directory: every file stays open, and new files are found by looking every " + fleetRescan.String())
+		f.log.Warn("no file-system notifications for the database directory: every file stays open, and new files are found by looking every " + fleetRescan.String() + ", when the relay also tries to watch it again")
 	}
 	f.scan(ctx, true)
 	tick := time.NewTicker(fleetTick)
@@ -346,9 +346,12 @@ func (f *Fleet) Run(ctx context.Context) error {
 			// A replaced directory's watch is moved before the scan, so
 			// that a commit after the scan is notified.
 			replaced := w != nil && w.Replaced(f.cfg.Database.Path)
-			if replaced {
+			switch {
+			case replaced:
 				w.Close()
 				use(f.rewatch(ctx))
+			case w == nil:
+				use(f.watchAgain(ctx))
 			}
 			f.scan(ctx, false)
 			if replaced {
@@ -633,13 +636,30 @@ func (f *Fleet) rewatch(ctx context.Context) *fleet.Watcher {
 	}
 	if w == nil {
 		f.routes.Close() // the open files look periodically
-		f.log.Warn("database directory replaced, and the new one gives no file-system notifications: every file stays open, and new files are found by looking every "+fleetRescan.String(),
+		f.log.Warn("database directory replaced, and the new one gives no file-system notifications: every file stays open, and new files are found by looking every "+fleetRescan.String()+", when the relay also tries to watch it again",
 			zap.String("database", f.cfg.Database.Path))
 		f.stayOpen(ctx)
 		return nil
 	}
 	f.log.Info("database directory replaced; watching the new one", zap.String("database", f.cfg.Database.Path))
 	f.routes.All() // a commit before the new watch began was notified to no one
+	return w
+}
+
+// watchAgain tries once more to watch the directory that gave no
+// notifications (at the start, or once it replaced the watched one). Where
+// it now does, idle files close again, woken by their commits, and the
+// files opened meanwhile look periodically until they close.
+func (f *Fleet) watchAgain(ctx context.Context) *fleet.Watcher {
+	w := fleet.Watch(ctx, f.cfg.Database.Path, f.routes)
+	if w == nil {
+		return nil
+	}
+	f.routes.Open()
+	f.mu.Lock()
+	f.parks = true
+	f.mu.Unlock()
+	f.log.Info("watching the database directory again: idle files close, and wake on their commits", zap.String("database", f.cfg.Database.Path))
 	return w
 }
 

@@ -78,6 +78,34 @@ func TestFleetDirectoryRemovedAndRecreated(t *testing.T) {
 // tries again, watches it, and its closed files still wake on their
 // commits rather than all staying open.
 func TestFleetDirectoryAwayAsItIsWatchedAgain(t *testing.T) {
+	h := awayAsWatched(t, func(*fleetHarness) { time.Sleep(200 * time.Millisecond) })
+	if got := logCountOf(h.logs, "database directory replaced; watching the new one"); got != 1 {
+		t.Errorf("%d log lines saying the new directory is watched, want 1", got)
+	}
+}
+
+// TestFleetDirectoryAwayLongerIsWatchedLater: away for longer than the
+// relay tries at once, the directory is watched at a later look, and the
+// relay's closed files wake on their commits again, rather than every file
+// staying open for the life of the process.
+func TestFleetDirectoryAwayLongerIsWatchedLater(t *testing.T) {
+	const gaveUp = "database directory replaced, and the new one gives no file-system notifications: every file stays open, and new files are found by looking every 5s, when the relay also tries to watch it again"
+	h := awayAsWatched(t, func(h *fleetHarness) {
+		for logCountOf(h.logs, gaveUp) == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	if got := logCountOf(h.logs, "watching the database directory again: idle files close, and wake on their commits"); got != 1 {
+		t.Errorf("%d log lines saying the directory is watched again, want 1", got)
+	}
+}
+
+// awayAsWatched serves a directory of one file, replaces the directory by
+// another of one file, moves that one away as the relay begins to watch it
+// and back once away returns, and checks that its file closes idle and
+// wakes on a commit.
+func awayAsWatched(t *testing.T, away func(*fleetHarness)) *fleetHarness {
+	t.Helper()
 	n := testenv.StartNATS(t)
 	root := t.TempDir()
 	dir := filepath.Join(root, "tenants")
@@ -86,25 +114,28 @@ func TestFleetDirectoryAwayAsItIsWatchedAgain(t *testing.T) {
 	}
 	acme := tenantFile(t, dir, "acme", 1)
 	var once sync.Once
+	started := make(chan *fleetHarness, 1)
 	h := startFleetWith(t, dir, n.URL(), 300*time.Millisecond, func(cfg *config.Config) {
 		cfg.Schema.Mode = config.SchemaAuto // the tenants' files are given the table
 	}, func(th *daemon.TestHooks) {
 		th.Rewatch = func() {
 			once.Do(func() {
-				away := filepath.Join(root, "away")
-				if err := os.Rename(dir, away); err != nil {
+				aside := filepath.Join(root, "away")
+				if err := os.Rename(dir, aside); err != nil {
 					t.Error(err)
 					return
 				}
 				go func() {
-					time.Sleep(200 * time.Millisecond)
-					if err := os.Rename(away, dir); err != nil {
+					h := <-started
+					away(h)
+					if err := os.Rename(aside, dir); err != nil {
 						t.Error(err)
 					}
 				}()
 			})
 		}
 	})
+	started <- h
 	waitDone(t, acme, 1)
 	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
 
@@ -124,9 +155,7 @@ func TestFleetDirectoryAwayAsItIsWatchedAgain(t *testing.T) {
 	time.Sleep(6 * time.Second) // past the looks that follow a close
 	insertKeyed(t, globex, "globex", 1)
 	waitDone(t, globex, 3)
-	if got := logCountOf(h.logs, "database directory replaced; watching the new one"); got != 1 {
-		t.Errorf("%d log lines saying the new directory is watched, want 1", got)
-	}
+	return h
 }
 
 // TestFleetDirectoryReplacedWithItsOwnFiles: the files are moved into a

@@ -209,6 +209,15 @@ func (r *Routes) Close() {
 	}
 }
 
+// Open undoes Close: the followers from now on have notifications again
+// (the directory is watched again). Those Close closed look periodically
+// until they stop.
+func (r *Routes) Open() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = false
+}
+
 // All tells every follower that notifications may have been missed: each
 // looks at its file again, as after a write.
 func (r *Routes) All() {
