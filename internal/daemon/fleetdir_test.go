@@ -21,18 +21,10 @@ import (
 func TestFleetDirectoryReplaced(t *testing.T) {
 	root, dir, h, _ := idleTenantsDir(t)
 
-	staged := filepath.Join(root, "restored")
-	if err := os.Mkdir(staged, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	staged := stagedDir(t, root)
 	acme := tenantFile(t, staged, "acme", 0)
 	globex := tenantFile(t, staged, "globex", 2)
-	if err := os.Rename(dir, filepath.Join(root, "before")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(staged, dir); err != nil {
-		t.Fatal(err)
-	}
+	swapIn(t, root, dir, staged)
 	waitDone(t, globex, 2)
 	h.waitReadyz(t, ": 0 open (leading 0), 2 idle")
 	// Past the looks that follow a close: only a notification opens
@@ -139,17 +131,9 @@ func awayAsWatched(t *testing.T, away func(*fleetHarness)) *fleetHarness {
 	waitDone(t, acme, 1)
 	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
 
-	staged := filepath.Join(root, "staged")
-	if err := os.Mkdir(staged, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	staged := stagedDir(t, root)
 	globex := tenantFile(t, staged, "globex", 2)
-	if err := os.Rename(dir, filepath.Join(root, "before")); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(staged, dir); err != nil {
-		t.Fatal(err)
-	}
+	swapIn(t, root, dir, staged)
 	waitDone(t, globex, 2)
 	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
 	time.Sleep(6 * time.Second) // past the looks that follow a close
@@ -166,24 +150,39 @@ func TestFleetDirectoryReplacedWithItsOwnFiles(t *testing.T) {
 	root, dir, _, acme := idleTenantsDir(t)
 	acme.Close()                // its checkpoint is a write, which looks follow
 	time.Sleep(6 * time.Second) // past them
-	staged := filepath.Join(root, "staged")
-	if err := os.Mkdir(staged, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	staged := stagedDir(t, root)
 	for _, suffix := range []string{"", "-wal", "-shm"} {
 		if err := os.Rename(filepath.Join(dir, "acme.db"+suffix), filepath.Join(staged, "acme.db"+suffix)); err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
 		}
 	}
+	swapIn(t, root, dir, staged)
+	acme = testenv.AppDB(t, filepath.Join(dir, "acme.db"))
+	insertKeyed(t, acme, "acme", 1)
+	waitDone(t, acme, 2)
+}
+
+// stagedDir makes the directory root/staged, where a test prepares the
+// directory that replaces the tenants' one (swapIn).
+func stagedDir(t *testing.T, root string) string {
+	t.Helper()
+	staged := filepath.Join(root, "staged")
+	if err := os.Mkdir(staged, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return staged
+}
+
+// swapIn replaces the directory dir by staged, as a restore does: dir is
+// moved aside to root/before and staged takes its place.
+func swapIn(t *testing.T, root, dir, staged string) {
+	t.Helper()
 	if err := os.Rename(dir, filepath.Join(root, "before")); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(staged, dir); err != nil {
 		t.Fatal(err)
 	}
-	acme = testenv.AppDB(t, filepath.Join(dir, "acme.db"))
-	insertKeyed(t, acme, "acme", 1)
-	waitDone(t, acme, 2)
 }
 
 // idleTenantsDir starts a fleet on root/tenants, whose file acme.db has
