@@ -143,6 +143,10 @@ type Fleet struct {
 	sweeps map[string]*housekeeping.Sweeps
 	fleetM *metrics.FleetMetrics
 	rescan bool // the directory changed: match the pattern again
+	// away: the last match found the files' directory missing (removed,
+	// moved away, a volume not mounted yet); it is looked for at every
+	// tick until it is back.
+	away bool
 	// soon tells Run that rescan was set (see askScan).
 	soon chan struct{}
 	// turnsSaid: the log said files are served in turn (takeTurns).
@@ -339,7 +343,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		f.mu.Lock()
-		rescan := f.rescan || time.Since(lastScan) >= f.rescanEvery(fleetRescan)
+		rescan := f.rescan || f.away || time.Since(lastScan) >= f.rescanEvery(fleetRescan)
 		f.rescan = false
 		f.mu.Unlock()
 		if rescan {
@@ -381,6 +385,7 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 	matched := make(map[string]bool, len(paths))
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.noteAway(len(paths) == 0 && dirMissing(f.cfg.Database.Path))
 	for _, path := range paths {
 		matched[path] = true
 		fi, err := os.Stat(path)
@@ -449,6 +454,28 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 			delete(f.said, path)
 		}
 	}
+}
+
+// noteAway records whether the files' directory is missing, and says so
+// when that changes: while it is, no file is served, and the pattern is
+// matched at every fleetTick, so that a directory made again (a restore
+// by rm -rf and mkdir) is served within a tick rather than at the next
+// fleetRescan. Called with f.mu held.
+func (f *Fleet) noteAway(away bool) {
+	switch {
+	case away && !f.away:
+		f.log.Warn("the database directory is missing: no file is served until it is back; the relay looks for it every "+fleetTick.String(),
+			zap.String("database", f.cfg.Database.Path))
+	case !away && f.away:
+		f.log.Info("the database directory is back; serving its files", zap.String("database", f.cfg.Database.Path))
+	}
+	f.away = away
+}
+
+// dirMissing reports whether the directory of pattern does not exist.
+func dirMissing(pattern string) bool {
+	_, err := os.Stat(filepath.Dir(pattern))
+	return errors.Is(err, os.ErrNotExist)
 }
 
 // askScan has Run match the pattern again soon (fleetScanSoon), rather
@@ -1045,6 +1072,9 @@ func (f *Fleet) role() string {
 	s := fmt.Sprintf("serving %d database files of %s: %s, %d idle", len(f.files)+len(f.parked), f.cfg.Database.Path, open, len(f.parked))
 	if len(troubled) > 0 {
 		s += fmt.Sprintf("; %d in trouble: %s", len(troubled), strings.Join(troubled, "; "))
+	}
+	if f.away {
+		s += "; the database directory is missing: no file is served until it is back"
 	}
 	return s
 }

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -62,6 +63,52 @@ func TestFleetDirectoryRemovedAndRecreated(t *testing.T) {
 	time.Sleep(6 * time.Second) // past the looks that follow a close
 	insertKeyed(t, globex, "globex", 1)
 	waitDone(t, globex, 3)
+}
+
+// TestFleetDirectoryMissingIsLookedFor: the tenants' directory is removed
+// (a restore by rm -rf, before its mkdir): the relay says so, in its log
+// and in /readyz, and serves the directory made again, and the files in
+// it, without the periodic look at the directory (an hour apart here),
+// which until then was the only thing to find it.
+func TestFleetDirectoryMissingIsLookedFor(t *testing.T) {
+	const missing = "the database directory is missing: no file is served until it is back; the relay looks for it every 250ms"
+	n := testenv.StartNATS(t)
+	dir := filepath.Join(t.TempDir(), "tenants")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	acme := tenantFile(t, dir, "acme", 1)
+	h := startFleetWith(t, dir, n.URL(), 300*time.Millisecond, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaAuto // the tenants' files are given the table
+	}, func(th *daemon.TestHooks) { th.Rescan = time.Hour })
+	waitDone(t, acme, 1)
+	acme.Close()
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	// Past the looks that follow a close: once the directory is found
+	// missing, nothing the relay has under way looks at it again.
+	time.Sleep(6 * time.Second)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	h.waitReadyz(t, "serving 0 database files", "; the database directory is missing: no file is served until it is back")
+	if got := logCountOf(h.logs, missing); got != 1 {
+		t.Errorf("%d log lines saying the directory is missing, want 1", got)
+	}
+
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	globex := tenantFile(t, dir, "globex", 2)
+	waitDone(t, globex, 2)
+	if body := h.waitReadyz(t, "serving 1 database files"); strings.Contains(body, "missing") {
+		t.Errorf("/readyz %q says the directory is missing once it is back", body)
+	}
+	if got := logCountOf(h.logs, "the database directory is back; serving its files"); got != 1 {
+		t.Errorf("%d log lines saying the directory is back, want 1", got)
+	}
+	if got := logCountOf(h.logs, missing); got != 1 {
+		t.Errorf("%d log lines saying the directory is missing, want 1", got)
+	}
 }
 
 // TestFleetDirectoryAwayAsItIsWatchedAgain: the directory that replaced
