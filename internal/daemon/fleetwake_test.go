@@ -67,6 +67,39 @@ func TestEveryCommitToAnIdleFileOpensIt(t *testing.T) {
 	}
 }
 
+// TestACommitAsAFileClosesOpensIt: a commit that comes as an idle file
+// closes, once its relay has stopped and its connections are closed, is
+// notified to no one that acts on it (the fleet leaves a file that is
+// closing to its relay, and the relay is gone): the look that follows the
+// close finds it, and the file opens again for it.
+func TestACommitAsAFileClosesOpensIt(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	acme := tenantFile(t, dir, "acme", 1)
+	var once sync.Once
+	h := startFleetWith(t, dir, n.URL(), 300*time.Millisecond, func(cfg *config.Config) {
+		cfg.Schema.Mode = config.SchemaAuto
+	}, func(th *daemon.TestHooks) {
+		th.Tried = func(_ string, err error) {
+			if err != nil {
+				return
+			}
+			once.Do(func() { // the first close, as idle
+				if err := testenv.Insert(acme, testenv.NewEvent("order.placed", []byte("acme"))); err != nil {
+					t.Error(err)
+				}
+				// Its notification comes while the file is still closing.
+				time.Sleep(200 * time.Millisecond)
+			})
+		}
+	})
+	waitDone(t, acme, 2)
+	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
+	if got := len(testenv.StreamMessages(t, n.JetStream(t), "EVENTS")); got != 2 {
+		t.Fatalf("%d messages, want 2", got)
+	}
+}
+
 // TestLooksAgainOnlyAtWhatChanged: a file closed as idle is looked at
 // on its relay's connections as it closes; the look after the close and
 // the looks again that follow it (for a commit whose notification came
