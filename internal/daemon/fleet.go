@@ -343,7 +343,8 @@ func (f *Fleet) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		f.mu.Lock()
-		rescan := f.rescan || f.away || time.Since(lastScan) >= f.rescanEvery(fleetRescan)
+		wasAway := f.away
+		rescan := f.rescan || wasAway || time.Since(lastScan) >= f.rescanEvery(fleetRescan)
 		f.rescan = false
 		f.mu.Unlock()
 		if rescan {
@@ -357,7 +358,10 @@ func (f *Fleet) Run(ctx context.Context) error {
 			case w == nil:
 				use(f.watchAgain(ctx))
 			}
-			f.scan(ctx, false)
+			// The files of a directory that replaced the watched one, or
+			// came back, are a restore's: looked at first, as at start,
+			// rather than all opened at once.
+			f.scan(ctx, replaced || wasAway)
 			if replaced {
 				// Files moved in with the directory are the same files to
 				// the scan; a commit to one before the new watch began
@@ -373,9 +377,10 @@ func (f *Fleet) Run(ctx context.Context) error {
 }
 
 // scan serves the files the pattern matches now and lets go of the others.
-// At first a file is opened only when a row in it is due (or it cannot
-// be read for that, which opening it reports); a file that appears later
-// is opened at once.
+// At first (at start, and in a directory that replaced the watched one)
+// a file is opened only when a row in it is due (or it cannot be read for
+// that, which opening it reports); a file that appears later is opened at
+// once.
 func (f *Fleet) scan(ctx context.Context, first bool) {
 	paths, err := fleet.Files(f.cfg.Database.Path)
 	if err != nil {

@@ -38,6 +38,31 @@ func TestFleetDirectoryReplaced(t *testing.T) {
 	}
 }
 
+// TestFleetRestoredDirectoryIsLookedAtFirst: a directory put in place of
+// the watched one (a restore of the whole directory) holds files new to
+// the relay. Each is looked at for due rows, as the files found at start
+// are, and opened only for them, rather than all opened at once: of four
+// restored files, only the one with a due row is opened, and its row is
+// published.
+func TestFleetRestoredDirectoryIsLookedAtFirst(t *testing.T) {
+	root, dir, h, acme := idleTenantsDir(t)
+	staged := stagedDir(t, root)
+	for _, name := range []string{"globex", "initech", "umbrella", "hooli"} {
+		testenv.MustExec(t, acme, `VACUUM INTO ?`, filepath.Join(staged, name+".db"))
+	}
+	hooli := testenv.AppDB(t, filepath.Join(staged, "hooli.db"))
+	insertKeyed(t, hooli, "hooli", 1)
+	const starts = "outbox_relay_fleet_file_start_seconds_count"
+	before := sampleOf(t, h.waitMetrics(t), starts)
+
+	swapIn(t, root, dir, staged)
+	waitDone(t, hooli, 2)
+	h.waitReadyz(t, ": 0 open (leading 0), 4 idle")
+	if after := sampleOf(t, h.waitMetrics(t), starts); after != before+1 {
+		t.Errorf("%s went from %v to %v: %v files opened, want only the one with a due row", starts, before, after, after-before)
+	}
+}
+
 // TestFleetDirectoryRemovedAndRecreated: the tenants' directory is
 // removed and made again (a restore by rm -rf and mkdir), which on ext4
 // often gives the new one the old one's inode number: the relay watches
