@@ -210,7 +210,11 @@ func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (s
 	}
 	if err := c.Done(ctx); errors.Is(err, ErrClaimLost) {
 		// The handler's effect happened, and the process that took the
-		// claim over runs it again: at least once, never lost.
+		// claim over runs it again: at least once, never lost. The
+		// handlers after it did not run here: the event is not done
+		// until that process has run them, so it comes again once its
+		// claim could go stale, in case it does not finish.
+		v.busy(hd.name, h.l.now().Add(h.l.staleAfter))
 		return "lost", nil
 	} else if err != nil {
 		// The effect happened but is not recorded: the claim is no
@@ -254,14 +258,28 @@ func (h *Handlers) failed(ctx context.Context, hd handler, c *Claim, v *Verdict,
 // callInTx runs a TxHandlerFunc in a transaction of its own, then mark (if
 // not nil) in the same transaction, and commits. The transaction has ended
 // when it returns, so the caller may write on the pool's connection.
+//
+// SQLite rolls a whole transaction back by itself on some errors (an
+// interrupted statement, SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM), and the
+// connection then writes each later statement in a transaction of its
+// own. A handler that goes on after such an error and returns nil would
+// have the done mark commit alone, without its effects. The handler runs
+// inside a savepoint, released after it: a release that fails says the
+// transaction is gone, and the handler has failed.
 func (h *Handlers) callInTx(ctx context.Context, hd handler, ev Event, mark func(*sql.Tx) error) error {
 	tx, err := h.l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin the handler's transaction: %w", err)
 	}
 	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT outbox_ledger_handler`); err != nil {
+		return fmt.Errorf("begin the handler's transaction: %w", err)
+	}
 	if err := h.call(ctx, hd, tx, ev); err != nil {
 		return err
+	}
+	if _, err := tx.ExecContext(ctx, `RELEASE outbox_ledger_handler`); err != nil {
+		return fmt.Errorf("the handler's transaction was rolled back by SQLite (after an error the handler did not return?): %w", err)
 	}
 	if mark != nil {
 		if err := mark(tx); err != nil {

@@ -347,3 +347,75 @@ func durationSamples(t testing.TB, reg prometheus.Gatherer, handler string) uint
 	}
 	return 0
 }
+
+// TestDispatchAfterAPlainHandlerTakenOver: a plain handler's claim is
+// taken over while it runs (by a process whose clock finds it stale). Its
+// done mark is lost; the handlers after it did not run in this delivery,
+// so the verdict is not done: the event comes again once the new owner's
+// claim could go stale, as for a busy handler, and is not acknowledged
+// while a handler after the lost one has never run.
+func TestDispatchAfterAPlainHandlerTakenOver(t *testing.T) {
+	ctx := context.Background()
+	db := appDB(t)
+	h := handlersWith(t, db, ledger.Options{}, nil)
+	later := ledger.New(db, ledger.Options{Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	running, finish := make(chan struct{}), make(chan struct{})
+	var second atomic.Int64
+	h.Handle("T", "first", func(context.Context, ledger.Event) error { close(running); <-finish; return nil })
+	h.Handle("T", "second", func(context.Context, ledger.Event) error { second.Add(1); return nil })
+	type result struct {
+		v   ledger.Verdict
+		err error
+	}
+	out := make(chan result, 1)
+	go func() {
+		v, err := h.Dispatch(ctx, ledger.Event{ID: "ev-lost", Type: "T"})
+		out <- result{v, err}
+	}()
+	<-running
+	if _, state, _, err := later.Claim(ctx, "ev-lost", "first"); err != nil || state != ledger.Claimed {
+		t.Fatalf("take the claim over: %v (%v)", state, err)
+	}
+	close(finish)
+	r := <-out
+	if r.err != nil || r.v.Done() || len(r.v.Busy) != 1 || r.v.Busy[0] != "first" || r.v.BusyUntil.IsZero() {
+		t.Fatalf("verdict %+v (%v); want first busy until its new claim could go stale", r.v, r.err)
+	}
+	if n := second.Load(); n != 0 {
+		t.Errorf("second ran %d times in the delivery whose first handler was taken over", n)
+	}
+}
+
+// TestHandleTxRolledBackBySQLite: a transactional handler ignores the
+// error of a statement SQLite interrupted (its own deadline), which rolled
+// the whole transaction back, and returns nil. The handler has failed: its
+// effect is gone, and no done mark commits on its own.
+func TestHandleTxRolledBackBySQLite(t *testing.T) {
+	ctx := context.Background()
+	db := appDB(t)
+	testenv.MustExec(t, db, `CREATE TABLE counter (n INTEGER)`)
+	testenv.MustExec(t, db, `INSERT INTO counter VALUES (0)`)
+	h := handlersWith(t, db, ledger.Options{}, nil)
+	h.HandleTx("T", "count", func(ctx context.Context, tx *sql.Tx, ev ledger.Event) error {
+		if _, err := tx.ExecContext(ctx, `UPDATE counter SET n = n + 1`); err != nil {
+			return err
+		}
+		// Best effort, with a deadline far shorter than the statement:
+		// its error is ignored.
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		_, _ = tx.ExecContext(short, `WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 1000000000)
+INSERT INTO effects (event_id) SELECT NULL FROM c WHERE x < 0`)
+		return nil
+	})
+	v, err := h.Dispatch(ctx, ledger.Event{ID: "ev-interrupted", Type: "T"})
+	if err != nil || len(v.Failed) != 1 || v.Failed[0].Handler != "count" {
+		t.Fatalf("verdict %+v (%v); want count failed", v, err)
+	}
+	if n := count(t, db, `SELECT n FROM counter`); n != 0 {
+		t.Errorf("counter %d, want 0: the transaction was rolled back", n)
+	}
+	if r, found := readRow(t, db, "ev-interrupted", "count"); found && r.Status == "done" {
+		t.Errorf("the ledger says done; the handler's effect never committed")
+	}
+}
