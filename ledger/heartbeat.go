@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 )
@@ -17,6 +18,13 @@ import (
 const heartbeatSQL = `UPDATE ` + Table + ` SET processed_at = ?1
 WHERE status = 'in_progress' AND (event_id, handler, started_at) IN (
 	SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]') FROM json_each(?2))`
+
+// heartbeatOneSQL is heartbeatSQL for one claim (?2 event_id, ?3 handler,
+// ?4 started_at): for a claim whose event id or handler is not UTF-8,
+// which JSON cannot carry as it is (encoding/json writes U+FFFD for the
+// bytes it cannot).
+const heartbeatOneSQL = `UPDATE ` + Table + ` SET processed_at = ?1
+WHERE status = 'in_progress' AND event_id = ?2 AND handler = ?3 AND started_at = ?4`
 
 // heartbeat renews the claims a Ledger holds, so that other processes take
 // their holder for alive: a claim whose heartbeat stops (the process was
@@ -106,14 +114,30 @@ func (b *heartbeat) due() ([][3]any, bool) {
 // interval, so that a database held locked delays the next beat, not
 // every later one.
 func (b *heartbeat) beat(l *Ledger, due [][3]any) error {
-	js, err := json.Marshal(due)
-	if err != nil {
-		return fmt.Errorf("encode the claims: %w", err)
+	var asJSON, alone [][3]any
+	for _, c := range due {
+		if utf8.ValidString(c[0].(string)) && utf8.ValidString(c[1].(string)) {
+			asJSON = append(asJSON, c)
+		} else {
+			alone = append(alone, c)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(b.every, time.Second))
 	defer cancel()
-	if _, err := l.db.ExecContext(ctx, heartbeatSQL, l.now().UnixMilli(), string(js)); err != nil {
-		return fmt.Errorf("write the heartbeat: %w", err)
+	now := l.now().UnixMilli()
+	if len(asJSON) > 0 {
+		js, err := json.Marshal(asJSON)
+		if err != nil {
+			return fmt.Errorf("encode the claims: %w", err)
+		}
+		if _, err := l.db.ExecContext(ctx, heartbeatSQL, now, string(js)); err != nil {
+			return fmt.Errorf("write the heartbeat: %w", err)
+		}
+	}
+	for _, c := range alone {
+		if _, err := l.db.ExecContext(ctx, heartbeatOneSQL, now, c[0], c[1], c[2]); err != nil {
+			return fmt.Errorf("write the heartbeat: %w", err)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -124,5 +125,28 @@ func TestWorkerLeavesALiveSlowHandlerItsClaim(t *testing.T) {
 	})
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the slow handler ran %d times; want once", n)
+	}
+}
+
+// TestHeartbeatRenewsClaimsWhoseKeysAreNotUTF8: a Worker takes an event id
+// as any publisher sent it, and a handler's name is the application's:
+// bytes that are not UTF-8 (which JSON cannot carry as they are) are
+// heartbeated too, so that a live claim on them is not taken over.
+func TestHeartbeatRenewsClaimsWhoseKeysAreNotUTF8(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.AppDB(t, testenv.NewDB(t))
+	l := ledger.New(db, ledger.Options{StaleAfter: 200 * time.Millisecond})
+	for _, key := range [][2]string{{"ev-\xff", "h"}, {"ev-plain", "h-\xfe"}, {"ev-ok", "h"}} {
+		c, state, _, err := l.Claim(ctx, key[0], key[1])
+		if err != nil || state != ledger.Claimed {
+			t.Fatalf("claim %q: %v (%v)", key, state, err)
+		}
+		testenv.Eventually(t, wait, fmt.Sprintf("the claim on %q heartbeated", key), func() bool {
+			r, _ := readRow(t, db, key[0], key[1])
+			return r.Processed.Int64 > c.Token
+		})
+		if err := c.Done(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
