@@ -22,8 +22,10 @@ func Backoff(deliveries int) time.Duration { return event.RetryBackoff(deliverie
 
 // WorkerOptions tune a Worker.
 type WorkerOptions struct {
-	// SubjectPrefix is the relay's stream.subject_prefix: an event's type
-	// is its subject after "<prefix>.". Required.
+	// SubjectPrefix is the relay's stream.subject_prefix. An event's type
+	// is its message's Outbox-Event-Type header, which the relay always
+	// sends; for a message without one, the subject after "<prefix>.".
+	// Required.
 	SubjectPrefix string
 	// Concurrency is how many messages are handled at once (1 when 0).
 	Concurrency int
@@ -169,6 +171,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
+// eventTypeHeader is the header in which the relay sends a row's
+// event_type, whatever the subject it publishes on (a subject template may
+// put the tenant or other tokens before the type). It is the relay's
+// publish.HeaderEventType, not imported: that package would bring the
+// NATS server into applications.
+const eventTypeHeader = "Outbox-Event-Type"
+
+// eventType is a message's event type: its Outbox-Event-Type header, or,
+// for a message without one (not the relay's), its subject after
+// "<SubjectPrefix>.".
+func (w *Worker) eventType(msg jetstream.Msg) string {
+	if t := msg.Headers().Get(eventTypeHeader); t != "" {
+		return t
+	}
+	return strings.TrimPrefix(msg.Subject(), w.o.SubjectPrefix+".")
+}
+
 // handle dispatches one message and acknowledges it.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	delivery := 1
@@ -177,7 +196,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	}
 	ev := Event{
 		ID:       msg.Headers().Get(jetstream.MsgIDHeader),
-		Type:     strings.TrimPrefix(msg.Subject(), w.o.SubjectPrefix+"."),
+		Type:     w.eventType(msg),
 		Data:     msg.Data(),
 		Delivery: delivery,
 	}

@@ -517,3 +517,31 @@ func TestWorkerBusyOnTheLastDelivery(t *testing.T) {
 		t.Fatalf("exhausted line fields %v", f)
 	}
 }
+
+// TestWorkerTakesTheTypeFromItsHeader: under a subject template (a fleet's
+// {tenant}.{event_type}, say) the subject holds more than the event type:
+// the worker takes it from the Outbox-Event-Type header the relay sends,
+// and the event's handler runs.
+func TestWorkerTakesTheTypeFromItsHeader(t *testing.T) {
+	_, js := stream(t)
+	db := appDB(t)
+	h := handlersWith(t, db, ledger.Options{}, nil)
+	var ran atomic.Int64
+	h.Handle("ReviewLogged", "stats", func(context.Context, ledger.Event) error { ran.Add(1); return nil })
+	cons := durable(t, js, 5*time.Second, 5)
+	runWorker(t, cons, h, ledger.WorkerOptions{})
+	msg := &nats.Msg{Subject: "events.acme.ReviewLogged", Header: nats.Header{}, Data: []byte(`{}`)}
+	msg.Header.Set(jetstream.MsgIDHeader, event.NewID())
+	msg.Header.Set("Outbox-Event-Type", "ReviewLogged")
+	msg.Header.Set("Outbox-Tenant", "acme")
+	if _, err := js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, wait, "the message acknowledged", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.AckFloor.Stream == 1
+	})
+	if n := ran.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want 1", n)
+	}
+}
