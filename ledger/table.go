@@ -182,7 +182,7 @@ func newTableQueries(table string) tableQueries {
 		claim: `UPDATE ` + t + ` SET status = 'processing', claimed_at = ?1, claimed_by = ?2
 WHERE id IN (SELECT id FROM ` + t + ` WHERE status = 'pending' AND ` + schema.DueSQL("?1") + ` ORDER BY id LIMIT +?3)
 	AND NOT EXISTS (SELECT 1 FROM ` + schema.InstancesTable + ` WHERE heartbeat_at >= ?4)
-RETURNING id, CAST(event_id AS TEXT), CAST(coalesce(event_type, '') AS TEXT), CAST(payload AS BLOB), CAST(coalesce(attempts, 0) AS INTEGER)`,
+RETURNING id, event_id, CAST(coalesce(event_type, '') AS TEXT), CAST(payload AS BLOB), CAST(coalesce(attempts, 0) AS INTEGER)`,
 		// A row's claim starts again when its handlers start: a batch that
 		// takes longer than the lease keeps its later rows, and a row taken
 		// back meanwhile is not handled.
@@ -202,6 +202,29 @@ type tableRow struct {
 	typ      string
 	payload  []byte
 	attempts int
+	// invalid says why the row's event_id cannot be its events' key in
+	// the ledger ("": it can).
+	invalid string
+}
+
+// readEventID reads a claimed row's event_id as the relay does: TEXT that
+// could be a Nats-Msg-Id, or NULL (no id: the handlers run without the
+// ledger). Anything else is why the row is dead-lettered: a BLOB or a
+// number is never equal to the TEXT of the same bytes, so the unique index
+// lets X'616263' in beside 'abc', and the two events would share one key.
+func readEventID(v any) (id sql.NullString, invalid string) {
+	switch v := v.(type) {
+	case nil:
+		return id, ""
+	case string:
+		if err := event.ValidateEventID(v); err != nil {
+			return id, err.Error()
+		}
+		return sql.NullString{String: v, Valid: true}, ""
+	case []byte:
+		return id, "event_id is a BLOB, not TEXT (write it as TEXT: CAST(event_id AS TEXT))"
+	}
+	return id, fmt.Sprintf("event_id is a number (%v), not TEXT (write it as TEXT, in a column declared TEXT: CAST(event_id AS TEXT))", v)
 }
 
 // Run consumes the table until ctx ends. Each round it takes back rows
@@ -349,9 +372,11 @@ func (s *TableSource) claim(ctx context.Context) ([]tableRow, error) {
 	var out []tableRow
 	for rows.Next() {
 		var r tableRow
-		if err := rows.Scan(&r.id, &r.eventID, &r.typ, &r.payload, &r.attempts); err != nil {
+		var eventID any
+		if err := rows.Scan(&r.id, &eventID, &r.typ, &r.payload, &r.attempts); err != nil {
 			return out, fmt.Errorf("claim rows: %w", err)
 		}
+		r.eventID, r.invalid = readEventID(eventID)
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
@@ -396,6 +421,13 @@ func (s *TableSource) handleRow(ctx context.Context, r tableRow) {
 		return
 	} else if n, _ := res.RowsAffected(); n == 0 {
 		log.Warn("the row was taken back before its handlers started; it is not handled here")
+		return
+	}
+	if r.invalid != "" {
+		// As the relay does with such a row: no handler runs, and no
+		// delivery again would change it.
+		log.Error("dead-lettered invalid row", zap.String("reason", r.invalid))
+		s.settle(ctx, log, "dead-letter", s.q.deadLetter, r.id, s.id, delivery, r.invalid, s.o.Now().UnixMilli())
 		return
 	}
 	v, err := s.h.Dispatch(ctx, ev)

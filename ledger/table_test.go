@@ -601,3 +601,40 @@ func TestTableSourceAndARealRelay(t *testing.T) {
 		t.Fatalf("the handler ran %d times", ran.Load())
 	}
 }
+
+// TestTableSourceDeadLettersEventIDsTheRelayCouldNotPublish: a row whose
+// event_id is a BLOB (which the unique index lets in beside the TEXT of
+// the same bytes), empty, or with surrounding whitespace is dead-lettered
+// at once with the reason, as the relay does, and runs no handler: the
+// BLOB's event is not taken for the TEXT one's and skipped.
+func TestTableSourceDeadLettersEventIDsTheRelayCouldNotPublish(t *testing.T) {
+	db := appDB(t)
+	h := newHandlers(t, db, nil, 0)
+	h.HandleTx("T", "rec", recordTx("rec"))
+	valid := testenv.InsertIDs(t, db, testenv.NewEvent("T", []byte("text id")))[0]
+	invalid := map[string]string{"X'616263'": "BLOB", "''": "empty", "'a '": "whitespace"}
+	ids := map[int64]string{}
+	for lit, why := range invalid {
+		res, err := db.Exec(`INSERT INTO event_queue (event_id, event_type, payload) VALUES (` + lit + `, 'T', 'x')`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := res.LastInsertId()
+		ids[id] = why
+	}
+	testenv.MustExec(t, db, `UPDATE event_queue SET event_id = 'abc' WHERE id = ?`, valid)
+	start(t, db, h, ledger.TableOptions{})
+	probe(t, db)
+	if r := rowOf(t, db, valid); r.Status != "done" {
+		t.Errorf("the row with a TEXT id is %s, want done", r.Status)
+	}
+	for id, why := range ids {
+		r := rowOf(t, db, id)
+		if r.Status != "dead_lettered" || r.Attempts != 1 || !strings.Contains(r.LastError.String, why) {
+			t.Errorf("row %d (%s id): %s, %d attempts, %q; want dead_lettered at once naming why", id, why, r.Status, r.Attempts, r.LastError.String)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM effects WHERE handler = 'rec'`); n != 1 {
+		t.Errorf("%d effects, want 1: the TEXT id's row's", n)
+	}
+}
