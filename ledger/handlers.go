@@ -20,8 +20,8 @@ type Event struct {
 	// such an event runs its handlers without the ledger, on every
 	// delivery.
 	ID string
-	// Type is the event type (the row's event_type, the subject after the
-	// relay's prefix).
+	// Type is the event type: the row's event_type, which the relay sends
+	// as Outbox-Event-Type.
 	Type string
 	// Data is the payload.
 	Data []byte
