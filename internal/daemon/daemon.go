@@ -175,6 +175,9 @@ type TestHooks struct {
 	// Rewatch, when set, is called as a fleet begins to watch a directory
 	// that replaced the watched one.
 	Rewatch func()
+	// Scanning, when set, is called as a fleet begins to match its
+	// pattern, after it looked at the directory and moved its watch.
+	Scanning func()
 	// Relay is given the relay Open built, whose state tests follow.
 	Relay func(*relay.Relay)
 }

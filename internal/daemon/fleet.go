@@ -143,10 +143,11 @@ type Fleet struct {
 	sweeps map[string]*housekeeping.Sweeps
 	fleetM *metrics.FleetMetrics
 	rescan bool // the directory changed: match the pattern again
-	// away: the last match found the files' directory missing (removed,
-	// moved away, a volume not mounted yet); it is looked for at every
-	// tick until it is back.
-	away bool
+	// away says why the last match could not read the files' directory
+	// (nil: it could): it is missing (removed, moved away), not a
+	// directory, or cannot be read. It is looked at every tick until it
+	// is back.
+	away error
 	// soon tells Run that rescan was set (see askScan).
 	soon chan struct{}
 	// turnsSaid: the log said files are served in turn (takeTurns).
@@ -308,12 +309,14 @@ func (f *Fleet) Run(ctx context.Context) error {
 		}
 	}
 	use(fleet.Watch(ctx, f.cfg.Database.Path, f.routes))
-	if w != nil {
+	gone, problem := fleet.DirProblem(f.cfg.Database.Path)
+	switch {
+	case w != nil:
 		f.parks = true
-	} else {
+	case problem == nil: // else scan says what is wrong with the directory
 		f.log.Warn("no file-system notifications for the database directory: every file stays open, and new files are found by looking every " + fleetRescan.String() + ", when the relay also tries to watch it again")
 	}
-	f.scan(ctx, true)
+	f.scan(ctx, true, gone, problem)
 	tick := time.NewTicker(fleetTick)
 	defer tick.Stop()
 	lastScan := time.Now()
@@ -343,11 +346,15 @@ func (f *Fleet) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		f.mu.Lock()
-		wasAway := f.away
+		wasAway := f.away != nil
 		rescan := f.rescan || wasAway || time.Since(lastScan) >= f.rescanEvery(fleetRescan)
 		f.rescan = false
 		f.mu.Unlock()
 		if rescan {
+			// Looked at before the watch is moved: a directory made
+			// again after this look, and so not watched yet, is still
+			// away to the scan, and the next tick watches it.
+			gone, problem := fleet.DirProblem(f.cfg.Database.Path)
 			// A replaced directory's watch is moved before the scan, so
 			// that a commit after the scan is notified.
 			replaced := w != nil && w.Replaced(f.cfg.Database.Path)
@@ -361,7 +368,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 			// The files of a directory that replaced the watched one, or
 			// came back, are a restore's: looked at first, as at start,
 			// rather than all opened at once.
-			f.scan(ctx, replaced || wasAway)
+			f.scan(ctx, replaced || wasAway, gone, problem)
 			if replaced {
 				// Files moved in with the directory are the same files to
 				// the scan; a commit to one before the new watch began
@@ -380,17 +387,29 @@ func (f *Fleet) Run(ctx context.Context) error {
 // At first (at start, and in a directory that replaced the watched one)
 // a file is opened only when a row in it is due (or it cannot be read for
 // that, which opening it reports); a file that appears later is opened at
-// once.
-func (f *Fleet) scan(ctx context.Context, first bool) {
+// once. problem is what fleet.DirProblem said of the directory before
+// (gone its verdict), looked at again when the match finds nothing. A
+// directory that cannot be read changes nothing: the files are served as
+// they were until it can.
+func (f *Fleet) scan(ctx context.Context, first, gone bool, problem error) {
+	if f.oo.Test != nil && f.oo.Test.Scanning != nil {
+		f.oo.Test.Scanning()
+	}
 	paths, err := fleet.Files(f.cfg.Database.Path)
 	if err != nil {
-		return // the pattern was checked at Open; the directory may be away for a moment
+		return // the pattern was checked at Open
+	}
+	if problem == nil && len(paths) == 0 {
+		gone, problem = fleet.DirProblem(f.cfg.Database.Path)
 	}
 	now := time.Now()
 	matched := make(map[string]bool, len(paths))
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.noteAway(len(paths) == 0 && dirMissing(f.cfg.Database.Path))
+	f.noteAway(gone, problem)
+	if problem != nil && !gone {
+		return
+	}
 	for _, path := range paths {
 		matched[path] = true
 		fi, err := os.Stat(path)
@@ -461,26 +480,24 @@ func (f *Fleet) scan(ctx context.Context, first bool) {
 	}
 }
 
-// noteAway records whether the files' directory is missing, and says so
-// when that changes: while it is, no file is served, and the pattern is
-// matched at every fleetTick, so that a directory made again (a restore
-// by rm -rf and mkdir) is served within a tick rather than at the next
-// fleetRescan. Called with f.mu held.
-func (f *Fleet) noteAway(away bool) {
+// noteAway records what is wrong with the files' directory (nil:
+// nothing), and says so when that changes: while it is missing or not a
+// directory no file is served, while it cannot be read no file comes or
+// goes, and the pattern is matched at every fleetTick, so that a
+// directory made again (a restore by rm -rf and mkdir) is found within a
+// tick rather than at the next fleetRescan. Called with f.mu held.
+func (f *Fleet) noteAway(gone bool, problem error) {
 	switch {
-	case away && !f.away:
-		f.log.Warn("the database directory is missing: no file is served until it is back; the relay looks for it every "+fleetTick.String(),
-			zap.String("database", f.cfg.Database.Path))
-	case !away && f.away:
+	case problem != nil && (f.away == nil || f.away.Error() != problem.Error()):
+		what := ": the files open stay served, and no file comes or goes until it can be read"
+		if gone {
+			what = ": no file is served until it is back"
+		}
+		f.log.Warn(problem.Error()+what+"; the relay looks again every "+fleetTick.String(), zap.String("database", f.cfg.Database.Path))
+	case problem == nil && f.away != nil:
 		f.log.Info("the database directory is back; serving its files", zap.String("database", f.cfg.Database.Path))
 	}
-	f.away = away
-}
-
-// dirMissing reports whether the directory of pattern does not exist.
-func dirMissing(pattern string) bool {
-	_, err := os.Stat(filepath.Dir(pattern))
-	return errors.Is(err, os.ErrNotExist)
+	f.away = problem
 }
 
 // askScan has Run match the pattern again soon (fleetScanSoon), rather
@@ -1078,8 +1095,8 @@ func (f *Fleet) role() string {
 	if len(troubled) > 0 {
 		s += fmt.Sprintf("; %d in trouble: %s", len(troubled), strings.Join(troubled, "; "))
 	}
-	if f.away {
-		s += "; the database directory is missing: no file is served until it is back"
+	if f.away != nil {
+		s += "; " + f.away.Error()
 	}
 	return s
 }

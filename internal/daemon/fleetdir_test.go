@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -96,16 +97,77 @@ func TestFleetDirectoryRemovedAndRecreated(t *testing.T) {
 // it, without the periodic look at the directory (an hour apart here),
 // which until then was the only thing to find it.
 func TestFleetDirectoryMissingIsLookedFor(t *testing.T) {
-	const missing = "the database directory is missing: no file is served until it is back; the relay looks for it every 250ms"
+	dir, h := missingDir(t, nil)
+	globex := madeAgain(t, dir)
+	if body := h.waitReadyz(t, "serving 1 database files"); strings.Contains(body, "missing") {
+		t.Errorf("/readyz %q says the directory is missing once it is back", body)
+	}
+	if got := logCountOf(h.logs, "the database directory is back; serving its files"); got != 1 {
+		t.Errorf("%d log lines saying the directory is back, want 1", got)
+	}
+	if got := h.logs.FilterMessageSnippet("is missing: no file is served until it is back").Len(); got != 1 {
+		t.Errorf("%d log lines saying the directory is missing, want 1", got)
+	}
+	insertKeyed(t, globex, "globex", 1) // watched: the idle file wakes on its commit
+	waitDone(t, globex, 3)
+}
+
+// TestFleetDirectoryMadeAgainAsTheRelayLooks: the directory is made again
+// after the relay found it missing, as it moves its watch, and before it
+// matches the pattern: the match finds it, but nothing watches it yet.
+// The relay goes on looking for it until it is watched, and serves it.
+func TestFleetDirectoryMadeAgainAsTheRelayLooks(t *testing.T) {
+	var mkdir atomic.Pointer[string]
+	dir, _ := missingDir(t, func(th *daemon.TestHooks) {
+		th.Scanning = func() {
+			if d := mkdir.Swap(nil); d != nil {
+				if err := os.Mkdir(*d, 0o755); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	})
+	mkdir.Store(&dir)
+	testenv.Eventually(t, 20*time.Second, "the directory made again", func() bool { return mkdir.Load() == nil })
+	globex := tenantFile(t, dir, "globex", 2)
+	waitDone(t, globex, 2)
+}
+
+// TestFleetDirectoryReplacedByAFile: a regular file in the directory's
+// place is no directory: the relay says so, and serves the directory that
+// takes its place later.
+func TestFleetDirectoryReplacedByAFile(t *testing.T) {
+	dir, h := missingDir(t, nil)
+	if err := os.WriteFile(dir, []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.waitReadyz(t, "; the database directory "+dir+" is not a directory")
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	madeAgain(t, dir)
+	h.waitReadyz(t, "serving 1 database files")
+}
+
+// missingDir serves a directory of one file, acme's, closed as idle, with
+// the periodic look at the directory an hour apart, then removes the
+// directory, and returns once /readyz says it is missing.
+func missingDir(t *testing.T, hooks func(*daemon.TestHooks)) (dir string, h *fleetHarness) {
+	t.Helper()
 	n := testenv.StartNATS(t)
-	dir := filepath.Join(t.TempDir(), "tenants")
+	dir = filepath.Join(t.TempDir(), "tenants")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	acme := tenantFile(t, dir, "acme", 1)
-	h := startFleetWith(t, dir, n.URL(), 300*time.Millisecond, func(cfg *config.Config) {
+	h = startFleetWith(t, dir, n.URL(), 300*time.Millisecond, func(cfg *config.Config) {
 		cfg.Schema.Mode = config.SchemaAuto // the tenants' files are given the table
-	}, func(th *daemon.TestHooks) { th.Rescan = time.Hour })
+	}, func(th *daemon.TestHooks) {
+		th.Rescan = time.Hour
+		if hooks != nil {
+			hooks(th)
+		}
+	})
 	waitDone(t, acme, 1)
 	acme.Close()
 	h.waitReadyz(t, ": 0 open (leading 0), 1 idle")
@@ -115,25 +177,20 @@ func TestFleetDirectoryMissingIsLookedFor(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	h.waitReadyz(t, "serving 0 database files", "; the database directory is missing: no file is served until it is back")
-	if got := logCountOf(h.logs, missing); got != 1 {
-		t.Errorf("%d log lines saying the directory is missing, want 1", got)
-	}
+	h.waitReadyz(t, "serving 0 database files", "; the database directory "+dir+" is missing")
+	return dir, h
+}
 
-	if err := os.Mkdir(dir, 0o755); err != nil {
+// madeAgain makes dir again with a file of two rows, globex's, and waits
+// until they are published.
+func madeAgain(t *testing.T, dir string) *sql.DB {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
 		t.Fatal(err)
 	}
 	globex := tenantFile(t, dir, "globex", 2)
 	waitDone(t, globex, 2)
-	if body := h.waitReadyz(t, "serving 1 database files"); strings.Contains(body, "missing") {
-		t.Errorf("/readyz %q says the directory is missing once it is back", body)
-	}
-	if got := logCountOf(h.logs, "the database directory is back; serving its files"); got != 1 {
-		t.Errorf("%d log lines saying the directory is back, want 1", got)
-	}
-	if got := logCountOf(h.logs, missing); got != 1 {
-		t.Errorf("%d log lines saying the directory is missing, want 1", got)
-	}
+	return globex
 }
 
 // TestFleetDirectoryAwayAsItIsWatchedAgain: the directory that replaced

@@ -4,7 +4,9 @@
 package fleet
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -50,6 +52,32 @@ func Files(pattern string) ([]string, error) {
 	}
 	sort.Strings(files)
 	return files, nil
+}
+
+// DirProblem says why the directory of pattern cannot be matched now (nil:
+// it can): it is missing or is not a directory (gone: its files are gone
+// too), or it cannot be read (gone false: its files may be there still,
+// and filepath.Glob would say nothing).
+func DirProblem(pattern string) (gone bool, err error) {
+	dir := filepath.Dir(pattern)
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return true, fmt.Errorf("the database directory %s is missing", dir)
+	case err != nil:
+		return false, fmt.Errorf("cannot read the database directory: %w", err)
+	case !fi.IsDir():
+		return true, fmt.Errorf("the database directory %s is not a directory", dir)
+	}
+	d, err := os.Open(dir)
+	if err == nil {
+		_, err = d.Readdirnames(1)
+		d.Close()
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, fmt.Errorf("cannot read the database directory: %w", err)
+	}
+	return false, nil
 }
 
 func sidecar(path string) bool {

@@ -43,7 +43,7 @@ type Watcher struct {
 func Watch(ctx context.Context, pattern string, routes *Routes) *Watcher {
 	dir := filepath.Dir(pattern)
 	fi, err := os.Stat(dir)
-	if err != nil {
+	if err != nil || !fi.IsDir() {
 		return nil
 	}
 	w, err := fsnotify.NewWatcher()
@@ -67,7 +67,7 @@ func Watch(ctx context.Context, pattern string, routes *Routes) *Watcher {
 // is notified; watch it instead.
 func (fw *Watcher) Replaced(pattern string) bool {
 	fi, err := os.Stat(filepath.Dir(pattern))
-	return err == nil && (fw.gone.Load() || !os.SameFile(fi, fw.dir))
+	return err == nil && fi.IsDir() && (fw.gone.Load() || !os.SameFile(fi, fw.dir))
 }
 
 // Close stops the watch, and gives its notification instance back at once
