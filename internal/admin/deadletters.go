@@ -151,9 +151,12 @@ func Discard(ctx context.Context, s *sqlitedb.DB, sel Selection, dryRun bool) (B
 // bulk runs stmt (?1: a JSON array of ids, ?2: now in Unix ms) over the
 // selected dead letters in id order: each batch is found on the read
 // connection (no lock), then written in a short transaction of its own
-// that checks again that each row is a dead letter. Open s with
-// sqlitedb.Options.OwnCheckpoints: bulk checkpoints between its
-// transactions, outside the lock.
+// that checks again that each row is a dead letter. A batch takes with it
+// the selected dead letters of the atomic groups its rows belong to,
+// wherever they are in the table: a group retried in two transactions
+// would reach a running relay in two parts, and be published in part.
+// Open s with sqlitedb.Options.OwnCheckpoints: bulk checkpoints between
+// its transactions, outside the lock.
 func bulk(ctx context.Context, s *sqlitedb.DB, sel Selection, dryRun bool, stmt string) (Bulk, error) {
 	b := Bulk{DryRun: dryRun}
 	where, args := sel.Filter.where()
@@ -164,6 +167,17 @@ func bulk(ctx context.Context, s *sqlitedb.DB, sel Selection, dryRun bool, stmt 
 	// +status keeps SQLite on the table's id order (one pass over the
 	// table in all) rather than sorting the dead letters' index per batch.
 	find := `SELECT id FROM ` + s.Table() + ` WHERE +status = 'dead_lettered' AND id > ?` + where + ` ORDER BY id LIMIT ?`
+	cols, err := sqlitedb.Columns(ctx, s.Reader(), s.Table())
+	if err != nil {
+		return b, fmt.Errorf("find dead letters: %w", err)
+	}
+	// The rest of a batch's groups: past the batch (its last id, ?), of
+	// the groups of its rows (a JSON array, ?).
+	groupRest := ""
+	if cols["atomic_group"] && !dryRun {
+		groupRest = `SELECT id FROM ` + s.Table() + ` WHERE +status = 'dead_lettered' AND id > ?
+AND atomic_group IN (SELECT atomic_group FROM ` + s.Table() + ` WHERE id IN (SELECT value FROM json_each(?)) AND atomic_group IS NOT NULL)` + where + ` ORDER BY id`
+	}
 	size := bulkFirst
 	var after int64 = -1 << 63
 	for {
@@ -175,7 +189,17 @@ func bulk(ctx context.Context, s *sqlitedb.DB, sel Selection, dryRun bool, stmt 
 		if len(ids) == 0 {
 			return b, nil
 		}
+		// Rows taken with a batch's group are no dead letters once
+		// written, and are not found again.
 		after = ids[len(ids)-1]
+		if groupRest != "" {
+			j, _ := json.Marshal(ids)
+			rest, err := readIDs(ctx, s.Reader(), groupRest, append([]any{after, string(j)}, args...)...)
+			if err != nil {
+				return b, err
+			}
+			ids = append(ids, rest...)
+		}
 		b.Matched += int64(len(ids))
 		if dryRun {
 			continue
@@ -193,7 +217,8 @@ func bulk(ctx context.Context, s *sqlitedb.DB, sel Selection, dryRun bool, stmt 
 		})
 		held := time.Since(locked) // until the commit let it go
 		if err != nil {
-			return b, fmt.Errorf("write dead letters %d to %d: %w", ids[0], ids[len(ids)-1], err)
+			return b, fmt.Errorf("write dead letters %d to %d, after %d were written in %d transactions (the command takes the rest when run again): %w",
+				ids[0], ids[len(ids)-1], b.Changed, b.Transactions, err)
 		}
 		b.Changed += n
 		b.Transactions++

@@ -110,3 +110,57 @@ func TestBulkOn100kDeadLetters(t *testing.T) {
 		t.Fatalf("counts %v after %d application writes", c, writes.Load())
 	}
 }
+
+// TestBulkKeepsAtomicGroupsTogether: a retry writes each atomic group's
+// dead letters in one transaction, wherever its batches would cut: a
+// group straddling the first batch's end, one larger than a batch, and,
+// with ids given, only the selected rows of a group. A group requeued in
+// two transactions reaches a running relay in two parts, and was
+// published in part. Each transaction writes one available_at (its now,
+// a millisecond or more after the last): a group's rows share one.
+func TestBulkKeepsAtomicGroupsTogether(t *testing.T) {
+	ctx := context.Background()
+	path := testenv.NewDB(t)
+	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 10 * time.Second, OwnCheckpoints: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	app := testenv.AppDB(t, path)
+	// Rows 1 to 199 alone, 200 to 219 group a, 220 to 469 group b; group
+	// c's rows (470 to 479) are interleaved with rows alone (480 to 489).
+	testenv.MustExec(t, app, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 489)
+		INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, processed_at, atomic_group)
+		SELECT i, 'dead-' || i, 'T', 'x', 'dead_lettered', 10, 1000 + i,
+			CASE WHEN i BETWEEN 200 AND 219 THEN 'a' WHEN i BETWEEN 220 AND 469 THEN 'b' WHEN i BETWEEN 470 AND 479 THEN 'c' END FROM n`)
+	b, err := Requeue(ctx, db, Selection{All: true}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Changed != 489 {
+		t.Fatalf("%+v; want 489 rows requeued", b)
+	}
+	split := testenv.Strings(t, app, `SELECT atomic_group FROM event_queue WHERE atomic_group IS NOT NULL
+		GROUP BY atomic_group HAVING count(DISTINCT available_at) > 1`)
+	if len(split) > 0 {
+		t.Errorf("groups %v were requeued in more than one transaction (%+v)", split, b)
+	}
+
+	// With ids: group c's rows given, among others, are written together,
+	// and a row not given stays a dead letter.
+	testenv.MustExec(t, app, `UPDATE event_queue SET status = 'dead_lettered'`)
+	ids := []int64{475}
+	for i := int64(1); i <= 199; i++ {
+		ids = append(ids, i)
+	}
+	ids = append(ids, 470, 471, 472, 473, 474, 476, 477, 478)
+	if b, err = Requeue(ctx, db, Selection{IDs: ids}, false); err != nil || b.Changed != 208 {
+		t.Fatalf("%+v (%v); want 208 rows requeued", b, err)
+	}
+	if n := testenv.Strings(t, app, `SELECT count(DISTINCT available_at) FROM event_queue WHERE atomic_group = 'c' AND status = 'pending'`); n[0] != "1" {
+		t.Errorf("group c's rows given were requeued in %s transactions, want 1", n[0])
+	}
+	if st := testenv.Strings(t, app, `SELECT status FROM event_queue WHERE id = 479`); st[0] != "dead_lettered" {
+		t.Errorf("row 479, not given, is %s", st[0])
+	}
+}
