@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,9 +15,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/metrics"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
 	"github.com/outbox-relay/outbox-relay/internal/relay"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -389,5 +393,78 @@ func TestDeletedRowHoldsNoPosition(t *testing.T) {
 	if uint64(scanFrom.Int64) != last+1 {
 		t.Fatalf("after a clean shutdown with nothing unsettled the mark is %v; want %d (the stream's last + 1): the next start reads %d messages for nothing",
 			scanFrom.Int64, last+1, int64(last+1)-scanFrom.Int64)
+	}
+}
+
+// TestRestoredDeadLetterPublishedSince: a row that was a dead letter at a
+// backup's point in time, retried and published since, comes back a dead
+// letter from the restore, past the duplicate window. The reconciliation
+// finds its message and settles it done, as a pending row: left a dead
+// letter, a retry (which status calls for) would store its event twice.
+// In both of retention.done_rows' ways.
+func TestRestoredDeadLetterPublishedSince(t *testing.T) {
+	for _, doneRows := range []string{config.DoneRowsKeep, config.DoneRowsDelete} {
+		t.Run(doneRows, func(t *testing.T) {
+			n := testenv.StartNATS(t)
+			js := n.JetStream(t)
+			path := testenv.NewDB(t)
+			app := testenv.AppDB(t, path)
+			testenv.InsertN(t, app, 3, "Thing")
+			testenv.MustExec(t, app, `UPDATE event_queue SET status = 'dead_lettered', attempts = 10, last_error = 'rejected' WHERE id = 3`)
+			ho := harnessOptions{window: time.Second, doneRows: doneRows}
+			h := startRelay(t, path, n.URL(), ho)
+			unsettled := func(ids string) func() bool {
+				return func() bool {
+					var n int
+					if err := app.QueryRow(`SELECT count(*) FROM event_queue WHERE status = 'pending' AND id IN (` + ids + `)`).Scan(&n); err != nil {
+						t.Fatal(err)
+					}
+					return n == 0
+				}
+			}
+			testenv.Eventually(t, 30*time.Second, "rows 1 and 2 published", unsettled("1, 2"))
+			backup := filepath.Join(t.TempDir(), "backup.db")
+			testenv.MustExec(t, app, `VACUUM INTO ?`, backup)
+			// dead-letters retry 3, as the workbench writes it.
+			testenv.MustExec(t, app, `UPDATE event_queue SET status = 'pending', attempts = 0, available_at = ?, processed_at = NULL WHERE id = 3 AND status = 'dead_lettered'`, time.Now().UnixMilli())
+			h.wake()
+			testenv.Eventually(t, 30*time.Second, "row 3 published", unsettled("3"))
+			if err := h.stop(); err != nil {
+				t.Fatal(err)
+			}
+			app.Close()
+			pastTheWindow(t, js)
+			for _, suffix := range []string{"-wal", "-shm"} {
+				if err := os.Remove(path + suffix); err != nil && !os.IsNotExist(err) {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Rename(backup, path); err != nil {
+				t.Fatal(err)
+			}
+			app = testenv.AppDB(t, path)
+			if st := testenv.Strings(t, app, `SELECT status FROM event_queue WHERE id = 3`); st[0] != "dead_lettered" {
+				t.Fatalf("row 3 is %s in the backup, want dead_lettered", st[0])
+			}
+			h = startRelay(t, path, n.URL(), ho)
+			testenv.Eventually(t, 30*time.Second, "the reconciliation", func() bool {
+				return logCount(h, "reconciled the outbox with the stream; publishing") > 0
+			})
+			if err := h.stop(); err != nil {
+				t.Fatal(err)
+			}
+			left := testenv.Strings(t, app, `SELECT id || ' ' || status FROM event_queue WHERE status <> 'done'`)
+			if len(left) > 0 {
+				t.Errorf("rows %v after the reconciliation; want row 3 settled done", left)
+			}
+			seen := map[string]int{}
+			for _, m := range testenv.StreamMessages(t, js, "EVENTS") {
+				seen[m.Header.Get(publish.HeaderMsgID)]++
+			}
+			if len(seen) != 3 || seen[testenv.Strings(t, app, `SELECT event_id FROM event_queue WHERE id = 3
+				UNION ALL SELECT event_id FROM `+schema.DoneTable("event_queue")+` WHERE id = 3`)[0]] != 1 {
+				t.Errorf("the stream holds %v, want 3 events once each", seen)
+			}
+		})
 	}
 }

@@ -442,7 +442,8 @@ func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 	batch, rows, next := st.batch, st.rows, st.next
 	var outs []event.Outcome
 	taken := map[int64]bool{}
-	var gone []seen // messages of this table without a row of their event id
+	var gone []seen     // messages of this table without a row of their event id
+	var revived []int64 // dead letters whose own message is stored
 	for _, m := range batch {
 		r, ok := rows[m.msgID]
 		ours := m.origin == o.Origin
@@ -452,12 +453,22 @@ func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 			}
 			continue
 		}
-		if r.status != string(event.StatusPending) || taken[r.id] {
+		if taken[r.id] {
+			continue
+		}
+		reused := o.own(m, r)
+		switch {
+		case r.status == string(event.StatusPending):
+		case r.status == string(event.StatusDeadLettered) && reused == nil:
+			// A dead letter of a restored backup, retried and published
+			// since its point in time: its event is in the stream, and
+			// a retry would store it again. Done, as a pending row.
+			revived = append(revived, r.id)
+		default:
 			continue
 		}
 		taken[r.id] = true
 		ev := event.Row{ID: r.id, EventID: m.msgID, Size: r.size}
-		reused := o.own(m, r)
 		if reused == nil {
 			outs = append(outs, event.Outcome{Row: ev, Settlement: event.Done, StreamSeq: m.seq})
 			continue
@@ -467,6 +478,9 @@ func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 	}
 	orphans, err := orphaned(ctx, o, gone)
 	if err != nil {
+		return err
+	}
+	if err := revive(ctx, o.DB, revived); err != nil {
 		return err
 	}
 	stale, err := o.Store.Settle(ctx, outs, next)
@@ -488,6 +502,22 @@ func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 		p.Orphan = fmt.Sprintf("sequence %d, event id %s, row %s", orphans[0].seq, orphans[0].msgID, orphans[0].rowID)
 	}
 	p.Orphans += len(orphans)
+	return nil
+}
+
+// revive makes the dead letters ids pending, for the settle that follows
+// to mark them done as it does pending rows (in both of
+// retention.done_rows' ways). A crash between the two leaves them pending
+// with their messages stored, below the mark: the next reconciliation
+// reads the batch again and settles them.
+func revive(ctx context.Context, db *sqlitedb.DB, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	j, _ := json.Marshal(ids)
+	if _, err := db.Exec(ctx, `UPDATE `+db.Table()+` SET status = 'pending' WHERE id IN (SELECT value FROM json_each(?)) AND status = 'dead_lettered'`, string(j)); err != nil {
+		return fmt.Errorf("settle the dead letters found in the stream: %w", err)
+	}
 	return nil
 }
 
