@@ -41,6 +41,8 @@ type Report struct {
 	// sequence when the audit ended.
 	Removed  int    `json:"removed"`
 	FirstSeq uint64 `json:"stream_first_seq"`
+	// LastSeq is the stream's last sequence when the audit ended.
+	LastSeq uint64 `json:"stream_last_seq"`
 	// EarlierStream: rows done before the stream was created (Created),
 	// whose message is not at their sequence: they were published to an
 	// earlier stream of the name, since deleted.
@@ -54,7 +56,9 @@ type Report struct {
 
 // Mismatch is a done row whose recorded sequence holds another event, or
 // its event id published for another row (an id reused within the
-// duplicate window: the row's own event is not in the stream).
+// duplicate window: the row's own event is not in the stream), or that
+// the stream never reached (above its last sequence: a stream restored
+// from an older snapshot, say; MsgID is empty then).
 type Mismatch struct {
 	RowID     int64  `json:"row_id"`
 	EventID   string `json:"event_id"`
@@ -123,7 +127,7 @@ func (r *Report) audit(ctx context.Context, db *sqlitedb.DB, read Reader, rows [
 	if err != nil {
 		return err
 	}
-	r.FirstSeq, r.Created = st.FirstSeq, st.Created
+	r.FirstSeq, r.LastSeq, r.Created = st.FirstSeq, st.LastSeq, st.Created
 	var unmatched []int
 	for i, m := range stored {
 		d := recorded[i]
@@ -146,7 +150,7 @@ func (r *Report) audit(ctx context.Context, db *sqlitedb.DB, read Reader, rows [
 		switch {
 		case !current[d.ID]:
 			r.EarlierStream++
-		case m.Gone:
+		case m.Gone && d.StreamSeq <= st.LastSeq:
 			r.Removed++
 		default:
 			r.Mismatches = append(r.Mismatches, Mismatch{RowID: d.ID, EventID: d.EventID, StreamSeq: d.StreamSeq, MsgID: m.MsgID, MsgRowID: m.RowID})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,5 +111,37 @@ func TestRecordsOfDeletedRows(t *testing.T) {
 		if r.Audited != 5 || r.Matched != 4 || len(r.Mismatches) != 1 || r.Mismatches[0].EventID != "gone-5" || r.Mismatches[0].MsgID != "kept-1" {
 			t.Fatalf("batch %d: audit of rows and records: %+v", batch, r)
 		}
+	}
+}
+
+// TestSequenceNeverStored: a done row whose recorded sequence is above the
+// stream's last (a stream restored from an older snapshot) was never
+// stored there: a mismatch, not a message the stream removed. A row whose
+// message was deleted is still removed.
+func TestSequenceNeverStored(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	publishDone(t, js, app, []string{"kept", "deleted", "beyond"}, map[string]uint64{"beyond": 99999})
+	s, err := js.Stream(ctx, "EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	r, err := audit.Run(ctx, testenv.OpenDB(t, path), eventsReader(js), audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Matched != 1 || r.Removed != 1 || len(r.Mismatches) != 1 || r.Mismatches[0].EventID != "beyond" || r.Mismatches[0].MsgID != "" || r.LastSeq != 3 {
+		t.Fatalf("audit: %+v; want kept matched, deleted removed, beyond a mismatch past the last sequence 3", r)
+	}
+	var out strings.Builder
+	audit.Summary{Report: r}.Print(&out)
+	if !strings.Contains(out.String(), "stream sequence 99999 was never stored (the stream's last is 3)") {
+		t.Errorf("the summary does not say the sequence was never stored:\n%s", out.String())
 	}
 }

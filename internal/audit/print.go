@@ -44,6 +44,10 @@ func (s Summary) Print(w io.Writer) {
 			fmt.Fprintf(w, "  and %d more (--json lists them all)\n", len(r.Mismatches)-mismatchesShown)
 			break
 		}
+		if m.MsgID == "" && m.MsgRowID == "" {
+			fmt.Fprintf(w, "  row %d (event_id %s): stream sequence %d was never stored (the stream's last is %d)\n", m.RowID, admin.Shown(m.EventID), m.StreamSeq, r.LastSeq)
+			continue
+		}
 		fmt.Fprintf(w, "  row %d (event_id %s): stream sequence %d holds event %q (row %q)\n", m.RowID, admin.Shown(m.EventID), m.StreamSeq, m.MsgID, m.MsgRowID)
 	}
 }

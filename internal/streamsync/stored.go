@@ -24,6 +24,9 @@ type Stored struct {
 // messages.
 type StreamState struct {
 	FirstSeq uint64 // the stream's first sequence
+	// LastSeq is the stream's last sequence, read after the messages: a
+	// sequence above it was never stored in this stream.
+	LastSeq uint64
 	// Created is when the stream was created: a row done before it was
 	// published to an earlier stream of that name, since deleted, whose
 	// sequences the new stream counts again from 1.
@@ -87,5 +90,5 @@ feed:
 	if err != nil {
 		return nil, StreamState{}, fmt.Errorf("read stream %s: %w", stream, err)
 	}
-	return out, StreamState{FirstSeq: info.State.FirstSeq, Created: info.Created}, nil
+	return out, StreamState{FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, Created: info.Created}, nil
 }
