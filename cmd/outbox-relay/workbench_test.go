@@ -20,8 +20,8 @@ func workbenchDB(t *testing.T) string {
 	ago := func(d time.Duration) int64 { return now - d.Milliseconds() }
 	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, last_error, processed_at, headers, ordering_key)
 		VALUES (1, 'e1', 'OrderPaid', '{"order": 42, "note": "café"}', 'dead_lettered', 10, 'card declined by the bank', ?, '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}', 'order-42')`, ago(2*time.Hour))
-	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, last_error, processed_at)
-		VALUES (2, 'e2', 'OrderShipped', x'00ff10', 'dead_lettered', 3, 'permission denied on subject events.OrderShipped', ?)`, ago(10*time.Minute))
+	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, last_error, processed_at, atomic_group, stream_seq)
+		VALUES (2, 'e2', 'OrderShipped', x'00ff10', 'dead_lettered', 3, 'permission denied on subject events.OrderShipped', ?, 'order-7', 812)`, ago(10*time.Minute))
 	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, attempts, last_error, processed_at)
 		VALUES (3, 'e3', 'OrderPaid', ?, 'dead_lettered', 1, 'permission denied on subject events.OrderPaid', ?)`, strings.Repeat("long text ", 1000), ago(time.Minute))
 	testenv.MustExec(t, db, `INSERT INTO event_queue (id, event_id, event_type, payload, status, processed_at) VALUES (4, 'e4', 'OrderPaid', 'x', 'done', ?)`, now)
@@ -59,8 +59,9 @@ func TestDeadLetterWorkbench(t *testing.T) {
 			t.Errorf("show 1: exit %d, does not say %q\n%s%s", code, want, out, errOut)
 		}
 	}
-	if code, out, _ = runCLI(t, "dead-letters", "show", "2", "--database-path", path); code != 0 || !strings.Contains(out, "payload (3 bytes, hex):\n00ff10\n") {
-		t.Errorf("show 2 (binary): exit %d\n%s", code, out)
+	if code, out, _ = runCLI(t, "dead-letters", "show", "2", "--database-path", path); code != 0 || !strings.Contains(out, "payload (3 bytes, hex):\n00ff10\n") ||
+		!strings.Contains(out, "atomic_group  order-7\n") || !strings.Contains(out, "stream_seq    812\n") {
+		t.Errorf("show 2 (binary, of a group): exit %d\n%s", code, out)
 	}
 	if code, out, _ = runCLI(t, "dead-letters", "show", "3", "--max-bytes", "20", "--database-path", path); code != 0 ||
 		!strings.Contains(out, "payload (10000 bytes, text, the first 20 shown (--max-bytes)):\nlong text long text \n") {
@@ -69,7 +70,7 @@ func TestDeadLetterWorkbench(t *testing.T) {
 	code, out, _ = runCLI(t, "dead-letters", "show", "2", "--json", "--database-path", path)
 	var shown map[string]any
 	if err := json.Unmarshal([]byte(out), &shown); err != nil || code != 0 || shown["payload"] != "00ff10" || shown["payload_encoding"] != "hex" ||
-		shown["payload_bytes"] != 3.0 || shown["event_type"] != "OrderShipped" || shown["attempts"] != 3.0 {
+		shown["payload_bytes"] != 3.0 || shown["event_type"] != "OrderShipped" || shown["attempts"] != 3.0 || shown["atomic_group"] != "order-7" {
 		t.Errorf("show 2 --json: exit %d, %v, %v", code, err, shown)
 	}
 	if code, _, errOut = runCLI(t, "dead-letters", "show", "99", "--database-path", path); code != 1 || !strings.Contains(errOut, "row 99 in event_queue: no such row") {

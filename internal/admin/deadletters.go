@@ -49,9 +49,15 @@ func DeadLetters(ctx context.Context, s *sqlitedb.DB, f Filter, limit int) ([]De
 // Row is a whole outbox row, as show prints it.
 type Row struct {
 	DeadLetter
-	Status      string    `json:"status"`
-	OrderingKey string    `json:"ordering_key,omitempty"`
-	Headers     string    `json:"headers,omitempty"`
+	Status      string `json:"status"`
+	OrderingKey string `json:"ordering_key,omitempty"`
+	Headers     string `json:"headers,omitempty"`
+	// AtomicGroup, StreamSeq, ClaimedBy and ClaimedAt are as stored, as
+	// text ("": NULL, or no such column).
+	AtomicGroup string    `json:"atomic_group,omitempty"`
+	StreamSeq   string    `json:"stream_seq,omitempty"`
+	ClaimedBy   string    `json:"claimed_by,omitempty"`
+	ClaimedAt   string    `json:"claimed_at,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
 	AvailableAt time.Time `json:"available_at"`
 	Payload     []byte    `json:"-"`
@@ -74,6 +80,7 @@ func ReadRow(ctx context.Context, s *sqlitedb.DB, id int64) (Row, error) {
 		return `''`
 	}
 	rows, err := s.Reader().QueryContext(ctx, `SELECT `+deadLetterColumns+`, coalesce(CAST(status AS TEXT), ''), `+optional("ordering_key")+`, `+optional("headers")+`,
+	`+optional("atomic_group")+`, `+optional("stream_seq")+`, `+optional("claimed_by")+`, `+optional("claimed_at")+`,
 	coalesce(`+schema.MsSQL("created_at")+`, 0), coalesce(`+schema.MsSQL("available_at")+`, 0), payload FROM `+s.Table()+` WHERE id = ?`, id)
 	if err != nil {
 		return Row{}, fmt.Errorf("read row %d: %w", id, err)
@@ -88,7 +95,7 @@ func ReadRow(ctx context.Context, s *sqlitedb.DB, id int64) (Row, error) {
 	var r Row
 	var created, avail int64
 	var payload any
-	if err := scanDeadLetter(rows, &r.DeadLetter, &r.Status, &r.OrderingKey, &r.Headers, &created, &avail, &payload); err != nil {
+	if err := scanDeadLetter(rows, &r.DeadLetter, &r.Status, &r.OrderingKey, &r.Headers, &r.AtomicGroup, &r.StreamSeq, &r.ClaimedBy, &r.ClaimedAt, &created, &avail, &payload); err != nil {
 		return Row{}, fmt.Errorf("read row %d: %w", id, err)
 	}
 	r.CreatedAt, r.AvailableAt = time.UnixMilli(created), time.UnixMilli(avail)

@@ -63,6 +63,7 @@ func (s ShownRow) Print(w io.Writer) {
 		{"ordering_key", strconv.Quote(r.OrderingKey)}, {"attempts", strconv.Itoa(r.Attempts)},
 		{"created_at", r.CreatedAt.UTC().Format(time.RFC3339Nano)}, {"available_at", r.AvailableAt.UTC().Format(time.RFC3339Nano)},
 		{"processed_at", r.ProcessedAt.UTC().Format(time.RFC3339Nano)}, {"last_error", Shown(r.LastError)}, {"headers", Shown(r.Headers)},
+		{"atomic_group", Shown(r.AtomicGroup)}, {"stream_seq", r.StreamSeq}, {"claimed_by", Shown(r.ClaimedBy)}, {"claimed_at", r.ClaimedAt},
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
 	}
