@@ -210,6 +210,7 @@ type held struct {
 	ids      map[int64]struct{}
 	max      int64           // the highest id in ids
 	keys     map[string]int  // rows in ids per ordering key
+	groups   map[string]int  // rows in ids per atomic group (see withGroups)
 	overflow map[string]bool // keys whose due rows were left for lack of room
 	// waiting are keys found waiting behind a row (see order), left alone
 	// by claims until nextLook; parked are those waiting behind a dead
@@ -226,6 +227,8 @@ type held struct {
 	// gone are the ids let go since the current claim began: they were in
 	// flight when it read the table, which may show them still pending.
 	gone map[int64]struct{}
+	// goneGroups are the atomic groups of the rows in gone.
+	goneGroups map[string]bool
 	// freed says a key full at KeyDepth got room since the current claim
 	// began: that claim may have left the key out.
 	freed      bool
@@ -234,8 +237,8 @@ type held struct {
 }
 
 func newHeld() held {
-	return held{ids: map[int64]struct{}{}, keys: map[string]int{}, waiting: map[string]bool{}, parked: map[string]bool{},
-		gone: map[int64]struct{}{}, overflow: map[string]bool{}}
+	return held{ids: map[int64]struct{}{}, keys: map[string]int{}, groups: map[string]int{}, waiting: map[string]bool{}, parked: map[string]bool{},
+		gone: map[int64]struct{}{}, goneGroups: map[string]bool{}, overflow: map[string]bool{}}
 }
 
 // Claim takes due pending rows in id order, up to limit rows and, past the
@@ -273,6 +276,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 	query, after := s.q.takeAfter, any(nil)
 	s.mu.Lock()
 	clear(s.held.gone)
+	clear(s.held.goneGroups)
 	s.held.freed = false
 	look := !time.Now().Before(s.held.nextLook)
 	parked := len(s.held.parked) > 0
@@ -363,6 +367,9 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.R
 		s.held.max = max(s.held.max, r.ID)
 		if k := r.OrderingKey; k != "" {
 			s.held.keys[k]++
+		}
+		if g := r.Group; g != "" {
+			s.held.groups[g]++
 		}
 	}
 	s.mu.Unlock()
@@ -989,6 +996,12 @@ func (s *Store) letGo(outs []event.Outcome, stale []int) {
 	defer s.mu.Unlock()
 	h := &s.held
 	for i, o := range outs {
+		if _, ok := h.ids[o.Row.ID]; ok && o.Row.Group != "" {
+			if h.groups[o.Row.Group]--; h.groups[o.Row.Group] <= 0 {
+				delete(h.groups, o.Row.Group)
+			}
+			h.goneGroups[o.Row.Group] = true
+		}
 		delete(h.ids, o.Row.ID)
 		h.gone[o.Row.ID] = struct{}{}
 		if k := o.Row.OrderingKey; k != "" {

@@ -51,6 +51,19 @@ func (s *Store) withGroups(ctx context.Context, read []event.Row, prev []prevRow
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
+	// A group with rows in flight still (its rows requeued in two
+	// transactions: the first part claimed, and to be dead-lettered,
+	// before the rest was pending), or let go since the claim began,
+	// waits: its rows in flight are pending in the table, and would not
+	// hold it back, and what they were settled as may have come after
+	// the read above.
+	s.mu.Lock()
+	for g := range groups {
+		if _, ok := held[g]; !ok && (s.held.groups[g] > 0 || s.held.goneGroups[g]) {
+			held[g] = heldBy{status: event.StatusProcessing}
+		}
+	}
+	s.mu.Unlock()
 	rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), s.q.groupRest, string(names), known)
 	if err != nil {
 		return nil, nil, nil, nil, err

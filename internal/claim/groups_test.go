@@ -174,3 +174,32 @@ func claimRows(t *testing.T, s *Store) []event.Row {
 	}
 	return rows
 }
+
+// TestGroupWaitsForItsRowsInFlight: an atomic group whose dead letters
+// were requeued in two transactions. The rows of the first part are
+// claimed, to be dead-lettered again (the rest was a dead letter then),
+// and are still pending in the table when the rest is requeued: a claim
+// then does not take the rest as the whole group. It waits for the rows
+// in flight to settle, and the rest is dead-lettered after them.
+func TestGroupWaitsForItsRowsInFlight(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertGrouped(t, db, [2]string{"", "g"}, [2]string{"", "g"}, [2]string{"", "g"}, [2]string{"", "g"})
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'dead_lettered' WHERE id IN (?, ?)`, ids[2], ids[3])
+	first, err := s.Claim(ctx, 100, 0)
+	if err != nil || len(first) != 2 || !strings.Contains(first[0].Problem, "is dead-lettered") {
+		t.Fatalf("first part: %+v, %v; want its 2 rows, to be dead-lettered", first, err)
+	}
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'pending' WHERE id IN (?, ?)`, ids[2], ids[3])
+	wantIDs(t, "the rest, while the first part is in flight", claimIDs(t, s))
+
+	outs := []event.Outcome{event.Invalid(first[0], first[0].Problem), event.Invalid(first[1], first[1].Problem)}
+	if _, err := s.Settle(ctx, outs, 0); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := s.Claim(ctx, 100, 0)
+	if err != nil || len(rest) != 2 || rest[0].ID != ids[2] || !strings.Contains(rest[0].Problem, fmt.Sprintf("its row %d is dead-lettered", ids[0])) {
+		t.Fatalf("the rest, once the first part settled: %+v, %v; want its 2 rows, to be dead-lettered", rest, err)
+	}
+}
