@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"database/sql"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,19 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
+// bulkDB returns a migrated file opened as the workbench opens it, and an
+// application's connection to it.
+func bulkDB(t *testing.T) (*sqlitedb.DB, *sql.DB) {
+	t.Helper()
+	path := testenv.NewDB(t)
+	db, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 10 * time.Second, OwnCheckpoints: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db, testenv.AppDB(t, path)
+}
+
 // TestBulkOn100kDeadLetters: retrying and discarding 100,000 dead letters
 // while an application writes: each operation takes every row its filter
 // selects, in many short transactions, and the application's writes go on
@@ -18,13 +32,7 @@ import (
 // and changes nothing.
 func TestBulkOn100kDeadLetters(t *testing.T) {
 	ctx := context.Background()
-	path := testenv.NewDB(t)
-	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 10 * time.Second, OwnCheckpoints: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	app := testenv.AppDB(t, path)
+	db, app := bulkDB(t)
 	testenv.MustExec(t, app, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
 		INSERT INTO event_queue (event_id, event_type, payload, status, attempts, processed_at, last_error)
 		SELECT 'dead-' || i, CASE WHEN i % 2 = 0 THEN 'Even' ELSE 'Odd' END, 'x', 'dead_lettered', 10, 1000 + i, 'refused ' || (i % 7) FROM n`)
@@ -120,13 +128,7 @@ func TestBulkOn100kDeadLetters(t *testing.T) {
 // a millisecond or more after the last): a group's rows share one.
 func TestBulkKeepsAtomicGroupsTogether(t *testing.T) {
 	ctx := context.Background()
-	path := testenv.NewDB(t)
-	db, err := sqlitedb.Open(ctx, sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 10 * time.Second, OwnCheckpoints: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	app := testenv.AppDB(t, path)
+	db, app := bulkDB(t)
 	// Rows 1 to 199 alone, 200 to 219 group a, 220 to 469 group b; group
 	// c's rows (470 to 479) are interleaved with rows alone (480 to 489).
 	testenv.MustExec(t, app, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 489)
