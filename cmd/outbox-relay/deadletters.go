@@ -110,6 +110,9 @@ func (c *cli) deadLettersShowCommand() *cobra.Command {
 			if err != nil {
 				return usagef("dead-letters show: %q is not a row id", args[0])
 			}
+			if maxBytes < -1 {
+				return usagef("dead-letters show: --max-bytes must be -1 (all of the payload) or more")
+			}
 			ctx := context.Background()
 			s, _, err := c.openDB(ctx, true)
 			if err != nil {

@@ -152,6 +152,10 @@ func TestFleetStatusSummary(t *testing.T) {
 	if !strings.Contains(r.Files[0].Error, "no such table: event_queue") || !strings.Contains(r.Files[1].Error, "file is not a database") {
 		t.Errorf("the broken files' errors in --json: %q, %q", r.Files[0].Error, r.Files[1].Error)
 	}
+	var raw struct{ Files []map[string]any }
+	if err := json.Unmarshal([]byte(out), &raw); err != nil || raw.Files[3]["leader"] != "" {
+		t.Errorf("globex, which no relay leads, in --json: %v (%v); want \"leader\": \"\"", raw.Files[3], err)
+	}
 
 	after, _ := fleet.Files(pattern)
 	if now, _ := os.ReadFile(filepath.Join(dir, "corrupt.db")); !slices.Equal(before, after) || !bytes.Equal(now, corrupt) {

@@ -44,6 +44,9 @@ why, then the largest backlogs. --db TENANT shows that tenant's file in full.`,
   outbox-relay status --database-path '/data/tenants/*.db' --db acme`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
+			if last < 0 {
+				return usagef("status: --last must be 0 or more")
+			}
 			ctx := context.Background()
 			cfg, err := c.loadConfig()
 			if err != nil {

@@ -76,6 +76,12 @@ func TestDeadLetterWorkbench(t *testing.T) {
 	if code, _, errOut = runCLI(t, "dead-letters", "show", "99", "--database-path", path); code != 1 || !strings.Contains(errOut, "row 99 in event_queue: no such row") {
 		t.Errorf("show 99: exit %d, %s", code, errOut)
 	}
+	if code, _, errOut = runCLI(t, "dead-letters", "show", "1", "--max-bytes", "-5", "--database-path", path); code != 2 || !strings.Contains(errOut, "--max-bytes must be -1") {
+		t.Errorf("show 1 --max-bytes -5: exit %d, %s", code, errOut)
+	}
+	if code, _, errOut = runCLI(t, "status", "--last", "-1", "--database-path", path); code != 2 || !strings.Contains(errOut, "--last must be 0 or more") {
+		t.Errorf("status --last -1: exit %d, %s", code, errOut)
+	}
 
 	for args, want := range map[string]string{
 		"":                       "3 2 1",

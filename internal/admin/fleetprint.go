@@ -28,7 +28,7 @@ type FleetFile struct {
 	OldestPendingAge float64 `json:"oldest_pending_age_seconds"`
 	// Leader is the instance id of the relay leading the file's outbox
 	// table; empty when none leads.
-	Leader string `json:"leader,omitempty"`
+	Leader string `json:"leader"`
 	// Error is why the file could not be read (not a database, no outbox
 	// table, locked); the figures are then zero.
 	Error string `json:"error,omitempty"`
