@@ -210,21 +210,16 @@ type tableRow struct {
 // readEventID reads a claimed row's event_id as the relay does: TEXT that
 // could be a Nats-Msg-Id, or NULL (no id: the handlers run without the
 // ledger). Anything else is why the row is dead-lettered: a BLOB or a
-// number is never equal to the TEXT of the same bytes, so the unique index
-// lets X'616263' in beside 'abc', and the two events would share one key.
+// number would share its key in the ledger with the TEXT of its bytes.
 func readEventID(v any) (id sql.NullString, invalid string) {
-	switch v := v.(type) {
-	case nil:
-		return id, ""
-	case string:
-		if err := event.ValidateEventID(v); err != nil {
-			return id, err.Error()
-		}
-		return sql.NullString{String: v, Valid: true}, ""
-	case []byte:
-		return id, "event_id is a BLOB, not TEXT (write it as TEXT: CAST(event_id AS TEXT))"
+	if invalid = event.EventIDNotText(v); invalid != "" || v == nil {
+		return id, invalid
 	}
-	return id, fmt.Sprintf("event_id is a number (%v), not TEXT (write it as TEXT, in a column declared TEXT: CAST(event_id AS TEXT))", v)
+	s := v.(string)
+	if err := event.ValidateEventID(s); err != nil {
+		return id, err.Error()
+	}
+	return sql.NullString{String: s, Valid: true}, ""
 }
 
 // Run consumes the table until ctx ends. Each round it takes back rows

@@ -171,18 +171,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
-// eventTypeHeader is the header in which the relay sends a row's
-// event_type, whatever the subject it publishes on (a subject template may
-// put the tenant or other tokens before the type). It is the relay's
-// publish.HeaderEventType, not imported: that package would bring the
-// NATS server into applications.
-const eventTypeHeader = "Outbox-Event-Type"
-
 // eventType is a message's event type: its Outbox-Event-Type header, or,
 // for a message without one (not the relay's), its subject after
 // "<SubjectPrefix>.".
 func (w *Worker) eventType(msg jetstream.Msg) string {
-	if t := msg.Headers().Get(eventTypeHeader); t != "" {
+	if t := msg.Headers().Get(event.HeaderEventType); t != "" {
 		return t
 	}
 	return strings.TrimPrefix(msg.Subject(), w.o.SubjectPrefix+".")

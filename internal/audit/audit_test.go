@@ -41,6 +41,16 @@ func publishDone(t *testing.T, js jetstream.JetStream, app *sql.DB, ids []string
 	}
 }
 
+// eventsDB starts a server with the EVENTS stream, and returns it with a
+// migrated outbox file and an application's connection to it.
+func eventsDB(t *testing.T) (js jetstream.JetStream, path string, app *sql.DB) {
+	t.Helper()
+	js = testenv.StartNATS(t).JetStream(t)
+	testenv.EventsStream(t, js, 0)
+	path = testenv.NewDB(t)
+	return js, path, testenv.AppDB(t, path)
+}
+
 // eventsReader reads the EVENTS stream's messages by sequence, four
 // requests in flight, as the audit command does.
 func eventsReader(js jetstream.JetStream) audit.Reader {
@@ -56,10 +66,7 @@ func eventsReader(js jetstream.JetStream) audit.Reader {
 // stream is still a mismatch.
 func TestRowsOfADeletedStream(t *testing.T) {
 	ctx := context.Background()
-	js := testenv.StartNATS(t).JetStream(t)
-	testenv.EventsStream(t, js, 0)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
+	js, path, app := eventsDB(t)
 	publishDone(t, js, app, []string{"old-1", "old-2", "old-3", "old-4", "old-5"}, nil)
 
 	testenv.BystanderStream(t, js) // the account keeps a stream while EVENTS is deleted and created again
@@ -94,10 +101,7 @@ func TestRowsOfADeletedStream(t *testing.T) {
 // the table, in one id order: a forged record is a mismatch.
 func TestRecordsOfDeletedRows(t *testing.T) {
 	ctx := context.Background()
-	js := testenv.StartNATS(t).JetStream(t)
-	testenv.EventsStream(t, js, 0)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
+	js, path, app := eventsDB(t)
 	publishDone(t, js, app, []string{"kept-1", "gone-2", "kept-3", "gone-4", "gone-5"}, map[string]uint64{"gone-5": 1})
 	testenv.MustExec(t, app, `INSERT INTO outbox_relay_done_event_queue (id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq)
 		SELECT id, event_id, event_type, ordering_key, created_at, processed_at, stream_seq FROM event_queue WHERE event_id LIKE 'gone-%'`)
@@ -120,10 +124,7 @@ func TestRecordsOfDeletedRows(t *testing.T) {
 // message was deleted is still removed.
 func TestSequenceNeverStored(t *testing.T) {
 	ctx := context.Background()
-	js := testenv.StartNATS(t).JetStream(t)
-	testenv.EventsStream(t, js, 0)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
+	js, path, app := eventsDB(t)
 	publishDone(t, js, app, []string{"kept", "deleted", "beyond"}, map[string]uint64{"beyond": 99999})
 	s, err := js.Stream(ctx, "EVENTS")
 	if err != nil {

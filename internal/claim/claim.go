@@ -690,12 +690,8 @@ func readRows(rows *sql.Rows, now int64, room int) (out []event.Row, prev []prev
 		r.EventID, r.EventType, r.Payload, r.OrderingKey, r.Headers, r.Group = text(eventID.v), text(eventType.v), blob(payload.v), text(orderingKey.v), text(headers.v), text(group.v)
 		r.Size = len(r.Payload)
 		var problems []string
-		// An event id must be TEXT: SQLite never finds a BLOB or a number
-		// equal to the TEXT of the same bytes, so the unique index would
-		// let X'616263' beside 'abc', or 123 beside '123' (one
-		// Nats-Msg-Id, deduplicated by the broker).
-		if kind := notText(eventID.v); kind != "" {
-			problems = append(problems, fmt.Sprintf("event_id is %s, not TEXT (write it as TEXT, in a column declared TEXT: CAST(event_id AS TEXT))", kind))
+		if p := event.EventIDNotText(eventID.v); p != "" { // TEXT only
+			problems = append(problems, p)
 		}
 		// A key may be a number in a column declared INTEGER, where SQLite
 		// keeps every key a number; a BLOB key never equals the key it
@@ -785,23 +781,6 @@ func text(v any) string {
 		return string(v)
 	}
 	return fmt.Sprint(v)
-}
-
-// notText names the SQLite type of a column value that is neither NULL
-// nor TEXT ("a BLOB", "an INTEGER", "a REAL"), or returns "" (go-sqlite3
-// reads TEXT as a string and a BLOB as bytes).
-func notText(v any) string {
-	switch v.(type) {
-	case nil, string:
-		return ""
-	case []byte:
-		return "a BLOB"
-	case int64:
-		return "an INTEGER"
-	case float64:
-		return "a REAL"
-	}
-	return fmt.Sprintf("of Go type %T", v)
 }
 
 // blob returns a payload's bytes as SQLite stores them.

@@ -217,6 +217,34 @@ func ValidateEventID(id string) error {
 	return validateHeaderValue("event_id", id, "it would be deduplicated against", 255)
 }
 
+// HeaderEventType is the header that carries a row's event_type on every
+// message the relay publishes (publish names its other headers); here so
+// that the ledger's Worker reads it without importing publish.
+const HeaderEventType = "Outbox-Event-Type"
+
+// EventIDNotText says why an event_id column's value v, as go-sqlite3
+// reads it (TEXT as a string, a BLOB as bytes), cannot be an event id
+// whatever it holds: it is a BLOB or a number, which SQLite never finds
+// equal to the TEXT of the same bytes, so the unique index lets X'616263'
+// in beside 'abc', or 123 beside '123' (one Nats-Msg-Id). "" for TEXT and
+// NULL.
+func EventIDNotText(v any) string {
+	var kind string
+	switch v.(type) {
+	case nil, string:
+		return ""
+	case []byte:
+		kind = "a BLOB"
+	case int64:
+		kind = "an INTEGER"
+	case float64:
+		kind = "a REAL"
+	default:
+		kind = fmt.Sprintf("of Go type %T", v)
+	}
+	return fmt.Sprintf("event_id is %s, not TEXT (write it as TEXT, in a column declared TEXT: CAST(event_id AS TEXT))", kind)
+}
+
 // The created_at range an RFC 3339 time can name (Outbox-Created-At,
 // ce-time): years 0000 to 9999, UTC.
 var (

@@ -24,7 +24,7 @@ import (
 // Header names set on every published message (docs/contract.md).
 const (
 	HeaderMsgID     = "Nats-Msg-Id"
-	HeaderEventType = "Outbox-Event-Type"
+	HeaderEventType = event.HeaderEventType
 	HeaderRowID     = "Outbox-Row-Id"
 	HeaderCreatedAt = "Outbox-Created-At"
 	// HeaderOrderingKey is set when the row has an ordering key.

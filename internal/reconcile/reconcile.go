@@ -453,19 +453,18 @@ func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 			}
 			continue
 		}
-		if taken[r.id] {
+		if taken[r.id] || r.status != string(event.StatusPending) && r.status != string(event.StatusDeadLettered) {
 			continue
 		}
 		reused := o.own(m, r)
-		switch {
-		case r.status == string(event.StatusPending):
-		case r.status == string(event.StatusDeadLettered) && reused == nil:
+		if r.status == string(event.StatusDeadLettered) {
+			if reused != nil {
+				continue
+			}
 			// A dead letter of a restored backup, retried and published
 			// since its point in time: its event is in the stream, and
 			// a retry would store it again. Done, as a pending row.
 			revived = append(revived, r.id)
-		default:
-			continue
 		}
 		taken[r.id] = true
 		ev := event.Row{ID: r.id, EventID: m.msgID, Size: r.size}
