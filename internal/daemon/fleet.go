@@ -244,6 +244,12 @@ func OpenFleet(ctx context.Context, cfg config.Config, log *zap.Logger, oo Optio
 	if _, err := fleet.Files(cfg.Database.Path); err != nil {
 		return nil, &config.Error{Err: err}
 	}
+	// The directory by its path, not the working directory's inode: a
+	// relative pattern's directory removed and made again (a restore) is
+	// the new one, and seen missing in between.
+	if cfg.Database.Path, err = filepath.Abs(cfg.Database.Path); err != nil {
+		return nil, &config.Error{Err: fmt.Errorf("database.path %q: %w", cfg.Database.Path, err)}
+	}
 	f := &Fleet{cfg: cfg, log: log, oo: oo, metrics: oo.Metrics, natsURL: cfg.NATS.URL,
 		files: map[string]*member{}, parked: map[string]*parkedFile{}, trouble: map[string]*fileTrouble{}, said: map[string]string{}, gauges: map[string]*housekeeping.Gauges{},
 		sweeps: map[string]*housekeeping.Sweeps{},

@@ -97,7 +97,7 @@ func TestFleetDirectoryRemovedAndRecreated(t *testing.T) {
 // it, without the periodic look at the directory (an hour apart here),
 // which until then was the only thing to find it.
 func TestFleetDirectoryMissingIsLookedFor(t *testing.T) {
-	dir, h := missingDir(t, nil)
+	dir, h := missingDir(t, nil, nil)
 	globex := madeAgain(t, dir)
 	if body := h.waitReadyz(t, "serving 1 database files"); strings.Contains(body, "missing") {
 		t.Errorf("/readyz %q says the directory is missing once it is back", body)
@@ -118,7 +118,7 @@ func TestFleetDirectoryMissingIsLookedFor(t *testing.T) {
 // The relay goes on looking for it until it is watched, and serves it.
 func TestFleetDirectoryMadeAgainAsTheRelayLooks(t *testing.T) {
 	var mkdir atomic.Pointer[string]
-	dir, _ := missingDir(t, func(th *daemon.TestHooks) {
+	dir, _ := missingDir(t, nil, func(th *daemon.TestHooks) {
 		th.Scanning = func() {
 			if d := mkdir.Swap(nil); d != nil {
 				if err := os.Mkdir(*d, 0o755); err != nil {
@@ -133,11 +133,24 @@ func TestFleetDirectoryMadeAgainAsTheRelayLooks(t *testing.T) {
 	waitDone(t, globex, 2)
 }
 
+// TestFleetRelativePatternFollowsItsDirectory: a pattern relative to the
+// working directory, the tenants' directory itself (database.path *.db),
+// names the directory by its path: removed, it is missing, and the
+// directory made again in its place is served. Not parallel: it changes
+// the process's working directory.
+func TestFleetRelativePatternFollowsItsDirectory(t *testing.T) {
+	dir, _ := missingDir(t, func(cfg *config.Config, dir string) {
+		t.Chdir(dir)
+		cfg.Database.Path = "*.db"
+	}, nil)
+	madeAgain(t, dir)
+}
+
 // TestFleetDirectoryReplacedByAFile: a regular file in the directory's
 // place is no directory: the relay says so, and serves the directory that
 // takes its place later.
 func TestFleetDirectoryReplacedByAFile(t *testing.T) {
-	dir, h := missingDir(t, nil)
+	dir, h := missingDir(t, nil, nil)
 	if err := os.WriteFile(dir, []byte("not a directory"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +165,7 @@ func TestFleetDirectoryReplacedByAFile(t *testing.T) {
 // missingDir serves a directory of one file, acme's, closed as idle, with
 // the periodic look at the directory an hour apart, then removes the
 // directory, and returns once /readyz says it is missing.
-func missingDir(t *testing.T, hooks func(*daemon.TestHooks)) (dir string, h *fleetHarness) {
+func missingDir(t *testing.T, edit func(cfg *config.Config, dir string), hooks func(*daemon.TestHooks)) (dir string, h *fleetHarness) {
 	t.Helper()
 	n := testenv.StartNATS(t)
 	dir = filepath.Join(t.TempDir(), "tenants")
@@ -162,6 +175,9 @@ func missingDir(t *testing.T, hooks func(*daemon.TestHooks)) (dir string, h *fle
 	acme := tenantFile(t, dir, "acme", 1)
 	h = startFleetWith(t, dir, n.URL(), 300*time.Millisecond, func(cfg *config.Config) {
 		cfg.Schema.Mode = config.SchemaAuto // the tenants' files are given the table
+		if edit != nil {
+			edit(cfg, dir)
+		}
 	}, func(th *daemon.TestHooks) {
 		th.Rescan = time.Hour
 		if hooks != nil {
