@@ -526,10 +526,10 @@ func (s *Store) mayFollow(p prevRow, kept map[int64]bool) bool {
 		_, held := s.held.ids[p.ID.Int64]
 		_, gone := s.held.gone[p.ID.Int64]
 		return held || gone || kept[p.ID.Int64]
-	case event.StatusProcessing:
-		return false
 	}
-	return true // a status the relay leaves alone (queued, say) holds nothing up
+	// Processing, or a status the relay leaves alone (queued, say): not
+	// done, so the key waits for it, as NextDue and the parked keys count.
+	return false
 }
 
 // Waiting reports whether due rows may be left unclaimed because their

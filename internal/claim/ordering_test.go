@@ -151,6 +151,21 @@ func TestDeadLetterHoldsItsKey(t *testing.T) {
 	}
 }
 
+// TestRowOfAnotherStatusHoldsItsKey: a row in a status the relay does not
+// write (queued, the application's own) is not done: the rows after it of
+// its key wait, while other keys go on; once it is pending again, the key
+// follows in order.
+func TestRowOfAnotherStatusHoldsItsKey(t *testing.T) {
+	s := newStore(t)
+	db := testenv.AppDB(t, s.db.Path())
+	ids := insertKeyed(t, db, "a", "a", "b")
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'queued' WHERE id = ?`, ids[0])
+	wantIDs(t, "behind a queued row", claimIDs(t, s), ids[2])
+	testenv.MustExec(t, db, `UPDATE event_queue SET status = 'pending' WHERE id = ?`, ids[0])
+	s.Rescan()
+	wantIDs(t, "once it is pending", claimIDs(t, s), ids[0], ids[1])
+}
+
 // TestDueRowBelowTheCursorKeepsItsKey: a row of a key that became due
 // below the rows in flight is not read by a claim past them, so a later
 // row of its key waits for the claim that reads it (which takes both, in
