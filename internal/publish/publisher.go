@@ -67,29 +67,6 @@ type Format struct {
 	Tenant string
 }
 
-// The CloudEvents binary-mode headers the relay sets.
-const (
-	HeaderCESpecVersion = "ce-specversion"
-	HeaderCEID          = "ce-id"
-	HeaderCEType        = "ce-type"
-	HeaderCESource      = "ce-source"
-	HeaderCETime        = "ce-time"
-	HeaderContentType   = "content-type"
-)
-
-// Reserved lists the header names the format sets, which a row's own
-// headers may not.
-func (f Format) Reserved() []string {
-	if !f.CloudEvents {
-		return nil
-	}
-	names := []string{HeaderCESpecVersion, HeaderCEID, HeaderCEType, HeaderCESource, HeaderCETime}
-	if f.ContentType != "" {
-		names = append(names, HeaderContentType)
-	}
-	return names
-}
-
 // NewMsg builds the NATS message for a row: the payload byte for byte, the
 // row's headers and the relay's.
 func NewMsg(m Message) *nats.Msg {

@@ -335,6 +335,9 @@ func (r *Relay) message(row event.Row) (publish.Message, error) {
 	if err != nil {
 		return m, err
 	}
+	if err := r.o.Format.CheckHeaders(headers); err != nil {
+		return m, err
+	}
 	m.Subject, m.Headers, m.Format = subject, headers, r.o.Format
 	return m, nil
 }

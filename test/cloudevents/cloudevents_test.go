@@ -22,7 +22,8 @@ import (
 // TestSDKReadsTheRelaysMessages: with message.format cloudevents, the SDK
 // decodes a consumed message into an event with the row's event id, its
 // event type, the configured source, created_at as its time, the content
-// type, and the payload as its data.
+// type, the row's own ce- headers as attributes and extensions, and the
+// payload as its data.
 func TestSDKReadsTheRelaysMessages(t *testing.T) {
 	n := testenv.StartNATS(t)
 	cfg := config.Default()
@@ -44,25 +45,41 @@ func TestSDKReadsTheRelaysMessages(t *testing.T) {
 
 	app := testenv.AppDB(t, cfg.Database.Path)
 	ev := testenv.NewEvent("ReviewLogged", []byte(`{"movie":"Heat","stars":5}`))
+	ev.Headers = `{"ce-traceid": "abc", "ce-dataschema": "https://example.com/review.json"}`
 	created := time.Date(2026, 11, 30, 12, 34, 56, 789e6, time.UTC)
 	if err := testenv.Insert(app, ev); err != nil {
 		t.Fatal(err)
 	}
 	testenv.MustExec(t, app, `UPDATE event_queue SET created_at = ?`, created.UnixMilli())
-	// A row may not set the attributes the relay sets.
-	forged := testenv.NewEvent("ReviewLogged", []byte(`{}`))
-	forged.Headers = `{"ce-id": "not-the-event-id"}`
-	if err := testenv.Insert(app, forged); err != nil {
-		t.Fatal(err)
+	// A row may not set the attributes the relay sets, nor ce- headers
+	// the SDK would refuse to read or read at random: dead-lettered, why.
+	refused := map[string]string{
+		`{"ce-id": "not-the-event-id"}`:         `header name "ce-id" is reserved`,
+		`{"ce-datacontenttype": "text/plain"}`:  `header name "ce-datacontenttype" is reserved`,
+		`{"ce-trace-id": "abc"}`:                `header name "ce-trace-id" is not a CloudEvents attribute`,
+		`{"ce-": "x"}`:                          `header name "ce-" is not a CloudEvents attribute`,
+		`{"ce-dataschema": "::not a uri"}`:      `value "::not a uri" is not an absolute URI`,
+		`{"ce-DataSchema": "schemas/relative"}`: `value "schemas/relative" is not an absolute URI`,
 	}
-	testenv.Eventually(t, 30*time.Second, "one row done, one dead-lettered", func() bool {
+	ids := map[string]string{}
+	for headers := range refused {
+		forged := testenv.NewEvent("ReviewLogged", []byte(`{}`))
+		forged.Headers = headers
+		if err := testenv.Insert(app, forged); err != nil {
+			t.Fatal(err)
+		}
+		ids[headers] = *forged.EventID
+	}
+	testenv.Eventually(t, 30*time.Second, "one row done, the others dead-lettered", func() bool {
 		c := testenv.Counts(t, app)
-		return c["done"] == 1 && c["dead_lettered"] == 1
+		return c["done"] == 1 && c["dead_lettered"] == len(refused)
 	})
-	var lastError string
-	app.QueryRow(`SELECT last_error FROM event_queue WHERE event_id = ?`, *forged.EventID).Scan(&lastError)
-	if !strings.Contains(lastError, `header name "ce-id" is reserved`) {
-		t.Fatalf("the forged row's last_error %q", lastError)
+	for headers, why := range refused {
+		var lastError string
+		app.QueryRow(`SELECT last_error FROM event_queue WHERE event_id = ?`, ids[headers]).Scan(&lastError)
+		if !strings.Contains(lastError, why) {
+			t.Errorf("the row with headers %s: last_error %q, want it to say %q", headers, lastError, why)
+		}
 	}
 
 	m := testenv.ConsumeOne(t, n.JetStream(t), "EVENTS", "")
@@ -74,6 +91,9 @@ func TestSDKReadsTheRelaysMessages(t *testing.T) {
 	if e.ID() != *ev.EventID || e.Type() != "ReviewLogged" || e.Source() != "/reviews" || !e.Time().Equal(created) ||
 		e.SpecVersion() != "1.0" || e.DataContentType() != "application/json" || string(e.Data()) != `{"movie":"Heat","stars":5}` {
 		t.Fatalf("event %s", e)
+	}
+	if ext := e.Extensions()["traceid"]; ext != "abc" || e.DataSchema() != "https://example.com/review.json" {
+		t.Fatalf("the row's ce- headers: extension traceid %v, dataschema %q", ext, e.DataSchema())
 	}
 	if err := e.Validate(); err != nil {
 		t.Fatalf("not a valid CloudEvent: %v", err)
