@@ -197,6 +197,9 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "zero busy timeout", env: []string{"OUTBOX_RELAY_DATABASE_BUSY_TIMEOUT=0s"}, want: "database.busy_timeout"},
 		{name: "bad message format", env: []string{"OUTBOX_RELAY_MESSAGE_FORMAT=avro"}, want: "message.format"},
 		{name: "cloudevents without a source", file: "message:\n  format: cloudevents\n", want: "message.source: must be set with message.format cloudevents"},
+		{name: "source not a URI reference", file: "message:\n  format: cloudevents\n  source: \"http://[::1\"\n", want: `message.source: "http://[::1" is not a URI reference`},
+		{name: "source with a bad escape", file: "message:\n  format: cloudevents\n  source: \"/a%zz\"\n", want: `message.source: "/a%zz" is not a URI reference`},
+		{name: "source with a control character", file: "message:\n  format: cloudevents\n  source: \"/a\\x01b\"\n", want: "message.source"},
 		{name: "content type with a newline", file: "message:\n  content_type: \"a\\nb\"\n", want: "message.content_type"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/outbox-relay/outbox-relay/internal/natsname"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
@@ -76,9 +78,14 @@ func validateMessage(p *problems, m Message) {
 	}
 	p.oneOf("message.format", m.Format, FormatRaw, FormatCloudEvents)
 	for key, v := range map[string]string{"message.source": m.Source, "message.content_type": m.ContentType} {
-		if v != strings.TrimSpace(v) || strings.ContainsAny(v, "\r\n\x00") {
+		if v != strings.TrimSpace(v) || strings.ContainsFunc(v, unicode.IsControl) {
 			p.add(key, "%q is not a header value NATS carries as it is (surrounding whitespace or control characters)", v)
 		}
+	}
+	// CloudEvents SDKs parse ce-source as a URI reference, and refuse the
+	// whole message when it is not one.
+	if _, err := url.Parse(m.Source); err != nil && m.Format == FormatCloudEvents && !strings.ContainsFunc(m.Source, unicode.IsControl) {
+		p.add("message.source", "%q is not a URI reference (%v): CloudEvents SDKs could not read the events; use a path such as /reviews or a URI such as https://example.com/reviews", m.Source, errors.Unwrap(err))
 	}
 }
 
