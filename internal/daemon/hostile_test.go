@@ -42,6 +42,49 @@ func spentAttempts(t *testing.T, db *sql.DB) (attempted, dead int) {
 	return attempted, dead
 }
 
+// TestAnotherStreamTakingTheSubjectsIsAnOutage: the relay's stream is
+// deleted and another stream takes its subjects while the relay runs. The
+// other stream's acknowledgements settle nothing: the rows stay pending
+// without spending attempts, the relay pauses naming the other stream, and
+// once that stream is gone the rows go into the relay's own stream, once
+// each.
+func TestAnotherStreamTakingTheSubjectsIsAnOutage(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
+	testenv.InsertN(t, app, 5, "Before")
+	waitAllSettled(t, app, 5, 20*time.Second)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	if err := js.DeleteStream(ctx, "EVENTS"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"events.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 60; i++ { // unordered rows and a key's batch
+		testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, ordering_key) VALUES (?, 'During', 'x', ?)`, fmt.Sprint("during-", i), []string{"", "k"}[i%2])
+	}
+	testenv.Eventually(t, 20*time.Second, "the relay to pause naming the other stream", func() bool {
+		err := h.relay.Paused()
+		return err != nil && strings.Contains(err.Error(), "OTHER")
+	})
+	if done := testenv.Counts(t, app)["done"]; done != 5 {
+		t.Fatalf("%d rows done, want the 5 from before: the other stream's acknowledgements settled rows", done)
+	}
+	nothingSpent(t, app, "while another stream took the subjects")
+	if err := js.DeleteStream(ctx, "OTHER"); err != nil {
+		t.Fatal(err)
+	}
+	waitAllSettled(t, app, 65, 60*time.Second)
+	nothingSpent(t, app, "")
+	if got := len(testenv.StreamMessages(t, js, "EVENTS")); got != 60 {
+		t.Fatalf("the recreated stream holds %d messages, want the 60 rows written since", got)
+	}
+}
+
 // TestStreamThatStopsCapturingPauses: a stream recreated with other
 // subjects while the relay runs is an outage like a missing stream: no
 // attempt spent, nothing dead-lettered, /readyz not ready, and the rows go

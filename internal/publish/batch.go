@@ -287,6 +287,9 @@ func (p *JetStream) commitAll(ctx context.Context, msgs []Message, nmsgs []*nats
 	if err != nil {
 		return err
 	}
+	if err := p.elsewhere(ack.Stream); err != nil {
+		return err
+	}
 	if ack.BatchSize != uint64(len(msgs)) || ack.Sequence < ack.BatchSize {
 		return fmt.Errorf("%w: the batch's acknowledgement counts %d messages ending at sequence %d, %d were sent", jetstream.ErrInvalidJSAck, ack.BatchSize, ack.Sequence, len(msgs))
 	}

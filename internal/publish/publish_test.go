@@ -55,6 +55,7 @@ func createStreams(t *testing.T, js jetstream.JetStream) {
 		{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour},
 		{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 100},
 		{Name: "FULL", Subjects: []string{"full.>"}, MaxMsgs: 1, Discard: jetstream.DiscardNew},
+		{Name: "OTHER", Subjects: []string{"other.>"}},
 	} {
 		if _, err := js.CreateStream(ctx, cfg); err != nil {
 			t.Fatal(err)
@@ -75,7 +76,11 @@ func TestClassifyRealOutcomes(t *testing.T) {
 	}
 	dup := row("Dup", []byte("x"))
 	full := row("Full", []byte("x"))
-	if r := publishOne(p, "full.one", full); r.Kind != Stored {
+	pFull, err := NewJetStream(c, "FULL", 100, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := publishOne(pFull, "full.one", full); r.Kind != Stored {
 		t.Fatalf("filling FULL: %+v", r)
 	}
 	var noStreamErr error
@@ -93,6 +98,9 @@ func TestClassifyRealOutcomes(t *testing.T) {
 		{"payload larger than the server's max_payload: refused before it is sent", func() Result {
 			return publishOne(p, "events.Huge", row("Huge", make([]byte, 2<<20)))
 		}, Invalid, "more than the server's max_payload of 1048576"},
+		// Stored by another stream than the relay's (its subjects given
+		// to another): not the relay's record, and no row's fault.
+		{"acknowledged by another stream", func() Result { return publishOne(p, "other.x", row("X", []byte("x"))) }, Transport, "stream OTHER acknowledged the message, not EVENTS"},
 		{"stream full with discard new (503)", func() Result { return publishOne(p, "full.two", row("Full", []byte("y"))) }, Transport, "maximum messages exceeded"},
 		// A stream that does not capture the relay's subjects is wrong for
 		// every row: an outage until it is fixed, never a rejection.

@@ -264,7 +264,8 @@ func Classify(err error) Kind {
 		errors.Is(err, nats.ErrPermissionViolation),
 		errors.Is(err, nats.ErrHeadersNotSupported):
 		return Rejected
-	case errors.Is(err, nats.ErrDisconnected),
+	case errors.Is(err, ErrStreamRefusesAll),
+		errors.Is(err, nats.ErrDisconnected),
 		errors.Is(err, nats.ErrConnectionClosed),
 		errors.Is(err, nats.ErrConnectionDraining),
 		errors.Is(err, nats.ErrConnectionReconnecting),
@@ -577,11 +578,27 @@ func (a *jsAck) afterRefusal(ctx context.Context) Result {
 
 // stored is the result of a message the stream acknowledged.
 func (a *jsAck) stored(ctx context.Context, ack *jetstream.PubAck) Result {
+	if err := a.p.elsewhere(ack.Stream); err != nil {
+		return Result{Kind: Transport, Err: err}
+	}
 	a.p.conn.stored(a.subject, a.sent)
 	if ack.Duplicate {
 		return Result{Kind: Duplicate, Err: a.p.conflict(ctx, a.rowID, a.origin, ack.Sequence), Seq: ack.Sequence}
 	}
 	return Result{Kind: Stored, Seq: ack.Sequence}
+}
+
+// elsewhere reports an acknowledgement from a stream other than the
+// relay's: another stream captures the subjects now (the relay's stream
+// was deleted and its subjects given to another, say). The message is
+// stored there, not in the relay's stream, so its row is not done: an
+// outage, which the probe names (the stream missing, another one's
+// subjects overlapping), not an attempt.
+func (p *JetStream) elsewhere(stream string) error {
+	if stream == p.stream {
+		return nil
+	}
+	return fmt.Errorf("%w: stream %s acknowledged the message, not %s (stream.name): it captures the relay's subjects; give them back to %s, or point stream.name at %s", ErrStreamRefusesAll, stream, p.stream, p.stream, stream)
 }
 
 // classify refines Classify with what only the subject tells: a publish the
