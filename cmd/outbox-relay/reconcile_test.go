@@ -14,11 +14,12 @@ import (
 // TestKill9BeforeTheSettlePastTheWindow: the leader is killed -9 after
 // JetStream acknowledged every row and before it could settle any (the
 // application held the write lock), the stream's duplicate window is 1 s
-// and the next leader starts well past it: a restarted relay, or the
-// standby taking over. Every row ends done at the sequence its message
-// was stored at, and the stream holds each event once.
+// and the next leader starts well past it: a restarted relay, the standby
+// taking over, or a leader that was stopped (SIGSTOP) while the killed one
+// led in its place, resumed alone. Every row ends done at the sequence its
+// message was stored at, and the stream holds each event once.
 func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
-	for _, takeover := range []string{"restart", "standby"} {
+	for _, takeover := range []string{"restart", "standby", "paused leader"} {
 		t.Run(takeover, func(t *testing.T) {
 			const rows = 300
 			n := testenv.StartNATS(t)
@@ -32,9 +33,19 @@ func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
 			// would wait for the application's lock below.
 			leader.waitFor("reconciled the outbox with the stream; publishing")
 			var standby *process
-			if takeover == "standby" {
+			if takeover != "restart" {
 				standby = startDaemon(t, env, "run", "--database-path", path)
 				standby.waitFor("standing by: another relay of this outbox table leads")
+			}
+			if takeover == "paused leader" {
+				// The standby judges another dead only once it has beaten
+				// on time for 6 s itself.
+				time.Sleep(7 * time.Second)
+				if err := leader.Signal(syscall.SIGSTOP); err != nil {
+					t.Fatal(err)
+				}
+				standby.waitFor("leading: this relay claims and publishes the rows")
+				leader, standby = standby, leader
 			}
 			// The rows come due in a few seconds; by then the application
 			// holds the write lock, so the leader publishes (its reads take
@@ -72,10 +83,15 @@ func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
 			if next == nil {
 				next = startDaemon(t, env, "run", "--database-path", path)
 			}
-			end, err := next.WaitFor("reconciled the outbox with the stream; publishing", 30*time.Second)
-			if err != nil {
-				t.Fatal(err)
+			const reconciled = "reconciled the outbox with the stream; publishing"
+			before := len(next.Find(reconciled)) // the paused leader's own, at its start
+			if takeover == "paused leader" {
+				if err := next.Signal(syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
 			}
+			testenv.Eventually(t, 30*time.Second, "the next leader reconciled", func() bool { return len(next.Find(reconciled)) > before })
+			end := next.Find(reconciled)[before]
 			if end.Fields["settled"] != float64(rows) {
 				t.Errorf("the next leader reconciled %v rows, want %d", end.Fields["settled"], rows)
 			}

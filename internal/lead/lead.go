@@ -114,17 +114,30 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 	if l.batchLimit != nil {
 		batchLimit = l.batchLimit()
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope, atomic_batch_limit)
-VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in_flight = excluded.in_flight, atomic_batch_limit = excluded.atomic_batch_limit`,
-		l.instance, now, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope, batchLimit); err != nil {
+	res, err := tx.ExecContext(ctx, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ?2, in_flight = ?3, atomic_batch_limit = ?4 WHERE instance_id = ?1`,
+		l.instance, now, inFlight, batchLimit)
+	if err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
+	// A relay whose row is gone after it had one was judged dead (paused
+	// past the staleness, say), and another relay may have led since: it
+	// lost the lead, and joins again as a newcomer, which does not lead at
+	// this heartbeat. Leading again at a later one, it begins to lead
+	// anew, and first finds what was published meanwhile.
+	rejoined := false
+	if n, _ := res.RowsAffected(); n == 0 {
+		rejoined = l.registered.Load()
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope, atomic_batch_limit)
+VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
+			l.instance, now, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope, batchLimit); err != nil {
+			return 0, fmt.Errorf("heartbeat: %w", err)
+		}
 	}
 	staleBefore := now - staleAfter.Milliseconds()
 	if !judge {
 		staleBefore = 0 // judge nobody dead this round; expired leases still count
 	}
-	res, err := tx.ExecContext(ctx, l.reclaim, now-lease.Milliseconds(), l.instance, staleBefore)
+	res, err = tx.ExecContext(ctx, l.reclaim, now-lease.Milliseconds(), l.instance, staleBefore)
 	if err != nil {
 		return 0, fmt.Errorf("reclaim rows: %w", err)
 	}
@@ -141,7 +154,7 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, in
 	}
 	l.lastBeat = time.UnixMilli(now)
 	l.registered.Store(true)
-	l.leads.Store(leader == l.instance)
+	l.leads.Store(leader == l.instance && !rejoined)
 	return reclaimed, nil
 }
 

@@ -261,3 +261,35 @@ func TestNewcomerInTheLeadersMillisecondStandsBy(t *testing.T) {
 		t.Fatal("the leader lost the lead to a relay registered after it in the same millisecond")
 	}
 }
+
+// TestRelayJudgedDeadDoesNotLeadAtOnce: a leader paused past the
+// staleness loses its row to a standby's judgement; the standby dies in
+// turn. The paused relay, resumed, heartbeats alone: its row is written
+// again, but it does not lead at that heartbeat (another relay may have
+// led since), and leads at the next, so that it begins to lead anew.
+func TestRelayJudgedDeadDoesNotLeadAtOnce(t *testing.T) {
+	ctx := context.Background()
+	paused := newLease(t)
+	db := testenv.AppDB(t, paused.db.Path())
+	beat := func(l *Lease) {
+		t.Helper()
+		if _, err := l.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat(paused)
+	if !paused.Leads() {
+		t.Fatal("the only relay does not lead")
+	}
+	// The standby judged it dead and led; then the standby was killed and
+	// its row buried.
+	testenv.MustExec(t, db, `DELETE FROM `+schema.InstancesTable)
+	beat(paused)
+	if paused.Leads() {
+		t.Fatal("a relay whose row was removed leads at once at its next heartbeat, as if it had led all along")
+	}
+	beat(paused)
+	if !paused.Leads() {
+		t.Fatal("the relay alone does not lead at the heartbeat after it joined again")
+	}
+}

@@ -44,7 +44,7 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			}
 			continue
 		}
-		if !r.leading.Load() && r.o.HeartbeatInterval > 0 {
+		if r.o.HeartbeatInterval > 0 && (!r.leading.Load() || r.beatStale()) {
 			r.started()
 			wait(ctx, r.led, nil) // a standby claims nothing
 			continue

@@ -38,9 +38,16 @@ func (r *Relay) firstHeartbeat(ctx context.Context) error {
 	}
 }
 
-// beat heartbeats with the rows in flight.
+// beat heartbeats with the rows in flight, and notes when it committed.
 func (r *Relay) beat(ctx context.Context) (reclaimed int64, err error) {
-	return r.o.Lead.Heartbeat(ctx, r.o.Version, int(r.inflight.Load()), r.o.Lease, r.o.StaleAfter)
+	reclaimed, err = r.o.Lead.Heartbeat(ctx, r.o.Version, int(r.inflight.Load()), r.o.Lease, r.o.StaleAfter)
+	if err == nil {
+		r.beaten.Store(int64(time.Since(monoBase)))
+	}
+	if busy := errors.Is(err, event.ErrBusy); busy != r.beatBusy.Swap(busy) && busy {
+		signal(r.led) // a claim loop waiting for a heartbeat goes on (see beatStale)
+	}
+	return reclaimed, err
 }
 
 // reclaimed counts and logs rows a heartbeat made claimable again, and
@@ -85,16 +92,35 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 func (r *Relay) lead() {
 	leads := r.o.Lead.Leads()
 	said := r.roleSaid.Swap(true)
-	if r.leading.Swap(leads) == leads && said {
+	changed := r.leading.Swap(leads) != leads || !said
+	if leads {
+		signal(r.led) // the claim loop may wait for a heartbeat (see beatStale)
+	}
+	if !changed {
 		return
 	}
 	if leads {
 		r.leaderGauge.Set(1)
 		r.log.Info("leading: this relay claims and publishes the rows")
-		signal(r.led)
 		return
 	}
 	r.leaderGauge.Set(0)
 	r.reconcileAsked.Add(1) // whoever leads meanwhile publishes
 	r.log.Info("standing by: another relay of this outbox table leads")
+}
+
+// monoBase is the origin of Relay.beaten: durations since it are read on
+// the monotonic clock, which runs on while the process is stopped.
+var monoBase = time.Now()
+
+// beatStale reports whether this relay's latest heartbeat is too old for
+// its lead to be sure: half the time after which others judge it dead. A
+// relay stopped (SIGSTOP, a frozen VM) and resumed would otherwise claim
+// and publish on the lead it had before, which another relay may have
+// taken meanwhile; it waits for a heartbeat instead. Not while the latest
+// heartbeat found the application holding the write lock: no relay can
+// commit a heartbeat then, nor judge another dead until it has beaten on
+// time again (lead.Lease.Heartbeat), and the rows due meanwhile go out.
+func (r *Relay) beatStale() bool {
+	return r.o.StaleAfter > 0 && !r.beatBusy.Load() && time.Since(monoBase)-time.Duration(r.beaten.Load()) > r.o.StaleAfter/2
 }

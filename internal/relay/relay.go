@@ -150,6 +150,8 @@ type Relay struct {
 	room     chan struct{} // payload in flight went below its budget's three quarters
 	led      chan struct{} // this relay became the leader
 	leading  atomic.Bool
+	beaten   atomic.Int64  // the latest heartbeat that committed, since monoBase (see beatStale)
+	beatBusy atomic.Bool   // the latest heartbeat found the database locked
 	roleSaid atomic.Bool   // the role was logged once
 	heldSaid atomic.Bool   // held atomic groups were logged once
 	pipeline *fifo[*batch] // claimer -> settler, in publish order

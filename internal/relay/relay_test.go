@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -372,6 +373,50 @@ func TestPayloadBudgetReturnsAtTheAck(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "40 rows published while no settle ends", func() bool { return pub.count() == 40 })
 	close(store.open)
 	testenv.Eventually(t, 10*time.Second, "all settled", func() bool { return len(store.Outcomes()) == 40 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stalledLead leads, but its heartbeats wait while stalled is set: a
+// relay stopped (SIGSTOP) or a write lock held, as far as the lead knows.
+type stalledLead struct {
+	aloneLead
+	stalled atomic.Bool
+}
+
+func (l *stalledLead) Heartbeat(ctx context.Context, _ string, _ int, _, _ time.Duration) (int64, error) {
+	for l.stalled.Load() && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	return 0, ctx.Err()
+}
+
+// TestNoClaimOnAStaleHeartbeat: a relay whose latest heartbeat is older
+// than half the staleness claims nothing, although it led at that
+// heartbeat: another relay may have judged it dead and led since. It
+// claims again at its next heartbeat.
+func TestNoClaimOnAStaleHeartbeat(t *testing.T) {
+	store := &testenv.MemStore{}
+	store.AddN(1, "T", nil)
+	pub := &countingPublisher{}
+	lead := &stalledLead{}
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: time.Millisecond,
+		Lead: lead, HeartbeatInterval: 10 * time.Millisecond, StaleAfter: 200 * time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testenv.Eventually(t, 10*time.Second, "the first row published", func() bool { return pub.count() == 1 })
+	lead.stalled.Store(true)
+	time.Sleep(300 * time.Millisecond) // the latest heartbeat is now older than 100 ms
+	store.AddN(1, "T", nil)
+	time.Sleep(300 * time.Millisecond)
+	if n := pub.count(); n != 1 {
+		t.Fatalf("%d rows published with the latest heartbeat 300 ms old, want 1", n)
+	}
+	lead.stalled.Store(false)
+	testenv.Eventually(t, 10*time.Second, "the row published after the next heartbeat", func() bool { return pub.count() == 2 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
