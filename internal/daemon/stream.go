@@ -154,9 +154,9 @@ func (a *App) noteConfigError(err error) {
 	defer a.stream.mu.Unlock()
 	prev := a.stream.configErr
 	switch {
-	case errors.Is(err, streamsync.ErrSubjectOverlap):
+	case errors.Is(err, streamsync.ErrSubjectOverlap), errors.Is(err, streamsync.ErrCreateRefused):
 		if prev == nil || prev.Error() != err.Error() {
-			a.log.Error("the stream cannot be created: a configuration error, fixed only by changing a stream or stream.subjects; "+
+			a.log.Error("the stream cannot be created: a configuration error, fixed only by changing the configuration the error names; "+
 				"the relay stays not ready until then", zap.String("stream", a.cfg.Stream.Name), zap.Error(err))
 		}
 		a.stream.configErr = err

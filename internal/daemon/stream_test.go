@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -132,6 +133,34 @@ func TestSubjectOverlapIsAConfigurationError(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := readyz(t, a); return code == 200 })
 	if logs.FilterMessage("the stream's configuration error is fixed").Len() != 1 {
 		t.Fatalf("no line saying the error is fixed: %v", logs.All())
+	}
+}
+
+// TestStreamRefusedByTheServerIsAConfigurationError: a server that limits
+// duplicate windows below stream.duplicate_window refuses to create the
+// stream: the relay is not ready, naming the setting and the limit under
+// "stream: ", logs it once at error level, spends nothing and publishes
+// nothing, rather than waiting on it as on an outage.
+func TestStreamRefusedByTheServerIsAConfigurationError(t *testing.T) {
+	n := testenv.StartNATS(t, func(o *server.Options) { o.JetStreamLimits.Duplicates = 30 * time.Minute })
+	core, logs := observer.New(zapcore.InfoLevel)
+	a, cfg := openTestLog(t, n, zap.New(core), nil)
+	app := testenv.AppDB(t, cfg.Database.Path)
+	testenv.InsertN(t, app, 2, "Refused")
+	testenv.Eventually(t, 20*time.Second, "not ready, naming the window and the limit", func() bool {
+		code, body := readyz(t, a)
+		return code == 503 && strings.HasPrefix(body, "stream: the server refuses the stream's configuration: stream EVENTS cannot be created: ") &&
+			strings.Contains(body, "set stream.duplicate_window (1h0m0s now) to at most the server's limit")
+	})
+	if l := logs.FilterMessageSnippet("the stream cannot be created").All(); len(l) != 1 || l[0].Level != zapcore.ErrorLevel {
+		t.Fatalf("configuration error log lines: %v", logs.All())
+	}
+	if c := testenv.Counts(t, app); c["pending"] != 2 {
+		t.Fatalf("rows %v, want both pending", c)
+	}
+	var attempts int
+	if err := app.QueryRow(`SELECT sum(attempts) FROM event_queue`).Scan(&attempts); err != nil || attempts != 0 {
+		t.Fatalf("%d attempts spent (%v)", attempts, err)
 	}
 }
 

@@ -281,3 +281,26 @@ func TestStreamCreatedFirstByAnotherRelay(t *testing.T) {
 		t.Fatalf("%d ignored warnings; log %v", n, logs.All())
 	}
 }
+
+// TestCreationIsAChange: a stream the sync creates, or would create, is
+// a change in what the command prints, never "in sync".
+func TestCreationIsAChange(t *testing.T) {
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := context.Background()
+	for _, dryRun := range []bool{true, false} {
+		res, err := streamsync.Sync(ctx, js, want, streamsync.Options{DryRun: dryRun})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantLines := []string{"stream EVENTS: missing; would be created\n", "dry run: 1 change(s) planned"}
+		if !dryRun {
+			wantLines = []string{"stream EVENTS: created\n", "applied 1 change(s)"}
+		}
+		out := printed(res, dryRun)
+		for _, l := range wantLines {
+			if !strings.Contains(out, l) {
+				t.Errorf("dry run %v printed %q, want %q in it", dryRun, out, l)
+			}
+		}
+	}
+}

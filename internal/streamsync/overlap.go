@@ -18,6 +18,26 @@ import (
 // heals it until an operator changes one of the two streams.
 var ErrSubjectOverlap = errors.New("subjects overlap another stream")
 
+// ErrCreateRefused: the server refuses the stream the relay would create
+// (err_code 10052, its configuration invalid there: a duplicate window
+// above the server's limit, say). Like ErrSubjectOverlap, a configuration
+// error that waiting does not fix.
+var ErrCreateRefused = errors.New("the server refuses the stream's configuration")
+
+// errCodeInvalidConfig is the server's err_code for a stream
+// configuration it refuses (JSStreamInvalidConfigF).
+const errCodeInvalidConfig jetstream.ErrorCode = 10052
+
+// createRefused says why the server refused to create want's stream (its
+// err_code 10052), and what to change.
+func createRefused(want Want, apiErr *jetstream.APIError) error {
+	fix := "change the stream.* setting it names, or the server's JetStream limits"
+	if strings.Contains(apiErr.Description, "duplicates window") {
+		fix = fmt.Sprintf("set stream.duplicate_window (%v now) to at most the server's limit, or raise the server's limit (jetstream { limits { duplicate_window } })", want.DuplicateWindow)
+	}
+	return fmt.Errorf("%w: stream %s cannot be created: %s; %s", ErrCreateRefused, want.Stream, apiErr.Description, fix)
+}
+
 // errCodeSubjectOverlap is the server's err_code for a stream whose
 // subjects overlap an existing stream's (nats.go names no constant).
 const errCodeSubjectOverlap jetstream.ErrorCode = 10065

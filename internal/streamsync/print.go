@@ -59,6 +59,11 @@ func (s Summary) Print(w io.Writer) {
 func (s Summary) printOutcome(w io.Writer) {
 	res := s.Result
 	n := len(res.Changes.Stream) + len(res.Changes.Consumer)
+	for _, created := range []bool{res.StreamCreated, res.ConsumerCreated} {
+		if created {
+			n++
+		}
+	}
 	if res.Window != nil && res.Window.Short() && len(res.Rejected) == 0 {
 		// A dry run whose window patch the server would refuse.
 		fmt.Fprintf(w, "warning: %s\n", res.Window.Warning())

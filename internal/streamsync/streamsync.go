@@ -137,10 +137,11 @@ func Sync(ctx context.Context, js jetstream.JetStream, want Want, o Options) (Re
 	if live.Stream != nil {
 		subjects = live.Stream.Subjects
 	}
-	if !natsname.Covers(subjects, want.SubjectPrefix) {
-		res.NotCaptured = notCaptured(want.Stream, subjects, want.SubjectPrefix).Error()
+	if live.Stream != nil && !natsname.Covers(subjects, want.SubjectPrefix) {
+		fix := captureFix(ctx, js, want, *live.Stream)
+		res.NotCaptured = notCaptured(want, *live.Stream, fix).Error()
 		log.Error("stream does not capture the relay's subjects; the relay stays not ready until it does",
-			zap.Strings("subjects", subjects), zap.String("needs", want.SubjectPrefix+".>"), zap.String("fix", captureCommand(want.Stream, subjects, want.SubjectPrefix)))
+			zap.Strings("subjects", subjects), zap.String("needs", want.SubjectPrefix+".>"), zap.String("fix", fix))
 	}
 
 	if want.Durable != "" && live.Consumer == nil {
@@ -254,6 +255,7 @@ func updateStream(ctx context.Context, js jetstream.JetStream, live jetstream.St
 	if len(rest) > 0 {
 		s, updateErr := js.UpdateStream(ctx, patchStream(live, want, rest))
 		w, hint := NewWindow(live, want.DuplicateWindow), ""
+		w.Limit = serverLimit(updateErr)
 		if w.Short() {
 			hint = w.Choice()
 		}
@@ -331,6 +333,8 @@ func create(ctx context.Context, js jetstream.JetStream, want Want) (_ jetstream
 	if apiErr := (*jetstream.APIError)(nil); errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSubjectOverlap {
 		found, listErr := overlapping(ctx, js, want)
 		return nil, false, overlapError(want, found, listErr, apiErr)
+	} else if apiErr != nil && apiErr.ErrorCode == errCodeInvalidConfig {
+		return nil, false, createRefused(want, apiErr)
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("create stream %s: %w", want.Stream, err)
@@ -370,14 +374,35 @@ func Examine(ctx context.Context, js jetstream.JetStream, want Want) (Window, er
 	cfg := s.CachedInfo().Config
 	w := NewWindow(cfg, want.DuplicateWindow)
 	if !natsname.Covers(cfg.Subjects, want.SubjectPrefix) {
-		return w, notCaptured(want.Stream, cfg.Subjects, want.SubjectPrefix)
+		return w, notCaptured(want, cfg, captureFix(ctx, js, want, cfg))
 	}
 	return w, nil
 }
 
-func notCaptured(stream string, subjects []string, prefix string) error {
-	return fmt.Errorf("%w: stream %s (subjects %q) does not capture %s.>; add it: %s",
-		ErrNotCaptured, stream, subjects, prefix, captureCommand(stream, subjects, prefix))
+func notCaptured(want Want, cfg jetstream.StreamConfig, fix string) error {
+	return fmt.Errorf("%w: stream %s (subjects %q) does not capture %s.>; %s",
+		ErrNotCaptured, want.Stream, cfg.Subjects, want.SubjectPrefix, fix)
+}
+
+// captureFix says what makes stream cfg capture the relay's subjects:
+// adding them, unless the stream is a mirror (which takes no subjects) or
+// another stream takes them (a subject belongs to one stream only).
+func captureFix(ctx context.Context, js jetstream.JetStream, want Want, cfg jetstream.StreamConfig) string {
+	point := "point stream.name at a stream that captures " + want.SubjectPrefix + ".>"
+	if cfg.Mirror != nil {
+		return fmt.Sprintf("it mirrors %s and can take no subjects of its own: %s", cfg.Mirror.Name, point)
+	}
+	mine := want
+	mine.Subjects = []string{want.SubjectPrefix + ".>"}
+	if found, _ := overlapping(ctx, js, mine); len(found) > 0 {
+		var parts []string
+		for _, o := range found {
+			parts = append(parts, fmt.Sprintf("stream %s takes %s", o.stream, strings.Join(o.taken, ",")))
+		}
+		return fmt.Sprintf("%s, and a subject belongs to one stream only: %s, or remove them from there and add them here (%s)",
+			strings.Join(parts, "; "), point, captureCommand(want.Stream, cfg.Subjects, want.SubjectPrefix))
+	}
+	return "add it: " + captureCommand(want.Stream, cfg.Subjects, want.SubjectPrefix)
 }
 
 // captureCommand is the natscli command that adds the relay's subjects.

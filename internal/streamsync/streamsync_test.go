@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -289,6 +290,33 @@ func TestRejectedUpdateKeepsStarting(t *testing.T) {
 	}
 }
 
+// TestWindowRefusedUnderTheServersLimit: a server that allows no window
+// longer than 30 min refuses 1 h on a stream of the default 2 min: the
+// command given is the longest window the server takes, and the choice
+// names the server's limit.
+func TestWindowRefusedUnderTheServersLimit(t *testing.T) {
+	ctx := context.Background()
+	js := testenv.StartNATS(t, func(o *server.Options) { o.JetStreamLimits.Duplicates = 30 * time.Minute }).JetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := streamsync.Sync(ctx, js, want, streamsync.Options{})
+	if err != nil || len(res.Rejected) != 1 {
+		t.Fatalf("Sync = %+v, %v", res, err)
+	}
+	const command = "nats stream edit EVENTS --dupe-window 30m -f"
+	if r := res.Rejected[0]; r.Command != command || !strings.Contains(r.Hint, "the server allows no window longer than 30m") ||
+		!strings.Contains(r.Hint, "set stream.duplicate_window to at most 30m;") {
+		t.Fatalf("rejection %+v", r)
+	}
+	s, _ := js.Stream(ctx, "EVENTS")
+	cfg := s.CachedInfo().Config
+	cfg.Duplicates = 30 * time.Minute
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("what the command does is refused: %v", err)
+	}
+}
+
 // TestShortWindowAccepted: stream.duplicate_window at most max_age is
 // applied, and the window is not short then.
 func TestShortWindowAccepted(t *testing.T) {
@@ -461,5 +489,37 @@ func TestCheckNamesUncapturedSubject(t *testing.T) {
 	}
 	if l := logs.FilterLevelExact(zapcore.ErrorLevel).All(); len(l) != 1 || l[0].ContextMap()["needs"] != "events.>" {
 		t.Fatalf("error lines %v", logs.All())
+	}
+}
+
+// TestUncapturedSubjectsThatCannotBeAdded: a stream that cannot take the
+// relay's subjects, because another stream has them or because it is a
+// mirror, is not told to add them (the server would refuse): Check and
+// Sync say which stream has them, or that it is a mirror, and to point
+// stream.name at a stream that captures them.
+func TestUncapturedSubjectsThatCannotBeAdded(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		events jetstream.StreamConfig
+		says   string
+	}{
+		{"another stream has them", jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"foo.>"}}, "stream SRC takes events.>, and a subject belongs to one stream only: point stream.name at a stream that captures events.>"},
+		{"a mirror", jetstream.StreamConfig{Name: "EVENTS", Mirror: &jetstream.StreamSource{Name: "SRC"}}, "it mirrors SRC and can take no subjects of its own: point stream.name at a stream that captures events.>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			js := testenv.StartNATS(t).JetStream(t)
+			for _, c := range []jetstream.StreamConfig{{Name: "SRC", Subjects: []string{"events.>"}}, tc.events} {
+				if _, err := js.CreateStream(ctx, c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := streamsync.Check(ctx, js, want); !errors.Is(err, streamsync.ErrNotCaptured) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("Check = %v, want it to say %q", err, tc.says)
+			}
+			if res, err := streamsync.Sync(ctx, js, want, streamsync.Options{DryRun: true}); err != nil || !strings.Contains(res.NotCaptured, tc.says) {
+				t.Fatalf("Sync = %+v, %v", res, err)
+			}
+		})
 	}
 }

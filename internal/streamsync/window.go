@@ -2,7 +2,9 @@ package streamsync
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,6 +19,9 @@ type Window struct {
 	Have   time.Duration // the stream's window, server defaults applied
 	Want   time.Duration // stream.duplicate_window
 	MaxAge time.Duration // the stream's max_age; 0: none
+	// Limit is the longest window the server allows (its JetStream
+	// limits), when its refusal of an update said so; 0: not known.
+	Limit time.Duration
 }
 
 // NewWindow reads the window of a stream's configuration.
@@ -32,10 +37,35 @@ func (w Window) Short() bool { return w.Have < w.Want }
 // server refuses a window longer than max_age (err_code 10052).
 func (w Window) capped() bool { return w.MaxAge > 0 && w.MaxAge < w.Want }
 
+// limited reports whether the server's own limit keeps the window short.
+func (w Window) limited() bool { return w.Limit > 0 && w.Limit < w.Want }
+
+// serverLimit is the longest duplicate window the server allows, when its
+// refusal err says so ("... larger then server limit of 30m0s"); else 0.
+func serverLimit(err error) time.Duration {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return 0
+	}
+	_, after, ok := strings.Cut(apiErr.Description, "server limit of ")
+	if !ok {
+		return 0
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(after))
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
 // Command is the natscli (v0.5.0) command that gives the stream the
 // window the relay needs; with a max_age below it, max_age is raised too,
-// since the server refuses the window alone.
+// since the server refuses the window alone. Under the server's limit, it
+// gives the stream the longest window the server allows.
 func (w Window) Command() string {
+	if w.limited() {
+		return StreamEditCommand(w.Stream, []Change{{Field: FieldDuplicateWindow, New: fmtDuration(w.Limit)}})
+	}
 	if w.capped() {
 		return fmt.Sprintf("nats stream edit %s --max-age %s --dupe-window %s -f", shellQuote(w.Stream), fmtDuration(w.Want), fmtDuration(w.Want))
 	}
@@ -47,7 +77,12 @@ func (w Window) Command() string {
 // one, and what that costs.
 func (w Window) Choice() string {
 	give, most := fmt.Sprintf("give the stream the window (%s)", w.Command()), w.Have
-	if w.capped() {
+	switch {
+	case w.limited():
+		give = fmt.Sprintf("the server allows no window longer than %s (its JetStream limits, duplicate_window): raise that limit in the server's configuration, or give the stream the longest it allows (%s)",
+			fmtDuration(w.Limit), w.Command())
+		most = w.Limit
+	case w.capped():
 		give = fmt.Sprintf("the server allows no window longer than the stream's max_age (%s): raise max_age to at least %s (%s)",
 			fmtDuration(w.MaxAge), fmtDuration(w.Want), w.Command())
 		most = w.MaxAge
