@@ -291,9 +291,10 @@ func validateHeaderValue(column, v, trimmed string, maxLen int) error {
 	case !utf8.ValidString(v):
 		return fmt.Errorf("%s is not valid UTF-8 text (a BLOB?)", column)
 	case strings.TrimSpace(v) != v:
-		// NATS trims a header value's surrounding whitespace, so "a " would
-		// be deduplicated against "a": one of the two events would be lost.
-		return fmt.Errorf("%s %q begins or ends with whitespace, which NATS headers drop: %s %q", column, v, trimmed, strings.TrimSpace(v))
+		// NATS clients trim a header value's surrounding whitespace (nats.go
+		// spaces and tabs, others any Unicode space), so "a " would be
+		// deduplicated against "a": one of the two events would be lost.
+		return fmt.Errorf("%s %q begins or ends with whitespace, which NATS clients trim from header values: %s %q", column, v, trimmed, strings.TrimSpace(v))
 	}
 	for _, c := range v {
 		if unicode.IsControl(c) {
