@@ -63,6 +63,21 @@ func createStreams(t *testing.T, js jetstream.JetStream) {
 	}
 }
 
+// TestFirstPublishOnAClosedConnection: a publisher's first publish after
+// its connection closed (a fleet file's relay opened late) fails to
+// subscribe for its acknowledgements: the connection's fault, an outage,
+// not an attempt spent on the row.
+func TestFirstPublishOnAClosedConnection(t *testing.T) {
+	n := testenv.StartNATS(t)
+	createStreams(t, n.JetStream(t))
+	c := connect(t, n.URL(), ConnectOptions{})
+	p := newJS(t, c, 2*time.Second)
+	c.NC.Close()
+	if r := publishOne(p, "events.X", row("X", []byte("x"))); r.Kind != Transport {
+		t.Fatalf("publish on a closed connection: %+v, want transport", r)
+	}
+}
+
 // TestClassifyRealOutcomes classifies errors produced by a real server.
 func TestClassifyRealOutcomes(t *testing.T) {
 	n := testenv.StartNATS(t)

@@ -295,10 +295,18 @@ func Classify(err error) Kind {
 	if errors.As(err, &netErr) {
 		return Transport // a socket error: the connection, not the message
 	}
+	if strings.Contains(err.Error(), asyncReplyFailed) {
+		return Transport
+	}
 	// Unknown errors spend an attempt, so the row records why and cannot
 	// stall the relay forever.
 	return Rejected
 }
+
+// asyncReplyFailed begins the error of the first asynchronous publish of a
+// publisher whose connection is closed (or draining): nats.go (v1.55)
+// formats the cause with %s, so errors.Is cannot find it.
+const asyncReplyFailed = "nats: error creating async reply handler"
 
 // The JetStream error codes of a stream or an account that refuses every
 // message, whatever the message, with what the operator can do. They come
