@@ -50,6 +50,10 @@ type streamSync struct {
 	mu      sync.Mutex
 	done    bool
 	atomics bool
+	// limit is the longest duplicate window the server allows, when the
+	// reconciliation's refused update said so (0: not known): the
+	// window's advice follows it (streamsync.Window.Limit).
+	limit time.Duration
 	// first is held by the relay making the first reconciliation: a
 	// fleet's first files start together, and the others wait for it
 	// rather than each reconciling (and each saying it created the
@@ -83,10 +87,21 @@ func (s *streamSync) get() (done, atomics bool) {
 }
 
 // set records a reconciliation and what it found of atomic publish.
-func (s *streamSync) set(atomics bool) {
+func (s *streamSync) set(res streamsync.Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.done, s.atomics = true, atomics
+	s.done, s.atomics, s.limit = true, res.Atomic, 0
+	if res.Window != nil {
+		s.limit = res.Window.Limit
+	}
+}
+
+// windowLimit is the server's limit on duplicate windows, as the latest
+// reconciliation learned it (0: not known).
+func (s *streamSync) windowLimit() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limit
 }
 
 // brokerReady is the relay's outage probe: the broker is connected and, in
@@ -128,7 +143,7 @@ func (a *App) brokerReady(ctx context.Context) error {
 			return err
 		}
 		a.synced.Store(true)
-		a.sync.set(res.Atomic)
+		a.sync.set(res)
 		if again {
 			// The sequences the relay knew are the old stream's.
 			a.relay.ReconcileAgain()
@@ -178,6 +193,7 @@ func (a *App) streamConfigError() error {
 // duplicate window.
 func (a *App) examineStream(ctx context.Context) error {
 	w, err := streamsync.Examine(ctx, a.js.API(), a.want())
+	w.Limit = a.sync.windowLimit()
 	if w.Stream != "" {
 		a.noteWindow(w)
 	}

@@ -164,6 +164,24 @@ func TestStreamRefusedByTheServerIsAConfigurationError(t *testing.T) {
 	}
 }
 
+// TestWindowUnderTheServersLimitIsAdvisedAsTheServerAllows: an existing
+// stream of the default 2 min window, on a server that allows no window
+// over 30 min: the relay publishes with a warning in /readyz whose
+// command is one the server takes (30m), naming the server's limit.
+func TestWindowUnderTheServersLimitIsAdvisedAsTheServerAllows(t *testing.T) {
+	n := testenv.StartNATS(t, func(o *server.Options) { o.JetStreamLimits.Duplicates = 30 * time.Minute })
+	if _, err := n.JetStream(t).CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	a, cfg := openTest(t, n, nil)
+	testenv.InsertN(t, testenv.AppDB(t, cfg.Database.Path), 1, "Limited")
+	testenv.Eventually(t, 20*time.Second, "ready with the warning", func() bool {
+		code, body := readyz(t, a)
+		return code == 200 && strings.Contains(body, "the server allows no window longer than 30m") &&
+			strings.Contains(body, "nats stream edit EVENTS --dupe-window 30m -f")
+	})
+}
+
 // TestPatchCounterSeriesStartAtZero: every field reconciliation may patch
 // has its stream_config_patched_total series from the start, so rate()
 // and increase() see the first patch.
