@@ -226,3 +226,24 @@ func TestFirstProbeCreatesTheStreamAndPasses(t *testing.T) {
 		t.Fatalf("the stream after the first probe: %v", err)
 	}
 }
+
+// TestNoAckStreamIsNamed: a stream with no_ack answers no publish. The
+// relay publishes nothing, spends nothing, and /readyz names the setting
+// and the command that turns it off, instead of a broker that times out.
+func TestNoAckStreamIsNamed(t *testing.T) {
+	n := testenv.StartNATS(t)
+	if _, err := n.JetStream(t).CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, NoAck: true}); err != nil {
+		t.Fatal(err)
+	}
+	a, cfg := openTest(t, n, nil)
+	app := testenv.AppDB(t, cfg.Database.Path)
+	testenv.InsertN(t, app, 2, "Unanswered")
+	testenv.Eventually(t, 20*time.Second, "not ready, naming no_ack", func() bool {
+		code, body := readyz(t, a)
+		return code == 503 && strings.Contains(body, "stream EVENTS has no_ack set") && strings.Contains(body, "nats stream edit EVENTS --ack -f")
+	})
+	var attempts, pending int
+	if err := app.QueryRow(`SELECT sum(attempts), count(*) FILTER (WHERE status = 'pending') FROM event_queue`).Scan(&attempts, &pending); err != nil || attempts != 0 || pending != 2 {
+		t.Fatalf("attempts %d, pending %d (%v); want 0 and 2", attempts, pending, err)
+	}
+}

@@ -48,6 +48,9 @@ var (
 	ErrNoStream = errors.New("stream does not exist")
 	// ErrNotCaptured: the stream does not capture the relay's subjects.
 	ErrNotCaptured = errors.New("relay subjects not captured")
+	// ErrNoAck: the stream acknowledges no publish (no_ack), so no row
+	// could be known stored.
+	ErrNoAck = errors.New("the stream acknowledges no publish")
 )
 
 // Rejection is an update the server refused.
@@ -355,7 +358,8 @@ func newConsumer(want Want, subjects []string) jetstream.ConsumerConfig {
 
 // Check reports why the stream cannot take the relay's messages, or nil:
 // it must exist and capture every subject under the relay's prefix, or the
-// relay would take every "no response" for an outage.
+// relay would take every "no response" for an outage, and it must
+// acknowledge publishes.
 func Check(ctx context.Context, js jetstream.JetStream, want Want) error {
 	_, err := Examine(ctx, js, want)
 	return err
@@ -375,6 +379,10 @@ func Examine(ctx context.Context, js jetstream.JetStream, want Want) (Window, er
 	w := NewWindow(cfg, want.DuplicateWindow)
 	if !natsname.Covers(cfg.Subjects, want.SubjectPrefix) {
 		return w, notCaptured(want, cfg, captureFix(ctx, js, want, cfg))
+	}
+	if cfg.NoAck {
+		return w, fmt.Errorf("%w: stream %s has no_ack set, so the relay cannot know that a row is stored and publishes nothing; turn it off: nats stream edit %s --ack -f",
+			ErrNoAck, want.Stream, shellQuote(want.Stream))
 	}
 	return w, nil
 }
