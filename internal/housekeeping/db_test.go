@@ -464,3 +464,43 @@ func TestParkedKeysGauge(t *testing.T) {
 	refresh(true, 1)
 	refresh(false, 0)
 }
+
+// TestDeletesFreeAMebibyteAtMost: retention deletes a window's old rows
+// in transactions that free pruneBytes of payload at most (one row at
+// least), so that deleting rows of large payloads (their overflow pages
+// freed under the write lock) holds the application up no longer than
+// small rows do.
+func TestDeletesFreeAMebibyteAtMost(t *testing.T) {
+	ids := func(n int) []int64 {
+		out := make([]int64, n)
+		for i := range out {
+			out[i] = int64(i + 1)
+		}
+		return out
+	}
+	sizes := func(size int64, n int) []int64 {
+		out := make([]int64, n)
+		for i := range out {
+			out[i] = size
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		sizes []int64
+		want  []int // rows per part
+	}{
+		{"500 rows of 256 B", sizes(256, 500), []int{500}},
+		{"40 rows of 64 KiB", sizes(64<<10, 40), []int{16, 16, 8}},
+		{"rows larger than a mebibyte", sizes(3<<20, 3), []int{1, 1, 1}},
+		{"none", nil, nil},
+	} {
+		var got []int
+		for _, p := range split(ids(len(tc.sizes)), tc.sizes, pruneBytes) {
+			got = append(got, len(p))
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: parts of %v rows, want %v", tc.name, got, tc.want)
+		}
+	}
+}

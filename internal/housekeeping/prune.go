@@ -16,6 +16,11 @@ import (
 // follows holds the write lock for a few milliseconds at most.
 const pruneScan = 500
 
+// pruneBytes is how much payload one delete transaction frees at most
+// (one row at least): deleting a row frees its overflow pages under the
+// write lock, and 500 rows of 64 KiB held it for about 90 ms.
+const pruneBytes = 1 << 20
+
 // pruneBudget is how many rows one Prune call reads at most: a table of a
 // million rows is swept every ten calls, at a few tens of milliseconds of
 // CPU a call (rows without large payloads).
@@ -64,6 +69,7 @@ type Swept struct {
 // without New finds them.
 func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time, pause time.Duration, sw Sweep) (r Swept, err error) {
 	var name, finished, when string
+	size := "0"      // a row's payload bytes
 	unfinished := "" // a query for the rows in a rowid range [?1, ?2] known unfinished without reading them
 	written := "0"   // whether a row was written after the cutoff (?4) and not in the future (?5)
 	cutoff := before.UnixMilli()
@@ -71,6 +77,7 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 	switch table {
 	case event.PruneOutbox:
 		name, finished, when = db.Table(), `status = 'done'`, fmt.Sprintf(`coalesce(processed_at, %s)`, schema.MsSQL("created_at"))
+		size = `octet_length(payload)`
 		// status and processed_at come after the payload, in the last of a
 		// large row's overflow pages: reading them reads the whole
 		// payload. Pending rows are found in the pending index instead, so
@@ -97,7 +104,7 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 	// among them that may be finished.
 	window := fmt.Sprintf(`SELECT count(*), coalesce(max(rowid), 0) FROM (SELECT rowid FROM %s WHERE rowid >= ?1 ORDER BY rowid LIMIT %d)`, name, pruneScan)
 	old := fmt.Sprintf(`%s AND %s < ?3`, finished, when)
-	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s, 0), coalesce(%s, 0) FROM %s WHERE rowid >= ?1 AND rowid <= ?2`, old, written, name) // NULL times: neither
+	scan := fmt.Sprintf(`SELECT rowid, coalesce(%s, 0), coalesce(%s, 0), coalesce(%s, 0) FROM %s WHERE rowid >= ?1 AND rowid <= ?2`, old, written, size, name) // NULL times: neither
 	if unfinished != "" {
 		scan += ` AND rowid NOT IN (` + unfinished + `)` // tested first: SQLite tests the terms in order
 	}
@@ -117,8 +124,13 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 		if err != nil {
 			return r, fmt.Errorf("prune %s: %w", name, err)
 		}
-		if len(ids) > 0 {
-			k, err := deleteRows(ctx, db, del, ids, cutoff)
+		for i, part := range ids {
+			if i > 0 {
+				if err := sleepCtx(ctx, pause); err != nil {
+					return r, err
+				}
+			}
+			k, err := deleteRows(ctx, db, del, part, cutoff)
 			r.Deleted += k
 			if err != nil { // the window again next time
 				return r, fmt.Errorf("prune %s: %w", name, err)
@@ -134,10 +146,8 @@ func Prune(ctx context.Context, db *sqlitedb.DB, table string, before time.Time,
 			}
 		}
 		if len(ids) > 0 {
-			select {
-			case <-ctx.Done():
-				return r, ctx.Err()
-			case <-time.After(pause):
+			if err := sleepCtx(ctx, pause); err != nil {
+				return r, err
 			}
 		}
 		if r.Next == 0 {
@@ -160,28 +170,59 @@ func Span(ctx context.Context, db *sqlitedb.DB) (int64, error) {
 	return int64(min(span.Float64, math.MaxInt64/2)), nil
 }
 
+// sleepCtx waits d, or returns ctx's error if it ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
 // victims runs scan over a window of rowids for its old finished rows, up
 // to the first row written after the cutoff, and says whether it met one.
-func victims(ctx context.Context, db *sqlitedb.DB, scan string, args []any) (ids []int64, written bool, err error) {
+// The rows come in parts of pruneBytes of payload at most (see split), one
+// delete transaction each.
+func victims(ctx context.Context, db *sqlitedb.DB, scan string, args []any) (parts [][]int64, written bool, err error) {
 	rows, err := db.Reader().QueryContext(ctx, scan, args...)
 	if err != nil {
 		return nil, false, err
 	}
 	defer rows.Close()
+	var ids, sizes []int64
 	for rows.Next() {
-		var id int64
+		var id, size int64
 		var old, late bool
-		if err := rows.Scan(&id, &old, &late); err != nil {
+		if err := rows.Scan(&id, &old, &late, &size); err != nil {
 			return nil, false, err
 		}
 		if late {
-			return ids, true, nil // the rows after it are younger still: not read
+			written = true
+			break // the rows after it are younger still: not read
 		}
 		if old {
-			ids = append(ids, id)
+			ids, sizes = append(ids, id), append(sizes, size)
 		}
 	}
-	return ids, false, rows.Err()
+	return split(ids, sizes, pruneBytes), written, rows.Err()
+}
+
+// split cuts ids into runs whose sizes add up to max at most, a row at
+// least each.
+func split(ids, sizes []int64, max int64) [][]int64 {
+	var parts [][]int64
+	start, bytes := 0, int64(0)
+	for i, size := range sizes {
+		if i > start && bytes+size > max {
+			parts, start, bytes = append(parts, ids[start:i:i]), i, 0
+		}
+		bytes += size
+	}
+	if start < len(ids) {
+		parts = append(parts, ids[start:])
+	}
+	return parts
 }
 
 // deleteRows deletes the given rowids in one short write transaction,
