@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ import (
 // led in its place, resumed alone. Every row ends done at the sequence its
 // message was stored at, and the stream holds each event once.
 func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
-	for _, takeover := range []string{"restart", "standby", "paused leader"} {
+	for _, takeover := range []string{"restart", "standby", "paused leader", "paused leader resumed under the lock"} {
 		t.Run(takeover, func(t *testing.T) {
 			const rows = 300
 			n := testenv.StartNATS(t)
@@ -37,7 +38,8 @@ func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
 				standby = startDaemon(t, env, "run", "--database-path", path)
 				standby.waitFor("standing by: another relay of this outbox table leads")
 			}
-			if takeover == "paused leader" {
+			paused := strings.HasPrefix(takeover, "paused leader")
+			if paused {
 				// The standby judges another dead only once it has beaten
 				// on time for 6 s itself.
 				time.Sleep(7 * time.Second)
@@ -73,11 +75,18 @@ func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
 			}
 			<-leader.Exited()
 			time.Sleep(2500 * time.Millisecond) // past the window
-			if _, err := lock.ExecContext(ctx, `ROLLBACK`); err != nil {
-				t.Fatal(err)
-			}
 			if c := testenv.Counts(t, app); c["pending"] != rows {
 				t.Fatalf("after the kill: %v, want every row pending", c)
+			}
+			rollback := func() {
+				t.Helper()
+				if _, err := lock.ExecContext(ctx, `ROLLBACK`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			underLock := takeover == "paused leader resumed under the lock"
+			if !underLock {
+				rollback()
 			}
 			next := standby
 			if next == nil {
@@ -85,9 +94,20 @@ func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
 			}
 			const reconciled = "reconciled the outbox with the stream; publishing"
 			before := len(next.Find(reconciled)) // the paused leader's own, at its start
-			if takeover == "paused leader" {
+			if paused {
+				const refused = "database unavailable; retrying"
+				refusedBefore := len(next.Find(refused))
 				if err := next.Signal(syscall.SIGCONT); err != nil {
 					t.Fatal(err)
+				}
+				if underLock {
+					// Resumed with the lock held, until its heartbeat has
+					// given up waiting for it once: it claims nothing.
+					testenv.Eventually(t, 30*time.Second, "the resumed relay's heartbeat refused", func() bool { return len(next.Find(refused)) > refusedBefore })
+					if got := len(testenv.StreamMessages(t, js, "EVENTS")); got != rows {
+						t.Fatalf("the stream holds %d messages with the resumed relay under the lock, want %d", got, rows)
+					}
+					rollback()
 				}
 			}
 			testenv.Eventually(t, 30*time.Second, "the next leader reconciled", func() bool { return len(next.Find(reconciled)) > before })

@@ -430,9 +430,9 @@ func joinJSON(a, b string) string {
 // first of its rows that are not done (a claim takes them in order, and a
 // lane that fails one withholds the rest), and no row of a key is done
 // while an earlier one waits. A row whose prev is anything else (a retried
-// or scheduled row, a dead letter, a row left behind, a processing row;
-// a status the relay does not know holds nothing up) waits, and so does the rest of its key, which the claims leave alone for
-// a while (waiting). Past Options.KeyDepth rows in flight a key's last
+// or scheduled row, a dead letter, a row left behind, a processing row, a
+// row in a status the relay does not write) waits, and so does the rest of
+// its key, which the claims leave alone for a while (waiting). Past Options.KeyDepth rows in flight a key's last
 // rows are left too (its order is kept), and noted so that a claim reads
 // them again once the key has room (see letGo). It keeps limit rows at
 // most, and returns the rows kept, and the indexes among them of those

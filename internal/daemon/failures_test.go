@@ -352,6 +352,33 @@ func (s *frozenHeartbeats) Heartbeat(ctx context.Context, version string, inFlig
 	return s.Lead.Heartbeat(ctx, version, inFlight, lease, staleAfter)
 }
 
+// TestRowsDueUnderTheApplicationsLockGoOut: the application holds the
+// write lock for longer than the relay's heartbeats can wait for it and
+// than half the staleness; rows that come due meanwhile are still
+// published (claims only read), while the lock is held: the relay reads
+// that its heartbeat row is still there and first.
+func TestRowsDueUnderTheApplicationsLockGoOut(t *testing.T) {
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	startRelay(t, path, n.URL(), harnessOptions{busyTimeout: time.Minute})
+	testenv.InsertN(t, app, 5, "Before")
+	waitAllSettled(t, app, 5, 20*time.Second)
+	due := time.Now().Add(3 * time.Second).UnixMilli() // past half the harness's 2 s staleness
+	for i := 0; i < 20; i++ {
+		testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload, available_at) VALUES (?, 'Later', 'x', ?)`, fmt.Sprint("later-", i), due)
+	}
+	tx, err := app.Begin() // BEGIN IMMEDIATE: the application's long write
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	js := n.JetStream(t)
+	testenv.Eventually(t, 30*time.Second, "the rows due under the lock published while it is held", func() bool {
+		return len(testenv.StreamMessages(t, js, "EVENTS")) == 25
+	})
+}
+
 // TestStaleRelayCannotOverwrite: a leader paused past the staleness window
 // loses the lead to another relay, which publishes its rows (still pending
 // in the table) again; when it wakes up, it changes nothing.

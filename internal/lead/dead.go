@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
@@ -74,4 +75,56 @@ func gone(pid int) bool {
 		return false
 	}
 	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+// sighting is a heartbeat value another relay wrote, as this relay read
+// it, and since when this relay has read that same value, on its own
+// monotonic clock.
+type sighting struct {
+	at    int64
+	since time.Time
+}
+
+// buryStale removes, in tx, the heartbeat rows of other relays that have
+// not heartbeated for staleAfter, as far as this relay has seen: their
+// heartbeat_at has not changed in that long on this relay's monotonic
+// clock. Neither relay's wall clock decides, so a clock stepped back
+// (NTP, a restored VM snapshot) neither hides a dead relay for the size
+// of the step nor, stepped forward, makes a live one look dead. With
+// judge false it only notes what it read.
+func (l *Lease) buryStale(ctx context.Context, tx *sql.Tx, staleAfter time.Duration, judge bool) error {
+	rows, err := tx.QueryContext(ctx, `SELECT instance_id, heartbeat_at FROM `+schema.InstancesTable+` WHERE instance_id <> ?`, l.instance)
+	if err != nil {
+		return fmt.Errorf("read the heartbeats: %w", err)
+	}
+	now := time.Now()
+	seen := make(map[string]sighting, len(l.seen))
+	var stale []string
+	for rows.Next() {
+		var id string
+		var at int64
+		if err := rows.Scan(&id, &at); err != nil {
+			rows.Close()
+			return fmt.Errorf("read the heartbeats: %w", err)
+		}
+		s, ok := l.seen[id]
+		if !ok || s.at != at {
+			s = sighting{at: at, since: now}
+		}
+		seen[id] = s
+		if judge && now.Sub(s.since) >= staleAfter {
+			stale = append(stale, id)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the heartbeats: %w", err)
+	}
+	l.seen = seen // relays gone meanwhile are forgotten
+	for _, id := range stale {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM `+schema.InstancesTable+` WHERE instance_id = ? AND heartbeat_at = ?`, id, seen[id].at); err != nil {
+			return fmt.Errorf("remove a stale relay's heartbeat: %w", err)
+		}
+	}
+	return nil
 }

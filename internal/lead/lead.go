@@ -29,8 +29,11 @@ type Lease struct {
 	leads    atomic.Bool // this relay led at its latest heartbeat
 	// registered: a heartbeat committed, so settles are fenced by the lead.
 	registered   atomic.Bool
-	lastBeat     time.Time // the last committed heartbeat
-	beatingSince time.Time // since when heartbeats have been on time
+	lastBeat     time.Time // the last committed heartbeat (monotonic)
+	beatingSince time.Time // since when heartbeats have been on time (monotonic)
+	// seen is what the heartbeat read of the others' heartbeats (see
+	// buryStale); only the heartbeat touches it.
+	seen map[string]sighting
 	// scope is where this process's pid means this process (see
 	// processScope); "" when it cannot be known.
 	scope string
@@ -57,7 +60,7 @@ func New(db *sqlitedb.DB) *Lease {
 WHERE status = 'processing' AND (
 	claimed_at IS NULL OR claimed_at < ?1
 	OR (claimed_by IS NOT NULL AND claimed_by <> ?2
-		AND claimed_by NOT IN (SELECT instance_id FROM `+schema.InstancesTable+` WHERE heartbeat_at >= ?3)))`, db.Table()),
+		AND claimed_by NOT IN (SELECT instance_id FROM `+schema.InstancesTable+`)))`, db.Table()),
 	}
 }
 
@@ -102,12 +105,15 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 	now := sqlitedb.NowMs() // taken with the lock held, so it is not already late
 	heldUp := time.Since(asked) > staleAfter/3 || (!l.lastBeat.IsZero() && time.Since(l.lastBeat) > staleAfter/3)
 	if heldUp || l.beatingSince.IsZero() {
-		l.beatingSince = time.UnixMilli(now)
+		l.beatingSince = time.Now()
 	}
 	// Judge others only after beating on time for a whole staleness window
 	// ourselves: then a silent relay was silent while the lock was to be had.
-	judge := !heldUp && time.UnixMilli(now).Sub(l.beatingSince) >= staleAfter
+	judge := !heldUp && time.Since(l.beatingSince) >= staleAfter
 	if err := l.buryDead(ctx, tx); err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
+	}
+	if err := l.buryStale(ctx, tx, staleAfter, judge); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	var batchLimit any // NULL: not reported
@@ -133,18 +139,12 @@ VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
 			return 0, fmt.Errorf("heartbeat: %w", err)
 		}
 	}
-	staleBefore := now - staleAfter.Milliseconds()
-	if !judge {
-		staleBefore = 0 // judge nobody dead this round; expired leases still count
-	}
-	res, err = tx.ExecContext(ctx, l.reclaim, now-lease.Milliseconds(), l.instance, staleBefore)
+	// The relays buried above lost their rows: their claims come back.
+	res, err = tx.ExecContext(ctx, l.reclaim, now-lease.Milliseconds(), l.instance)
 	if err != nil {
 		return 0, fmt.Errorf("reclaim rows: %w", err)
 	}
 	reclaimed, _ = res.RowsAffected()
-	if _, err := tx.ExecContext(ctx, `DELETE FROM `+schema.InstancesTable+` WHERE heartbeat_at < ?`, staleBefore); err != nil {
-		return 0, fmt.Errorf("heartbeat: %w", err)
-	}
 	var leader string
 	if err := tx.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
@@ -152,7 +152,7 @@ VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
-	l.lastBeat = time.UnixMilli(now)
+	l.lastBeat = time.Now()
 	l.registered.Store(true)
 	l.leads.Store(leader == l.instance && !rejoined)
 	return reclaimed, nil
@@ -172,6 +172,22 @@ WHERE lower(coalesce(outbox_table, ?1)) = lower(?1) ORDER BY started_at, rowid L
 // Leads reports whether this relay led at its latest heartbeat. Only the
 // leader claims rows; the others stand by.
 func (l *Lease) Leads() bool { return l.leads.Load() }
+
+// StillLeads reports whether this relay's heartbeat row is there and leads
+// now, reading the table without the write lock (the application may hold
+// it). Another relay takes the lead only by removing this one's row, in a
+// write of its own: while the row is there and first, nobody else leads.
+func (l *Lease) StillLeads(ctx context.Context) (bool, error) {
+	var leader string
+	err := l.db.Reader().QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read the lead: %w", err)
+	}
+	return leader == l.instance, nil
+}
 
 // Leave removes this instance's heartbeat row, and with it the lead; call
 // it after the rows in flight have been settled.

@@ -30,7 +30,7 @@ func TestReclaimReadsTheProcessingIndex(t *testing.T) {
 	l := newLease(t)
 	testenv.InsertRows(t, testenv.AppDB(t, l.db.Path()), 1000, "done")
 	now := time.Now().UnixMilli()
-	plan := testenv.QueryPlan(t, l.db, l.reclaim, now, "x", now)
+	plan := testenv.QueryPlan(t, l.db, l.reclaim, now, "x")
 	if !strings.Contains(plan, "USING INDEX event_queue_processing") || strings.Contains(plan, "SCAN event_queue\x00") {
 		t.Errorf("reclaim plan %q: want the processing index", plan)
 	}
@@ -55,10 +55,13 @@ func TestHeartbeatReclaimsOnlyDeadOwners(t *testing.T) {
 	if n, err := other.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second); err != nil || n != 0 {
 		t.Fatalf("reclaimed %d (%v) while both owners are alive", n, err)
 	}
-	// dead stops heartbeating (kill -9): its claims come back at once, to a
-	// relay that has been heartbeating on time for a staleness window.
-	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at - 60000 WHERE instance_id = ?`, dead.Instance())
+	// dead stopped heartbeating a minute ago (kill -9), as other saw it:
+	// its claims come back at once, to a relay that has been heartbeating
+	// on time for a staleness window.
 	other.beatingSince = time.Now().Add(-time.Minute)
+	s := other.seen[dead.Instance()]
+	s.since = time.Now().Add(-time.Minute)
+	other.seen[dead.Instance()] = s
 	n, err := other.Heartbeat(ctx, "test", 0, time.Hour, 5*time.Second)
 	if err != nil || n != 3 {
 		t.Fatalf("reclaimed %d (%v), want the dead owner's 3", n, err)
@@ -291,5 +294,58 @@ func TestRelayJudgedDeadDoesNotLeadAtOnce(t *testing.T) {
 	beat(paused)
 	if !paused.Leads() {
 		t.Fatal("the relay alone does not lead at the heartbeat after it joined again")
+	}
+}
+
+// TestClockStepsDoNotDecideWhoIsDead: relays whose wall clocks disagree
+// by a minute (one stepped back or forward: NTP, a restored VM snapshot)
+// judge each other by whether their heartbeats change, on their own
+// monotonic clocks. A dead relay whose last heartbeat reads a minute in
+// the standby's future is judged dead after the staleness, not a minute
+// later; a live one whose heartbeats read a minute in the past is not
+// judged dead.
+func TestClockStepsDoNotDecideWhoIsDead(t *testing.T) {
+	ctx := context.Background()
+	const stale = 600 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		skew  time.Duration // the other relay's clock against the standby's
+		alive bool
+	}{
+		{"a dead relay's clock ahead", time.Minute, false},
+		{"a live relay's clock behind", -time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := newLease(t)
+			other.scope = "" // in another container: no pid to look at
+			db := testenv.AppDB(t, other.db.Path())
+			standby := openLease(t, other.db.Path())
+			beat := func(l *Lease) {
+				t.Helper()
+				if _, err := l.Heartbeat(ctx, "t", 0, time.Hour, stale); err != nil {
+					t.Fatal(err)
+				}
+			}
+			beat(other)
+			skew := func() {
+				testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at + ? WHERE instance_id = ?`, tc.skew.Milliseconds(), other.Instance())
+			}
+			skew()
+			start := time.Now()
+			for time.Since(start) < 4*stale {
+				beat(standby)
+				if tc.alive && standby.Leads() {
+					t.Fatalf("the standby took the lead from a live relay after %v", time.Since(start))
+				}
+				if tc.alive {
+					beat(other)
+					skew()
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if !tc.alive && !standby.Leads() {
+				t.Fatalf("the standby does not lead %v after the other relay died", 4*stale)
+			}
+		})
 	}
 }

@@ -44,9 +44,14 @@ func (r *Relay) claimLoop(ctx context.Context) error {
 			}
 			continue
 		}
-		if r.o.HeartbeatInterval > 0 && (!r.leading.Load() || r.beatStale()) {
+		if !r.leading.Load() && r.o.HeartbeatInterval > 0 {
 			r.started()
 			wait(ctx, r.led, nil) // a standby claims nothing
+			continue
+		}
+		if !r.leadSure(ctx) {
+			// Its row is gone, or unreadable: the heartbeat says next.
+			wait(ctx, r.led, time.After(r.o.HeartbeatInterval))
 			continue
 		}
 		if r.mustReconcile() {

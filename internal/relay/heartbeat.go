@@ -44,9 +44,6 @@ func (r *Relay) beat(ctx context.Context) (reclaimed int64, err error) {
 	if err == nil {
 		r.beaten.Store(int64(time.Since(monoBase)))
 	}
-	if busy := errors.Is(err, event.ErrBusy); busy != r.beatBusy.Swap(busy) && busy {
-		signal(r.led) // a claim loop waiting for a heartbeat goes on (see beatStale)
-	}
 	return reclaimed, err
 }
 
@@ -94,7 +91,7 @@ func (r *Relay) lead() {
 	said := r.roleSaid.Swap(true)
 	changed := r.leading.Swap(leads) != leads || !said
 	if leads {
-		signal(r.led) // the claim loop may wait for a heartbeat (see beatStale)
+		signal(r.led) // the claim loop may wait for a heartbeat (see leadSure)
 	}
 	if !changed {
 		return
@@ -113,14 +110,19 @@ func (r *Relay) lead() {
 // the monotonic clock, which runs on while the process is stopped.
 var monoBase = time.Now()
 
-// beatStale reports whether this relay's latest heartbeat is too old for
-// its lead to be sure: half the time after which others judge it dead. A
-// relay stopped (SIGSTOP, a frozen VM) and resumed would otherwise claim
-// and publish on the lead it had before, which another relay may have
-// taken meanwhile; it waits for a heartbeat instead. Not while the latest
-// heartbeat found the application holding the write lock: no relay can
-// commit a heartbeat then, nor judge another dead until it has beaten on
-// time again (lead.Lease.Heartbeat), and the rows due meanwhile go out.
-func (r *Relay) beatStale() bool {
-	return r.o.StaleAfter > 0 && !r.beatBusy.Load() && time.Since(monoBase)-time.Duration(r.beaten.Load()) > r.o.StaleAfter/2
+// leadSure reports whether this relay may publish on the lead it had at
+// its latest heartbeat. A relay stopped (SIGSTOP, a frozen VM) past the
+// staleness may have been judged dead and its lead taken meanwhile:
+// resumed, it would claim and publish on the lead it had before the stop.
+// So once the latest heartbeat that committed is older than half the time
+// after which others judge a relay dead, the lead is read again from the
+// table, without the write lock: the application may hold it, and rows due
+// meanwhile still go out while this relay's row is there and first.
+func (r *Relay) leadSure(ctx context.Context) bool {
+	if r.o.HeartbeatInterval == 0 || r.o.StaleAfter <= 0 ||
+		time.Since(monoBase)-time.Duration(r.beaten.Load()) <= r.o.StaleAfter/2 {
+		return true
+	}
+	leads, err := r.o.Lead.StillLeads(ctx)
+	return err == nil && leads
 }

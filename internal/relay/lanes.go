@@ -310,10 +310,10 @@ func (l *lanes) resolved(a *laneAck, res publish.Result, stop error, batch int) 
 		return nil // the rest of its batch comes next
 	}
 	if stop != nil {
-		// Shutdown: the rest of the key is released unsent, and a claim
-		// under way may have read it as in flight and taken the rows
-		// behind it: the key sends nothing more.
-		l.block(key, ln, fmt.Errorf("shutting down: %w", stop))
+		// Shutdown, or a lead in doubt: the rest of the key is released
+		// unsent, and a claim under way may have read it as in flight and
+		// taken the rows behind it: the key sends nothing more.
+		l.block(key, ln, stop)
 		return nil
 	}
 	for len(ln.queue) > 0 {

@@ -48,6 +48,9 @@ type Lead interface {
 	Heartbeat(ctx context.Context, version string, inFlight int, lease, staleAfter time.Duration) (reclaimed int64, err error)
 	// Leads reports whether this relay led at its latest heartbeat.
 	Leads() bool
+	// StillLeads reports whether this relay leads now, read without the
+	// write lock (see Relay.leadSure).
+	StillLeads(ctx context.Context) (bool, error)
 	// Leave removes this relay's heartbeat row, and with it the lead.
 	Leave(ctx context.Context) error
 }
@@ -151,7 +154,6 @@ type Relay struct {
 	led      chan struct{} // this relay became the leader
 	leading  atomic.Bool
 	beaten   atomic.Int64  // the latest heartbeat that committed, since monoBase (see beatStale)
-	beatBusy atomic.Bool   // the latest heartbeat found the database locked
 	roleSaid atomic.Bool   // the role was logged once
 	heldSaid atomic.Bool   // held atomic groups were logged once
 	pipeline *fifo[*batch] // claimer -> settler, in publish order

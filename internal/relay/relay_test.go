@@ -248,8 +248,9 @@ type aloneLead struct{}
 func (aloneLead) Heartbeat(context.Context, string, int, time.Duration, time.Duration) (int64, error) {
 	return 0, nil
 }
-func (aloneLead) Leads() bool                 { return true }
-func (aloneLead) Leave(context.Context) error { return nil }
+func (aloneLead) Leads() bool                              { return true }
+func (aloneLead) StillLeads(context.Context) (bool, error) { return true, nil }
+func (aloneLead) Leave(context.Context) error              { return nil }
 
 // replacedLead is the lead on a file that was replaced before the relay's
 // first heartbeat: every write says so.
@@ -379,11 +380,13 @@ func TestPayloadBudgetReturnsAtTheAck(t *testing.T) {
 	}
 }
 
-// stalledLead leads, but its heartbeats wait while stalled is set: a
-// relay stopped (SIGSTOP) or a write lock held, as far as the lead knows.
+// stalledLead leads, but its heartbeats wait while stalled is set (a
+// relay stopped by SIGSTOP, or the application holding the write lock),
+// and its row is gone from the table while lost is set (another relay
+// judged it dead meanwhile).
 type stalledLead struct {
 	aloneLead
-	stalled atomic.Bool
+	stalled, lost atomic.Bool
 }
 
 func (l *stalledLead) Heartbeat(ctx context.Context, _ string, _ int, _, _ time.Duration) (int64, error) {
@@ -393,32 +396,96 @@ func (l *stalledLead) Heartbeat(ctx context.Context, _ string, _ int, _, _ time.
 	return 0, ctx.Err()
 }
 
-// TestNoClaimOnAStaleHeartbeat: a relay whose latest heartbeat is older
-// than half the staleness claims nothing, although it led at that
-// heartbeat: another relay may have judged it dead and led since. It
-// claims again at its next heartbeat.
-func TestNoClaimOnAStaleHeartbeat(t *testing.T) {
-	store := &testenv.MemStore{}
-	store.AddN(1, "T", nil)
-	pub := &countingPublisher{}
+func (l *stalledLead) StillLeads(context.Context) (bool, error) { return !l.lost.Load(), nil }
+
+// startStalled runs a relay on store and pub with a stalledLead whose
+// heartbeats are 10 ms apart and stale after 200 ms.
+func startStalled(t *testing.T, store Store, pub Publisher) (*Relay, *stalledLead) {
+	t.Helper()
 	lead := &stalledLead{}
 	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: time.Millisecond,
 		Lead: lead, HeartbeatInterval: 10 * time.Millisecond, StaleAfter: 200 * time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		lead.stalled.Store(false)
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return r, lead
+}
+
+// TestNoClaimOnALostLead: a relay whose latest heartbeat is older than
+// half the staleness reads the lead again before it claims: while its row
+// is gone (another relay judged it dead) it claims nothing, although it
+// led at that heartbeat; while its row is there and first (the
+// application holds the write lock, say) it claims as before.
+func TestNoClaimOnALostLead(t *testing.T) {
+	store := &testenv.MemStore{}
+	store.AddN(1, "T", nil)
+	pub := &countingPublisher{}
+	_, lead := startStalled(t, store, pub)
 	testenv.Eventually(t, 10*time.Second, "the first row published", func() bool { return pub.count() == 1 })
+	lead.lost.Store(true)
 	lead.stalled.Store(true)
 	time.Sleep(300 * time.Millisecond) // the latest heartbeat is now older than 100 ms
 	store.AddN(1, "T", nil)
 	time.Sleep(300 * time.Millisecond)
 	if n := pub.count(); n != 1 {
-		t.Fatalf("%d rows published with the latest heartbeat 300 ms old, want 1", n)
+		t.Fatalf("%d rows published with the latest heartbeat 300 ms old and the row gone, want 1", n)
 	}
-	lead.stalled.Store(false)
-	testenv.Eventually(t, 10*time.Second, "the row published after the next heartbeat", func() bool { return pub.count() == 2 })
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	lead.lost.Store(false)
+	testenv.Eventually(t, 10*time.Second, "the row published with the heartbeat late and the row there", func() bool { return pub.count() == 2 })
+}
+
+// gatedPublisher sends at once and acknowledges every message (as
+// stored) once gate is closed.
+type gatedPublisher struct {
+	countingPublisher
+	gate chan struct{}
+}
+
+type gatedAck struct{ gate chan struct{} }
+
+func (a gatedAck) Wait(ctx context.Context) publish.Result {
+	select {
+	case <-a.gate:
+		return publish.Result{Kind: publish.Stored, Seq: 1}
+	case <-ctx.Done():
+		return publish.Result{Kind: publish.Transport, Err: ctx.Err()}
+	}
+}
+
+func (p *gatedPublisher) Publish(ctx context.Context, msgs []publish.Message) []publish.Ack {
+	p.countingPublisher.Publish(ctx, msgs)
+	acks := make([]publish.Ack, len(msgs))
+	for i := range acks {
+		acks[i] = gatedAck{p.gate}
+	}
+	return acks
+}
+
+// TestKeySendsNothingOnALostLead: the rows of a key wait in memory for
+// the row before them; its acknowledgement arrives once the relay's
+// heartbeat is late and its row gone: they are not sent.
+func TestKeySendsNothingOnALostLead(t *testing.T) {
+	store := &testenv.MemStore{}
+	now := time.Now().UnixMilli()
+	store.Add(event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now},
+		event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now},
+		event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now})
+	pub := &gatedPublisher{gate: make(chan struct{})}
+	_, lead := startStalled(t, store, pub)
+	testenv.Eventually(t, 10*time.Second, "the key's first row sent", func() bool { return pub.count() == 1 })
+	lead.lost.Store(true)
+	lead.stalled.Store(true)
+	time.Sleep(300 * time.Millisecond)
+	close(pub.gate) // the first row's acknowledgement
+	time.Sleep(300 * time.Millisecond)
+	if n := pub.count(); n != 1 {
+		t.Fatalf("%d messages sent, %d of them after the lead was lost", n, n-1)
 	}
 }

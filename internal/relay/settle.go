@@ -206,6 +206,10 @@ func (r *Relay) release(row *event.Row) {
 	}
 }
 
+// errLeadUnsure withholds a key's next rows from a relay that cannot tell
+// that it still leads (see leadSure).
+var errLeadUnsure = errors.New("this relay may have lost the lead: its heartbeat is late and its row is gone")
+
 // sendNext sends the rows of a's key after it, if a was stored and they
 // wait for it (see lanes): one row, or many as one atomic batch when the
 // publisher takes them. After shutdown began nothing is sent.
@@ -214,7 +218,14 @@ func (r *Relay) sendNext(ctx context.Context, a *laneAck, res publish.Result) {
 	if r.batcher != nil {
 		limit = r.batcher.BatchRoom()
 	}
-	next := r.lanes.resolved(a, res, ctx.Err(), limit)
+	var stop error
+	switch {
+	case ctx.Err() != nil:
+		stop = fmt.Errorf("shutting down: %w", ctx.Err())
+	case !r.leadSure(ctx):
+		stop = errLeadUnsure
+	}
+	next := r.lanes.resolved(a, res, stop, limit)
 	if len(next) == 0 {
 		return
 	}
