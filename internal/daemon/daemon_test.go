@@ -82,6 +82,27 @@ func TestStreamReconciledWhenItDisappears(t *testing.T) {
 	}
 }
 
+// TestStandbyNotReadyWithoutTheTable: the outbox table renamed away under
+// a leader and its standby: both answer /readyz not ready, the standby too
+// (it claims nothing, but its heartbeat finds no table), naming it.
+func TestStandbyNotReadyWithoutTheTable(t *testing.T) {
+	n := testenv.StartNATS(t)
+	ctx := context.Background()
+	leader, cfg := openTest(t, n, nil)
+	testenv.Eventually(t, 20*time.Second, "the leader ready", func() bool { return leader.Ready(ctx) == nil })
+	standby, _ := openTest(t, n, func(c *config.Config) { c.Database.Path = cfg.Database.Path })
+	testenv.Eventually(t, 20*time.Second, "the standby standing by", func() bool {
+		return standby.Ready(ctx) == nil && strings.Contains(standby.relay.Role(), "standing by")
+	})
+	testenv.MustExec(t, testenv.AppDB(t, cfg.Database.Path), `ALTER TABLE event_queue RENAME TO event_queue_old`)
+	for name, a := range map[string]*App{"leader": leader, "standby": standby} {
+		testenv.Eventually(t, 20*time.Second, "the "+name+" not ready, naming the table", func() bool {
+			err := a.Ready(ctx)
+			return err != nil && strings.Contains(err.Error(), "no such table: event_queue")
+		})
+	}
+}
+
 // TestExhaustedRecordedOnce: a message a consumer gave up on is recorded,
 // counted and logged once, however many times its advisory arrives.
 func TestExhaustedRecordedOnce(t *testing.T) {

@@ -283,12 +283,13 @@ func (r *Relay) Leads() bool { return r.o.HeartbeatInterval == 0 || r.leading.Lo
 func (r *Relay) Paused() error { return r.outage.err() }
 
 // DatabaseError reports the error of a database operation that keeps
-// failing (claiming or settling rows), if any, for /readyz.
+// failing (claiming or settling rows, heartbeating), if any, for /readyz.
 // An error that only says the application held the lock (event.ErrBusy)
 // comes last, so that it cannot hide another.
 func (r *Relay) DatabaseError() error {
 	claimErr, settleErr := r.claimTrouble.Err(), r.settleTrouble.Err()
-	for _, err := range []error{claimErr, settleErr} {
+	// The heartbeat is a standby's only write: a table gone shows there.
+	for _, err := range []error{claimErr, settleErr, r.beatTrouble.Err()} {
 		if err != nil && !errors.Is(err, event.ErrBusy) {
 			return err
 		}
