@@ -42,6 +42,20 @@ func spentAttempts(t *testing.T, db *sql.DB) (attempted, dead int) {
 	return attempted, dead
 }
 
+// relayedRows runs a relay (two attempts a row) on a fresh file against a
+// fresh server, and returns once rows rows it was given are settled: the
+// file, the relay and the server's JetStream.
+func relayedRows(t *testing.T, rows int) (*sql.DB, *harness, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
+	testenv.InsertN(t, app, rows, "Before")
+	waitAllSettled(t, app, rows, 20*time.Second)
+	return app, h, n.JetStream(t)
+}
+
 // TestAnotherStreamTakingTheSubjectsIsAnOutage: the relay's stream is
 // deleted and another stream takes its subjects while the relay runs. The
 // other stream's acknowledgements settle nothing: the rows stay pending
@@ -50,13 +64,7 @@ func spentAttempts(t *testing.T, db *sql.DB) (attempted, dead int) {
 // each.
 func TestAnotherStreamTakingTheSubjectsIsAnOutage(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
-	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
-	testenv.InsertN(t, app, 5, "Before")
-	waitAllSettled(t, app, 5, 20*time.Second)
-	js := n.JetStream(t)
+	app, h, js := relayedRows(t, 5)
 	ctx := context.Background()
 	if err := js.DeleteStream(ctx, "EVENTS"); err != nil {
 		t.Fatal(err)
@@ -91,13 +99,7 @@ func TestAnotherStreamTakingTheSubjectsIsAnOutage(t *testing.T) {
 // out once the stream is fixed.
 func TestStreamThatStopsCapturingPauses(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
-	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
-	testenv.InsertN(t, app, 20, "Before")
-	waitAllSettled(t, app, 20, 20*time.Second)
-	js := n.JetStream(t)
+	app, h, js := relayedRows(t, 20)
 	// An operator edits the stream's subjects. (Deleting the stream and
 	// creating it again at once sometimes fails on the server itself:
 	// "error creating store for stream".)
@@ -373,13 +375,7 @@ func TestOutageWithNothingToTryEnds(t *testing.T) {
 // out once the operator gives it a stream that takes them.
 func TestSealedStreamPausesAndSpendsNothing(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
-	h := startRelay(t, path, n.URL(), harnessOptions{maxTries: 2})
-	testenv.InsertN(t, app, 5, "Before")
-	waitAllSettled(t, app, 5, 20*time.Second)
-	js := n.JetStream(t)
+	app, h, js := relayedRows(t, 5)
 	ctx := context.Background()
 	testenv.EditStream(t, js, "EVENTS", func(c *jetstream.StreamConfig) { c.Sealed = true })
 	for i := 0; i < 30; i++ {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"database/sql"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -81,6 +82,31 @@ func TestShortDuplicateWindowIsAWarning(t *testing.T) {
 	}
 }
 
+// notCreated runs a relay on a fresh file of rows rows against n, whose
+// stream cannot be created, until /readyz answers 503 with a body that
+// begins with prefix and holds says; it returns the relay, the file and
+// the log.
+func notCreated(t *testing.T, n *testenv.NATS, rows int, prefix string, says ...string) (*App, *sql.DB, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zapcore.InfoLevel)
+	a, cfg := openTestLog(t, n, zap.New(core), nil)
+	app := testenv.AppDB(t, cfg.Database.Path)
+	testenv.InsertN(t, app, rows, "NotCreated")
+	testenv.Eventually(t, 20*time.Second, "not ready, saying "+prefix, func() bool {
+		code, body := readyz(t, a)
+		if code != 503 || !strings.HasPrefix(body, prefix) {
+			return false
+		}
+		for _, s := range says {
+			if !strings.Contains(body, s) {
+				return false
+			}
+		}
+		return true
+	})
+	return a, app, logs
+}
+
 // TestSubjectOverlapIsAConfigurationError: a stream that cannot be created
 // because another takes some of its subjects keeps the relay not ready with
 // the reason (which stream, what to change) under "stream: ", logged once
@@ -93,15 +119,8 @@ func TestSubjectOverlapIsAConfigurationError(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>", "events.Order.*"}}); err != nil {
 		t.Fatal(err)
 	}
-	core, logs := observer.New(zapcore.InfoLevel)
-	a, cfg := openTestLog(t, n, zap.New(core), nil)
-	app := testenv.AppDB(t, cfg.Database.Path)
-	testenv.InsertN(t, app, 3, "Overlapped")
-	testenv.Eventually(t, 20*time.Second, "not ready, naming the other stream", func() bool {
-		code, body := readyz(t, a)
-		return code == 503 && strings.HasPrefix(body, "stream: subjects overlap another stream: ") &&
-			strings.Contains(body, "stream ORDERS takes events.Order.*") && strings.Contains(body, "nats stream edit ORDERS --subjects 'orders.>' -f")
-	})
+	a, app, logs := notCreated(t, n, 3, "stream: subjects overlap another stream: ",
+		"stream ORDERS takes events.Order.*", "nats stream edit ORDERS --subjects 'orders.>' -f")
 	// Three refused creations (probes) later, still logged once.
 	refused := func() uint64 {
 		info, err := js.AccountInfo(ctx)
@@ -143,15 +162,8 @@ func TestSubjectOverlapIsAConfigurationError(t *testing.T) {
 // nothing, rather than waiting on it as on an outage.
 func TestStreamRefusedByTheServerIsAConfigurationError(t *testing.T) {
 	n := testenv.StartNATS(t, func(o *server.Options) { o.JetStreamLimits.Duplicates = 30 * time.Minute })
-	core, logs := observer.New(zapcore.InfoLevel)
-	a, cfg := openTestLog(t, n, zap.New(core), nil)
-	app := testenv.AppDB(t, cfg.Database.Path)
-	testenv.InsertN(t, app, 2, "Refused")
-	testenv.Eventually(t, 20*time.Second, "not ready, naming the window and the limit", func() bool {
-		code, body := readyz(t, a)
-		return code == 503 && strings.HasPrefix(body, "stream: the server refuses the stream's configuration: stream EVENTS cannot be created: ") &&
-			strings.Contains(body, "set stream.duplicate_window (1h0m0s now) to at most the server's limit")
-	})
+	_, app, logs := notCreated(t, n, 2, "stream: the server refuses the stream's configuration: stream EVENTS cannot be created: ",
+		"set stream.duplicate_window (1h0m0s now) to at most the server's limit")
 	if l := logs.FilterMessageSnippet("the stream cannot be created").All(); len(l) != 1 || l[0].Level != zapcore.ErrorLevel {
 		t.Fatalf("configuration error log lines: %v", logs.All())
 	}
