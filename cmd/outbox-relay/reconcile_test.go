@@ -22,6 +22,7 @@ import (
 func TestKill9BeforeTheSettlePastTheWindow(t *testing.T) {
 	for _, takeover := range []string{"restart", "standby", "paused leader", "paused leader resumed under the lock"} {
 		t.Run(takeover, func(t *testing.T) {
+			t.Parallel() // each its own server, file and processes; most of it is waiting
 			const rows = 300
 			n := testenv.StartNATS(t)
 			js := n.JetStream(t)
