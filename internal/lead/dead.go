@@ -81,7 +81,7 @@ func gone(pid int) bool {
 // it, and since when this relay has read that same value, on its own
 // monotonic clock.
 type sighting struct {
-	at    int64
+	at    string // heartbeat_at as SQL text (quote): whatever its type
 	since time.Time
 }
 
@@ -93,7 +93,9 @@ type sighting struct {
 // of the step nor, stepped forward, makes a live one look dead. With
 // judge false it only notes what it read.
 func (l *Lease) buryStale(ctx context.Context, tx *sql.Tx, staleAfter time.Duration, judge bool) error {
-	rows, err := tx.QueryContext(ctx, `SELECT instance_id, heartbeat_at FROM `+schema.InstancesTable+` WHERE instance_id <> ?`, l.instance)
+	// Another implementation may write heartbeat_at as REAL or TEXT:
+	// compared as SQL text, any change counts.
+	rows, err := tx.QueryContext(ctx, `SELECT instance_id, quote(heartbeat_at) FROM `+schema.InstancesTable+` WHERE instance_id <> ?`, l.instance)
 	if err != nil {
 		return fmt.Errorf("read the heartbeats: %w", err)
 	}
@@ -101,8 +103,7 @@ func (l *Lease) buryStale(ctx context.Context, tx *sql.Tx, staleAfter time.Durat
 	seen := make(map[string]sighting, len(l.seen))
 	var stale []string
 	for rows.Next() {
-		var id string
-		var at int64
+		var id, at string
 		if err := rows.Scan(&id, &at); err != nil {
 			rows.Close()
 			return fmt.Errorf("read the heartbeats: %w", err)
@@ -122,7 +123,7 @@ func (l *Lease) buryStale(ctx context.Context, tx *sql.Tx, staleAfter time.Durat
 	}
 	l.seen = seen // relays gone meanwhile are forgotten
 	for _, id := range stale {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM `+schema.InstancesTable+` WHERE instance_id = ? AND heartbeat_at = ?`, id, seen[id].at); err != nil {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM `+schema.InstancesTable+` WHERE instance_id = ? AND quote(heartbeat_at) = ?`, id, seen[id].at); err != nil {
 			return fmt.Errorf("remove a stale relay's heartbeat: %w", err)
 		}
 	}

@@ -127,9 +127,9 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 	}
 	// A relay whose row is gone after it had one was judged dead (paused
 	// past the staleness, say), and another relay may have led since: it
-	// lost the lead, and joins again as a newcomer, which does not lead at
-	// this heartbeat. Leading again at a later one, it begins to lead
-	// anew, and first finds what was published meanwhile.
+	// lost the lead, joins again with a new started_at, and does not lead
+	// at this heartbeat. Leading at a later one, it begins to lead anew,
+	// and first finds what was published meanwhile.
 	rejoined := false
 	if n, _ := res.RowsAffected(); n == 0 {
 		rejoined = l.registered.Load()
@@ -175,8 +175,10 @@ func (l *Lease) Leads() bool { return l.leads.Load() }
 
 // StillLeads reports whether this relay's heartbeat row is there and leads
 // now, reading the table without the write lock (the application may hold
-// it). Another relay takes the lead only by removing this one's row, in a
-// write of its own: while the row is there and first, nobody else leads.
+// it). Another relay takes the lead by removing this one's row, or by
+// writing its own with an earlier started_at (its clock behind this
+// one's), in a write of its own: while the row is there and first, nobody
+// else leads.
 func (l *Lease) StillLeads(ctx context.Context) (bool, error) {
 	var leader string
 	err := l.db.Reader().QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader)

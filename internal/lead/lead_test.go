@@ -349,3 +349,32 @@ func TestClockStepsDoNotDecideWhoIsDead(t *testing.T) {
 		})
 	}
 }
+
+// TestHeartbeatOfAnotherTypeIsRead: a heartbeat row whose heartbeat_at
+// another implementation wrote as REAL seconds stops no relay's heartbeat,
+// and its changes count as heartbeats.
+func TestHeartbeatOfAnotherTypeIsRead(t *testing.T) {
+	ctx := context.Background()
+	const stale = 600 * time.Millisecond
+	l := newLease(t)
+	db := testenv.AppDB(t, l.db.Path())
+	foreign := func() {
+		testenv.MustExec(t, db, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version)
+VALUES ('foreign', 0, ?1, 'elsewhere', 1, 'other') ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at`,
+			float64(time.Now().UnixMilli())/1000)
+	}
+	foreign()
+	for start := time.Now(); time.Since(start) < 4*stale; time.Sleep(50 * time.Millisecond) {
+		if _, err := l.Heartbeat(ctx, "test", 0, time.Hour, stale); err != nil {
+			t.Fatal(err)
+		}
+		foreign() // alive: its value changes
+	}
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM ` + schema.InstancesTable + ` WHERE instance_id = 'foreign'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the live foreign relay's row: %d (%v), want it kept", n, err)
+	}
+	if l.Leads() {
+		t.Fatal("the relay leads beside the longest-running one")
+	}
+}

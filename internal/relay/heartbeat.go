@@ -110,8 +110,8 @@ func (r *Relay) lead() {
 // the monotonic clock, which runs on while the process is stopped.
 var monoBase = time.Now()
 
-// leadSure reports whether this relay may publish on the lead it had at
-// its latest heartbeat. A relay stopped (SIGSTOP, a frozen VM) past the
+// leadSure reports whether this relay may publish: its latest heartbeat
+// said it leads, and that still holds. A relay stopped (SIGSTOP) past the
 // staleness may have been judged dead and its lead taken meanwhile:
 // resumed, it would claim and publish on the lead it had before the stop.
 // So once the latest heartbeat that committed is older than half the time
@@ -119,8 +119,13 @@ var monoBase = time.Now()
 // table, without the write lock: the application may hold it, and rows due
 // meanwhile still go out while this relay's row is there and first.
 func (r *Relay) leadSure(ctx context.Context) bool {
-	if r.o.HeartbeatInterval == 0 || r.o.StaleAfter <= 0 ||
-		time.Since(monoBase)-time.Duration(r.beaten.Load()) <= r.o.StaleAfter/2 {
+	if r.o.HeartbeatInterval == 0 {
+		return true
+	}
+	if !r.o.Lead.Leads() {
+		return false // the latest heartbeat said another relay leads
+	}
+	if r.o.StaleAfter <= 0 || time.Since(monoBase)-time.Duration(r.beaten.Load()) <= r.o.StaleAfter/2 {
 		return true
 	}
 	leads, err := r.o.Lead.StillLeads(ctx)

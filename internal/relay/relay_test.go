@@ -489,3 +489,43 @@ func TestKeySendsNothingOnALostLead(t *testing.T) {
 		t.Fatalf("%d messages sent, %d of them after the lead was lost", n, n-1)
 	}
 }
+
+// deposedLead is a stalledLead whose heartbeats say another relay leads
+// while standby is set.
+type deposedLead struct {
+	stalledLead
+	standby atomic.Bool
+}
+
+func (l *deposedLead) Leads() bool { return !l.standby.Load() }
+
+// TestKeySendsNothingOnceAHeartbeatSaysStandby: the relay was stopped
+// past the staleness and judged dead; resumed, its heartbeat commits and
+// says another relay leads. An acknowledgement that comes after it does
+// not send the key's next rows, although the heartbeat is fresh.
+func TestKeySendsNothingOnceAHeartbeatSaysStandby(t *testing.T) {
+	store := &testenv.MemStore{}
+	now := time.Now().UnixMilli()
+	store.Add(event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now},
+		event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now},
+		event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now})
+	pub := &gatedPublisher{gate: make(chan struct{})}
+	lead := &deposedLead{}
+	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: time.Millisecond,
+		Lead: lead, HeartbeatInterval: 10 * time.Millisecond, StaleAfter: 200 * time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	testenv.Eventually(t, 10*time.Second, "the key's first row sent", func() bool { return pub.count() == 1 })
+	lead.standby.Store(true)
+	testenv.Eventually(t, 10*time.Second, "the relay stands by", func() bool { return !r.Leads() })
+	close(pub.gate) // the first row's acknowledgement, after that heartbeat
+	time.Sleep(300 * time.Millisecond)
+	if n := pub.count(); n != 1 {
+		t.Fatalf("%d messages sent, %d of them by a relay whose heartbeat said it does not lead", n, n-1)
+	}
+}
