@@ -398,24 +398,32 @@ func (l *stalledLead) Heartbeat(ctx context.Context, _ string, _ int, _, _ time.
 
 func (l *stalledLead) StillLeads(context.Context) (bool, error) { return !l.lost.Load(), nil }
 
-// startStalled runs a relay on store and pub with a stalledLead whose
-// heartbeats are 10 ms apart and stale after 200 ms.
-func startStalled(t *testing.T, store Store, pub Publisher) (*Relay, *stalledLead) {
+// startLed runs a relay on store and pub with lead, its heartbeats 10 ms
+// apart and stale after 200 ms, until the test ends.
+func startLed(t *testing.T, store Store, pub Publisher, lead Lead) *Relay {
 	t.Helper()
-	lead := &stalledLead{}
 	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: time.Millisecond,
 		Lead: lead, HeartbeatInterval: 10 * time.Millisecond, StaleAfter: 200 * time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() {
-		lead.stalled.Store(false)
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
 	})
-	return r, lead
+	return r
+}
+
+// oneKey is a store of three rows of one ordering key.
+func oneKey() *testenv.MemStore {
+	store := &testenv.MemStore{}
+	now := time.Now().UnixMilli()
+	for range 3 {
+		store.Add(event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now})
+	}
+	return store
 }
 
 // TestNoClaimOnALostLead: a relay whose latest heartbeat is older than
@@ -427,7 +435,8 @@ func TestNoClaimOnALostLead(t *testing.T) {
 	store := &testenv.MemStore{}
 	store.AddN(1, "T", nil)
 	pub := &countingPublisher{}
-	_, lead := startStalled(t, store, pub)
+	lead := &stalledLead{}
+	startLed(t, store, pub, lead)
 	testenv.Eventually(t, 10*time.Second, "the first row published", func() bool { return pub.count() == 1 })
 	lead.lost.Store(true)
 	lead.stalled.Store(true)
@@ -472,13 +481,9 @@ func (p *gatedPublisher) Publish(ctx context.Context, msgs []publish.Message) []
 // the row before them; its acknowledgement arrives once the relay's
 // heartbeat is late and its row gone: they are not sent.
 func TestKeySendsNothingOnALostLead(t *testing.T) {
-	store := &testenv.MemStore{}
-	now := time.Now().UnixMilli()
-	store.Add(event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now},
-		event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now},
-		event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now})
 	pub := &gatedPublisher{gate: make(chan struct{})}
-	_, lead := startStalled(t, store, pub)
+	lead := &stalledLead{}
+	startLed(t, oneKey(), pub, lead)
 	testenv.Eventually(t, 10*time.Second, "the key's first row sent", func() bool { return pub.count() == 1 })
 	lead.lost.Store(true)
 	lead.stalled.Store(true)
@@ -504,22 +509,9 @@ func (l *deposedLead) Leads() bool { return !l.standby.Load() }
 // says another relay leads. An acknowledgement that comes after it does
 // not send the key's next rows, although the heartbeat is fresh.
 func TestKeySendsNothingOnceAHeartbeatSaysStandby(t *testing.T) {
-	store := &testenv.MemStore{}
-	now := time.Now().UnixMilli()
-	store.Add(event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now},
-		event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now},
-		event.Row{EventType: "T", OrderingKey: "k", CreatedAt: now})
 	pub := &gatedPublisher{gate: make(chan struct{})}
 	lead := &deposedLead{}
-	r := New(store, pub, Options{SubjectPrefix: "events", BatchSize: 10, MaxInFlight: 10, PollInterval: time.Millisecond,
-		Lead: lead, HeartbeatInterval: 10 * time.Millisecond, StaleAfter: 200 * time.Millisecond, MaxAttempts: 3, ShutdownTimeout: time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	r := startLed(t, oneKey(), pub, lead)
 	testenv.Eventually(t, 10*time.Second, "the key's first row sent", func() bool { return pub.count() == 1 })
 	lead.standby.Store(true)
 	testenv.Eventually(t, 10*time.Second, "the relay stands by", func() bool { return !r.Leads() })
