@@ -20,9 +20,9 @@ const streamInterval = time.Minute
 // streamState is what the daemon learned of the stream between probes.
 type streamState struct {
 	mu sync.Mutex
-	// configErr keeps the stream from being created (a subject overlap):
-	// no retry heals it until an operator changes a stream or the
-	// configuration.
+	// configErr keeps the stream from being created (a subject overlap,
+	// a configuration the server refuses): no retry heals it until an
+	// operator changes a stream, the server or the configuration.
 	configErr error
 	window    *streamsync.Window // as last read
 }

@@ -72,12 +72,21 @@ func (l *Lease) LeadsIn(ctx context.Context, tx *sql.Tx) (bool, error) {
 	if !l.registered.Load() {
 		return true, nil
 	}
+	return l.leadsBy(ctx, tx)
+}
+
+// leadsBy reports whether the table, as q reads it, names this relay its
+// leader (leaderSQL).
+func (l *Lease) leadsBy(ctx context.Context, q sqlitedb.Querier) (bool, error) {
 	var leader string
-	err := tx.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader)
+	err := q.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
-	return leader == l.instance, err
+	if err != nil {
+		return false, fmt.Errorf("read the lead: %w", err)
+	}
+	return leader == l.instance, nil
 }
 
 // Heartbeat records that this instance is alive, with the rows it has in
@@ -180,15 +189,7 @@ func (l *Lease) Leads() bool { return l.leads.Load() }
 // one's), in a write of its own: while the row is there and first, nobody
 // else leads.
 func (l *Lease) StillLeads(ctx context.Context) (bool, error) {
-	var leader string
-	err := l.db.Reader().QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read the lead: %w", err)
-	}
-	return leader == l.instance, nil
+	return l.leadsBy(ctx, l.db.Reader())
 }
 
 // Leave removes this instance's heartbeat row, and with it the lead; call

@@ -153,7 +153,7 @@ type Relay struct {
 	room     chan struct{} // payload in flight went below its budget's three quarters
 	led      chan struct{} // this relay became the leader
 	leading  atomic.Bool
-	beaten   atomic.Int64  // the latest heartbeat that committed, since monoBase (see beatStale)
+	beaten   atomic.Int64  // the latest heartbeat that committed, since monoBase (see leadSure)
 	roleSaid atomic.Bool   // the role was logged once
 	heldSaid atomic.Bool   // held atomic groups were logged once
 	pipeline *fifo[*batch] // claimer -> settler, in publish order
