@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/outbox-relay/outbox-relay/internal/episode"
 	"github.com/outbox-relay/outbox-relay/internal/event"
 )
 
@@ -68,8 +70,9 @@ const maxDeliverRefresh = 30 * time.Second
 
 // NewWorker returns a Worker on cons, a durable pull consumer on the
 // relay's stream (outbox-relay creates it with consumer.create; its
-// max_deliver is relay.max_attempts). A running worker follows a change of
-// max_deliver within 30 s.
+// max_deliver is relay.max_attempts) with explicit acknowledgements: a
+// consumer with another ack policy is refused. A running worker follows a
+// change of max_deliver within 30 s.
 func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, error) {
 	if o.SubjectPrefix == "" {
 		return nil, errors.New("ledger worker: SubjectPrefix is required (the relay's stream.subject_prefix)")
@@ -84,6 +87,11 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 	if info == nil {
 		return nil, errors.New("ledger worker: the consumer has no info; get it with jetstream.Stream.Consumer")
 	}
+	if p := info.Config.AckPolicy; p != jetstream.AckExplicitPolicy {
+		// With AckAll a later message's Ack acknowledges a failed one's
+		// Nak away; with AckNone nothing is delivered again.
+		return nil, fmt.Errorf("ledger worker: consumer %s acknowledges with %s; the worker needs explicit acknowledgements (ack_policy explicit), or failed events are not delivered again", info.Name, p)
+	}
 	w := &Worker{cons: cons, h: h, o: o, log: o.Log}
 	w.maxDeliver.Store(int64(info.Config.MaxDeliver))
 	if w.log == nil {
@@ -94,81 +102,97 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 }
 
 // Run handles messages until ctx ends, then stops fetching, lets the
-// handlers that are running finish, and returns nil. A message in hand
-// but not started is Nak'ed, so that another worker gets it at once; one
-// still in the pull's buffer comes back after the consumer's ack_wait. It
-// returns an
-// error when the messages stop without ctx ending (the consumer was
-// deleted, the connection closed for good).
+// handlers that are running finish, and returns nil. A message fetched
+// but not started is Nak'ed, so that another worker gets it at once. It
+// returns an error when the messages stop without ctx ending (the
+// consumer or its stream was deleted, the connection closed for good).
+//
+// Each of the Concurrency slots fetches one message when it is free and
+// handles it: nothing is fetched ahead, so a message's ack_wait runs
+// while its handler does, not while it waits for a slot.
 func (w *Worker) Run(ctx context.Context) error {
-	// No more messages fetched than there are slots: a fetched message's
-	// ack_wait runs while it waits for one. Pulls expire every 10 s, with
-	// heartbeats between, so that a consumer deleted under the worker
-	// shows within seconds (see below).
-	it, err := w.cons.Messages(jetstream.PullMaxMessages(w.o.Concurrency), jetstream.PullExpiry(10*time.Second))
-	if err != nil {
-		return fmt.Errorf("ledger worker: %w", err)
-	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
 	followCtx, stopFollowing := context.WithCancel(ctx)
 	followed := make(chan struct{})
 	go func() { defer close(followed); w.followMaxDeliver(followCtx, maxDeliverRefresh) }()
 	defer func() { stopFollowing(); <-followed }()
-	// Deferred last, so run first: the handlers that are running finish
-	// (and acknowledge) before the iterator is stopped for good; when ctx
-	// ends, it has stopped fetching already.
-	slots := make(chan struct{}, w.o.Concurrency)
-	var running sync.WaitGroup
-	defer running.Wait()
-	for {
-		msg, err := it.Next()
+	slotsCtx, stopSlots := context.WithCancel(ctx)
+	defer stopSlots()
+	away := episode.New(w.log, zap.WarnLevel, "cannot fetch messages; trying again", "fetching messages again")
+	var (
+		running sync.WaitGroup
+		once    sync.Once
+		failed  error
+	)
+	for range w.o.Concurrency {
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			if err := w.slot(slotsCtx, away); err != nil {
+				once.Do(func() { failed = err; stopSlots() })
+			}
+		}()
+	}
+	running.Wait()
+	if failed != nil && ctx.Err() == nil {
+		return fmt.Errorf("ledger worker: %w", failed)
+	}
+	return nil
+}
+
+// pullExpiry is how long a slot's pull waits for a message: a consumer
+// deleted under a waiting pull is told at once, one deleted between
+// pulls at the next.
+const pullExpiry = 10 * time.Second
+
+// slot fetches a message and handles it, one after another, until ctx
+// ends (nil) or the messages stop for good (the error).
+func (w *Worker) slot(ctx context.Context, away *episode.Log) error {
+	for ctx.Err() == nil {
+		msg, err := w.next(ctx)
 		if ctx.Err() != nil {
 			if msg != nil {
 				_ = msg.Nak() // not started: deliver it elsewhere at once
 			}
 			return nil
 		}
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			// Not asked to stop: the consumer was deleted, or the
-			// connection closed for good.
-			return fmt.Errorf("ledger worker: messages stopped: %w", err)
-		}
-		if errors.Is(err, jetstream.ErrConsumerDeleted) {
-			return fmt.Errorf("ledger worker: %w", err)
-		}
-		if errors.Is(err, jetstream.ErrNoHeartbeat) {
-			// The server stopped answering the pulls: gone, or the
-			// consumer was deleted (which the server does not always say).
-			if _, ierr := w.cons.Info(ctx); errors.Is(ierr, jetstream.ErrConsumerNotFound) {
-				return fmt.Errorf("ledger worker: %w", ierr)
+		switch {
+		case err == nil:
+			away.OK()
+			// Handlers finish even when ctx ends: a graceful stop does
+			// not cut a handler off half way.
+			w.handle(context.WithoutCancel(ctx), msg)
+		case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+			away.OK() // no message within the pull's expiry
+		case gone(err):
+			return err
+		default:
+			// No responders (the consumer gone, or the server starting),
+			// a connection lost (nats.go reconnects): ask, then wait.
+			if _, ierr := w.cons.Info(ctx); gone(ierr) {
+				return ierr
 			}
-		}
-		if err != nil {
-			// The server unreachable: the iterator keeps trying; say so
-			// at most once a second.
-			w.log.Warn("fetch messages", zap.Error(err))
+			away.Fail(err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
 			}
-			continue
 		}
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			_ = msg.Nak() // not started: deliver it elsewhere at once
-			return nil
-		}
-		running.Add(1)
-		go func() {
-			defer func() { <-slots; running.Done() }()
-			// Handlers finish even when ctx ends: a graceful stop does
-			// not cut a handler off half way.
-			w.handle(context.WithoutCancel(ctx), msg)
-		}()
 	}
+	return nil
+}
+
+// next fetches one message, waiting up to pullExpiry.
+func (w *Worker) next(ctx context.Context) (jetstream.Msg, error) {
+	pull, cancel := context.WithTimeout(ctx, pullExpiry)
+	defer cancel()
+	return w.cons.Next(jetstream.FetchContext(pull))
+}
+
+// gone reports an error that says the messages stop for good: the
+// consumer or its stream deleted, the connection closed.
+func gone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrConnectionClosed)
 }
 
 // eventType is a message's event type: its Outbox-Event-Type header, or,

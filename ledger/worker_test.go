@@ -110,20 +110,10 @@ type watched struct {
 	seen func(jetstream.Msg)
 }
 
-func (c watched) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
-	it, err := c.Consumer.Messages(opts...)
-	return watchedIter{it, c.seen}, err
-}
-
-type watchedIter struct {
-	jetstream.MessagesContext
-	seen func(jetstream.Msg)
-}
-
-func (it watchedIter) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
-	m, err := it.MessagesContext.Next(opts...)
+func (c watched) Next(opts ...jetstream.FetchOpt) (jetstream.Msg, error) {
+	m, err := c.Consumer.Next(opts...)
 	if err == nil {
-		it.seen(m)
+		c.seen(m)
 	}
 	return m, err
 }

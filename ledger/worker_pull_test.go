@@ -1,0 +1,138 @@
+package ledger_test
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outbox-relay/outbox-relay/internal/event"
+	"github.com/outbox-relay/outbox-relay/internal/testenv"
+	"github.com/outbox-relay/outbox-relay/ledger"
+)
+
+// TestHandlersShorterThanAckWaitAreNotRedelivered: docs/ledger.md
+// says "Keep handlers shorter than ack_wait: a message not acknowledged by
+// then is delivered again", and Run's comment "No more messages fetched
+// than there are slots: a fetched message's ack_wait runs while it waits
+// for one". With Concurrency 1 and handlers that each take 60% of
+// ack_wait, no message should be delivered twice.
+func TestHandlersShorterThanAckWaitAreNotRedelivered(t *testing.T) {
+	_, js := stream(t)
+	const ackWait = 2 * time.Second
+	cons := durable(t, js, ackWait, -1)
+	db := appDB(t)
+	var mu sync.Mutex
+	deliveries := map[string][]uint64{}
+	runs := &counter{n: map[string]int{}}
+	h := handlersWith(t, db, ledger.Options{}, nil)
+	h.Handle("T", "h", func(_ context.Context, ev ledger.Event) error {
+		runs.add(ev.ID)
+		time.Sleep(ackWait * 6 / 10) // the handler's work, well within ack_wait
+		return nil
+	})
+	runWorker(t, watched{cons, func(m jetstream.Msg) {
+		md, _ := m.Metadata()
+		mu.Lock()
+		id := m.Headers().Get(jetstream.MsgIDHeader)
+		deliveries[id] = append(deliveries[id], md.NumDelivered)
+		mu.Unlock()
+	}}, h, ledger.WorkerOptions{Concurrency: 1, Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
+	ids := make([]string, 3)
+	for i := range ids {
+		ids[i] = event.NewID()
+		publish(t, js, ids[i], "T")
+	}
+	testenv.Eventually(t, 60*time.Second, "every message acknowledged", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		t.Logf("%s: deliveries %v, handler runs %d", id, deliveries[id], runs.get(id))
+	}
+	for _, id := range ids {
+		if len(deliveries[id]) != 1 {
+			t.Errorf("event %s was delivered %d times (%v) although its handler takes %v of an ack_wait of %v",
+				id, len(deliveries[id]), deliveries[id], ackWait*6/10, ackWait)
+		}
+	}
+}
+
+// TestStoppedWorkerFetchesNoMore: after Run has returned, a message
+// published is delivered at once to the next worker; it is not taken by a
+// pull the stopped worker left at the server (and held there for
+// ack_wait).
+func TestStoppedWorkerFetchesNoMore(t *testing.T) {
+	_, js := stream(t)
+	cons := durable(t, js, time.Minute, -1)
+	db := appDB(t)
+	runs := &counter{n: map[string]int{}}
+	h := handlersWith(t, db, ledger.Options{}, nil)
+	h.Handle("T", "h", func(_ context.Context, ev ledger.Event) error { runs.add(ev.ID); return nil })
+	stop := runWorker(t, cons, h, ledger.WorkerOptions{Concurrency: 4})
+	first := event.NewID()
+	publish(t, js, first, "T")
+	testenv.Eventually(t, 20*time.Second, "the first event handled", func() bool { return runs.get(first) == 1 })
+	testenv.Eventually(t, 20*time.Second, "the worker's pull waiting at the server", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumWaiting > 0
+	})
+	stop()
+	second := event.NewID()
+	publish(t, js, second, "T")
+	runWorker(t, cons, h, ledger.WorkerOptions{Concurrency: 4})
+	deadline := time.Now().Add(15 * time.Second)
+	for runs.get(second) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if runs.get(second) == 0 {
+		info, _ := cons.Info(context.Background())
+		t.Fatalf("an event published after the first worker stopped was not handled by the second within 15 s: ack pending %d, redelivered %d, waiting %d",
+			info.NumAckPending, info.NumRedelivered, info.NumWaiting)
+	}
+}
+
+// TestRunLeavesNoGoroutines: once Run has returned (and its claims
+// are settled) the goroutines it started are gone.
+func TestRunLeavesNoGoroutines(t *testing.T) {
+	_, js := stream(t)
+	cons := durable(t, js, time.Minute, -1)
+	db := appDB(t)
+	runs := &counter{n: map[string]int{}}
+	h := handlersWith(t, db, ledger.Options{StaleAfter: 500 * time.Millisecond}, nil)
+	h.Handle("T", "h", func(_ context.Context, ev ledger.Event) error {
+		runs.add(ev.ID)
+		time.Sleep(300 * time.Millisecond)
+		return nil
+	})
+	db.Ping()
+	time.Sleep(100 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	w, err := ledger.NewWorker(cons, h, ledger.WorkerOptions{SubjectPrefix: "events", Concurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	id := event.NewID()
+	publish(t, js, id, "T")
+	testenv.Eventually(t, 20*time.Second, "handled", func() bool { return runs.get(id) == 1 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines after Run returned, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+}
