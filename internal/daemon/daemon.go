@@ -126,6 +126,9 @@ type Options struct {
 	// Started, when set, is called once the relay's start is over (see
 	// relay.Options.Started).
 	Started func()
+	// Locked is told what holds the database file while Open waits for
+	// it to be free (nil once it is).
+	Locked func(error)
 	// Test reaches into the wiring; nil in production.
 	Test *TestHooks
 	// sync, when set, is the fleet's: its files share the stream's
@@ -230,7 +233,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, oo Options) (
 		// A file held locked against readers (an application in
 		// locking_mode=EXCLUSIVE) is waited out, saying who holds it, as a
 		// busy writer is.
-		LockWait: -1, Log: log.Named("database"),
+		LockWait: -1, Log: log.Named("database"), Locked: oo.Locked,
 	}); err != nil {
 		return nil, err
 	}

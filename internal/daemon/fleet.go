@@ -163,10 +163,11 @@ type member struct {
 	file    os.FileInfo // as first seen: another file at the path is a replacement
 	stop    context.CancelFunc
 	done    chan struct{}
-	app     *App // nil while it opens
-	quiet   bool // log warnings and errors only (see wake)
-	retried bool // started again at once after it was written to while tried (see fileTrouble)
-	leaving bool // stopped because its file went or was replaced
+	app     *App  // nil while it opens
+	locked  error // while it opens: what holds its file locked against the relay
+	quiet   bool  // log warnings and errors only (see wake)
+	retried bool  // started again at once after it was written to while tried (see fileTrouble)
+	leaving bool  // stopped because its file went or was replaced
 	// park is set when the fleet closes it as idle, with when to open it
 	// again (zero: on its next commit).
 	park *parkedFile
@@ -555,6 +556,13 @@ func (f *Fleet) nextDue(ctx context.Context, path string) (time.Time, bool) {
 	}
 	defer db.Close()
 	next, any, err := claim.NextDue(ctx, db, f.cfg.Ordering.Parks())
+	if err == nil {
+		// A file closed (or never opened) keeps its figures counted, as
+		// they are now: a dead letter discarded, a key parked at start.
+		if b, err := housekeeping.Backlog(ctx, db, f.cfg.Ordering.Parks()); err == nil {
+			f.show(path, b)
+		}
+	}
 	switch {
 	case err != nil:
 		return time.Time{}, true
@@ -871,11 +879,17 @@ func (f *Fleet) start(ctx context.Context, path string, fi os.FileInfo, quiet bo
 			return
 		}
 		f.forget(path) // gone, replaced or in trouble: its figures are not known
-		if errors.Is(err, event.ErrDatabaseReplaced) {
-			// Found by the relay before the scan: served anew at once.
+		replaced := errors.Is(err, event.ErrDatabaseReplaced)
+		if replaced {
+			// Found by the relay before the scan.
 			f.log.Info("database file replaced; serving the new one", zap.String("tenant", m.tenant), zap.String("database", path))
-			f.askScan()
 			err = nil
+		}
+		if (replaced || m.leaving) && ctx.Err() == nil {
+			// The scan that saw it replaced (or gone) skipped the path
+			// while it was still served: a file there now is taken up at
+			// once, not at the next periodic scan.
+			f.askScan()
 		}
 		if err == nil || ctx.Err() != nil {
 			delete(f.trouble, path)
@@ -934,6 +948,7 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member, started func(
 	oo := Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.fileMetrics, Conn: f.conn, Tenant: m.tenant,
 		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Procs: f.oo.Procs, Started: started, Test: f.oo.Test, sync: f.sync,
+		Locked: func(err error) { f.mu.Lock(); m.locked = err; f.mu.Unlock() },
 	}
 	f.mu.Lock()
 	if f.parks {
@@ -1000,6 +1015,21 @@ func (f *Fleet) lookLast(ctx context.Context, app *App, m *member) {
 func (f *Fleet) gaugesOf(path, tenant string) *housekeeping.Gauges {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.gaugesLocked(path, tenant)
+}
+
+// show sets the gauges of a file looked at while closed, unless the fleet
+// has let go of it since (removed, replaced: forgotten).
+func (f *Fleet) show(path string, b event.Backlog) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.parked[path] != nil || f.files[path] != nil {
+		f.gaugesLocked(path, fleet.Tenant(path)).Show(b)
+	}
+}
+
+// gaugesLocked is gaugesOf with f.mu held.
+func (f *Fleet) gaugesLocked(path, tenant string) *housekeeping.Gauges {
 	g := f.gauges[path]
 	if g == nil {
 		g = housekeeping.NewGauges(f.metrics, tenant)
@@ -1032,11 +1062,25 @@ func (f *Fleet) forget(path string) {
 
 // count sets the fleet_files gauge. Called with f.mu held.
 func (f *Fleet) count() {
-	waiting := f.waiting()
-	f.fleetM.Files.WithLabelValues("open").Set(float64(len(f.files) - waiting))
+	waiting, failing := f.waiting(), 0
+	for _, m := range f.files {
+		if m.failing() != nil {
+			failing++
+		}
+	}
+	f.fleetM.Files.WithLabelValues("open").Set(float64(len(f.files) - waiting - failing))
 	f.fleetM.Files.WithLabelValues("waiting").Set(float64(waiting))
 	f.fleetM.Files.WithLabelValues("idle").Set(float64(len(f.parked)))
-	f.fleetM.Files.WithLabelValues("trouble").Set(float64(len(f.trouble)))
+	f.fleetM.Files.WithLabelValues("trouble").Set(float64(len(f.trouble) + failing))
+}
+
+// failing returns the error of an open file whose database keeps failing
+// (its table gone, a lock its application holds for long), if any.
+func (m *member) failing() error {
+	if m.app == nil {
+		return m.locked
+	}
+	return m.app.relay.DatabaseError()
 }
 
 // waiting counts the files waiting for a slot. Called with f.mu held.
@@ -1079,13 +1123,10 @@ func (f *Fleet) role() string {
 	leading, waiting := 0, f.waiting()
 	var troubled []string
 	for path, m := range f.files {
-		if m.app == nil {
-			continue
-		}
-		if m.app.relay.Leads() {
+		if m.app != nil && m.app.relay.Leads() {
 			leading++
 		}
-		if err := m.app.relay.DatabaseError(); err != nil { // a lock held long by its application too
+		if err := m.failing(); err != nil {
 			troubled = append(troubled, fmt.Sprintf("%s (%s): %v", m.tenant, path, err))
 		}
 	}

@@ -142,6 +142,15 @@ func NewGauges(m *metrics.Metrics, tenant string) *Gauges {
 }
 
 // set records a backlog read at age seconds of the oldest due row.
+// Show sets the gauges from b, the file's backlog as just read.
+func (g *Gauges) Show(b event.Backlog) {
+	age := 0.0
+	if !b.OldestPending.IsZero() {
+		age = max(0, time.Since(b.OldestPending).Seconds())
+	}
+	g.set(b, age)
+}
+
 func (g *Gauges) set(b event.Backlog, age float64) {
 	g.pending.Set(float64(b.Pending))
 	g.processing.Set(float64(b.Processing))
@@ -226,11 +235,7 @@ func (k *Keeper) RefreshBacklog(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	age := 0.0
-	if !b.OldestPending.IsZero() {
-		age = max(0, time.Since(b.OldestPending).Seconds())
-	}
-	k.g.set(b, age)
+	k.g.Show(b)
 	return nil
 }
 

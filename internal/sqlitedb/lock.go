@@ -22,8 +22,9 @@ const lockReportAfter = 500 * time.Millisecond
 // keeps a reader out but a connection in exclusive locking mode (or one
 // changing the journal mode), and such a lock lasts until that connection
 // closes the database: Open waits, as the relay waits for a busy writer,
-// and says once what holds the file, and once when it is free again.
-func waitUnlocked(ctx context.Context, path string, wait time.Duration, log *zap.Logger, open func() error) error {
+// and says once what holds the file, and once when it is free again (in
+// the log, and to locked when set).
+func waitUnlocked(ctx context.Context, path string, wait time.Duration, log *zap.Logger, locked func(error), open func() error) error {
 	start := time.Now()
 	step := 10 * time.Millisecond
 	reported := false
@@ -32,6 +33,9 @@ func waitUnlocked(ctx context.Context, path string, wait time.Duration, log *zap
 		if err == nil || !Busy(err) {
 			if reported {
 				log.Info("database lock released", zap.String("path", path), zap.Duration("after", time.Since(start).Round(time.Millisecond)))
+				if locked != nil {
+					locked(nil)
+				}
 			}
 			return err
 		}
@@ -41,8 +45,12 @@ func waitUnlocked(ctx context.Context, path string, wait time.Duration, log *zap
 		}
 		if !reported && waited >= lockReportAfter {
 			reported = true
+			holds := describeLock(path)
 			log.Warn("database locked against this process; waiting until it is free",
-				zap.String("path", path), zap.String("lock", describeLock(path)))
+				zap.String("path", path), zap.String("lock", holds))
+			if locked != nil {
+				locked(fmt.Errorf("%w, waiting until it is free: %s", event.ErrBusy, holds))
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -42,6 +42,9 @@ type Options struct {
 	// Log is told what Open waits for and who holds it, and when it switches
 	// a file to WAL mode; nil: nothing is logged.
 	Log *zap.Logger
+	// Locked, when set, is told what holds the file when Open has waited
+	// long enough to say so in the log, and nil once the file is free.
+	Locked func(error)
 	// GatherCommitWrites makes the commit watch wait commitWrites after
 	// the notification of a lone commit for the rest of the commit's WAL
 	// writes, so that it looks once: for a file served among others (a
@@ -98,7 +101,7 @@ func open(ctx context.Context, path string, opts Options, unused func()) (*DB, e
 	// The writer's first reads prove the file is a database and switch it
 	// to WAL; its busy_timeout is 0, so a lock shows at once.
 	var found string
-	if err := waitUnlocked(ctx, path, lockWait, log, func() (err error) {
+	if err := waitUnlocked(ctx, path, lockWait, log, opts.Locked, func() (err error) {
 		if !opts.ReadOnly {
 			if found, err = toWAL(ctx, write); err != nil {
 				return err
