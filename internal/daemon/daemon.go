@@ -434,6 +434,9 @@ func (a *App) Ready(ctx context.Context) error {
 	if err := a.relay.Paused(); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
+	if err := a.relay.Held(); err != nil {
+		return fmt.Errorf("stream: %w", err)
+	}
 	if err := a.reconcileStatus(); err != nil {
 		return err
 	}

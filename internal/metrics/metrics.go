@@ -29,6 +29,8 @@ const (
 	DeferOrdering = "ordering" // behind a row of the same ordering key that was not stored
 	// An atomic group's rows, held while the stream takes no atomic batches.
 	DeferGroupsHeld = "atomic_groups_held"
+	// A subject's rows, held while it is at the stream's max_msgs_per_subject.
+	DeferSubjectFull = "subject_full"
 )
 
 // Why an atomic batch was published again one row at a time, the values
@@ -141,7 +143,7 @@ func New(version, commit string) *Metrics {
 	f(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.BuildInfo.WithLabelValues(version, commit, runtime.Version()).Set(1)
 	// Known label values start at 0, so rate() and alerts see them at once.
-	for _, reason := range []string{DeferOutage, DeferShutdown, DeferOrdering, DeferGroupsHeld} {
+	for _, reason := range []string{DeferOutage, DeferShutdown, DeferOrdering, DeferGroupsHeld, DeferSubjectFull} {
 		m.Deferred.WithLabelValues(reason)
 	}
 	for _, reason := range []string{FallbackDisabled, FallbackIncomplete, FallbackDuplicate, FallbackRefused, FallbackTooLarge} {

@@ -134,12 +134,24 @@ func (p *JetStream) together(ctx context.Context, msgs []Message, results []Resu
 		p.eachGroup(ctx, msgs, results, starts, reason)
 		return
 	}
-	res := Result{Kind: Transport, Err: err}
 	if Classify(err) == Rejected && code != batchIncomplete && code != jetstream.JSErrCodeStreamMessageExceedsMaximum {
-		res.Kind = Rejected
+		for i := range results {
+			results[i] = Result{Kind: Rejected, Err: err}
+		}
+		return
 	}
+	p.transportAll(msgs, results, err)
+}
+
+// transportAll fails every row of msgs with err, spending no attempt,
+// explained where the stream refused the batch at a limit (see atLimit):
+// a subject at its max_msgs_per_subject holds its rows alone.
+func (p *JetStream) transportAll(msgs []Message, results []Result, err error) {
 	for i := range results {
-		results[i] = res
+		results[i] = Result{Kind: Transport, Err: err}
+		if why := p.atLimit(msgs[i].Subject, err); why != nil {
+			results[i].Err = why
+		}
 	}
 }
 
@@ -235,7 +247,7 @@ func (p *JetStream) publishGroup(ctx context.Context, msgs []Message, results []
 		all(Result{Kind: Rejected, Err: fmt.Errorf("atomic group %q was not stored: %w", group, err)})
 		return
 	}
-	all(Result{Kind: Transport, Err: err})
+	p.transportAll(msgs, results, err)
 }
 
 // groupFits reports whether every message of a group (nmsgs, msgs as

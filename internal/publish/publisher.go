@@ -324,6 +324,36 @@ var streamLevelCodes = map[jetstream.ErrorCode]string{
 // that no message can avoid, or "" for a message's own fault.
 func streamLevel(code jetstream.ErrorCode) string { return streamLevelCodes[code] }
 
+// ErrSubjectFull marks a publish refused because its subject holds the
+// stream's max_msgs_per_subject and the stream discards new messages per
+// subject (discard_new_per_subject): it takes the relay's other subjects.
+var ErrSubjectFull = errors.New("the stream takes no more messages on this subject")
+
+// storeFailed is JetStream's err_code for a message the stream did not
+// store, whose description says why (a limit reached with discard new,
+// among others).
+const storeFailed = 10077
+
+// atLimit explains a message refused at one of the stream's limits with
+// discard new: its subject at max_msgs_per_subject (ErrSubjectFull), or
+// the stream at max_msgs or max_bytes (ErrStreamRefusesAll); nil for any
+// other error.
+func (p *JetStream) atLimit(subject string, err error) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != storeFailed {
+		return nil
+	}
+	switch d := apiErr.Description; {
+	case strings.Contains(d, "maximum messages per subject exceeded"):
+		return fmt.Errorf("%w: stream %s holds its max_msgs_per_subject messages on subject %s and discards new ones there: its rows wait, spending no attempt, while the other subjects go; raise the stream's max_msgs_per_subject, or let its consumers remove messages (%w)",
+			ErrSubjectFull, p.stream, subject, err)
+	case strings.Contains(d, "maximum messages exceeded"), strings.Contains(d, "maximum bytes exceeded"):
+		return fmt.Errorf("%w: stream %s is full (its max_msgs or max_bytes, with discard new): raise its limits, or let its consumers remove messages (%w)",
+			ErrStreamRefusesAll, p.stream, err)
+	}
+	return nil
+}
+
 // ErrStreamRefusesAll marks a publish refused by a stream (or account) that
 // refuses every message: an outage for the relay, never a row's fault.
 var ErrStreamRefusesAll = errors.New("the stream refuses every message")
@@ -630,6 +660,9 @@ func (p *JetStream) classify(subject string, sent time.Time, err error) Result {
 	}
 	if kind == Transport && p.conn.deniedSince(subject, sent) {
 		return Result{Kind: Rejected, Err: deniedErr(subject)}
+	}
+	if why := p.atLimit(subject, err); why != nil {
+		return Result{Kind: Transport, Err: why}
 	}
 	return Result{Kind: kind, Err: explain(err)}
 }

@@ -169,7 +169,8 @@ type Relay struct {
 	// maxSeq is the highest stream sequence of a message found stored:
 	// every message sent after it was found is stored above it.
 	maxSeq   atomic.Uint64
-	pins     pins      // rows whose message may be stored, though not settled done
+	pins     pins // rows whose message may be stored, though not settled done
+	held     heldSubjects
 	markAt   time.Time // when a settle last wrote the stream position (settle loop)
 	inflight atomic.Int64
 	// inflightBytes is the payload held by rows claimed and not yet
@@ -281,6 +282,10 @@ func (r *Relay) Leads() bool { return r.o.HeartbeatInterval == 0 || r.leading.Lo
 
 // Paused reports the current broker outage, if any (for /readyz).
 func (r *Relay) Paused() error { return r.outage.err() }
+
+// Held reports the subjects the stream refuses at its
+// max_msgs_per_subject, whose rows wait, if any, for /readyz.
+func (r *Relay) Held() error { return r.held.err() }
 
 // DatabaseError reports the error of a database operation that keeps
 // failing (claiming or settling rows, heartbeating), if any, for /readyz.

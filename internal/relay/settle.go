@@ -112,6 +112,7 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 		switch res.Kind {
 		case publish.Stored, publish.Duplicate:
 			r.stored(res.Seq)
+			r.held.stored(b.msgs[i].Subject, r.log)
 			if res.Kind == publish.Duplicate {
 				r.m.Duplicates.Inc()
 				if o, reused := r.reused(row, res.Err); reused {
@@ -139,6 +140,14 @@ func (r *Relay) resolve(ctx, waitCtx context.Context, b *batch) []event.Outcome 
 				r.pins.pin(row.ID, b.floor) // it may be stored
 				// Shutting down: hand the row back at once, for whoever runs next.
 				outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now, Reason: metrics.DeferShutdown})
+				continue
+			}
+			if errors.Is(res.Err, publish.ErrSubjectFull) {
+				// The stream answered (so it is up, and takes the other
+				// subjects): not stored, and no outage.
+				r.outage.answered(b.published, r.log, r.m)
+				delay := r.held.hold(b.msgs[i].Subject, res.Err, r.log)
+				outs = append(outs, event.Outcome{Row: row, Settlement: event.Release, AvailableAt: now.Add(delay), Reason: metrics.DeferSubjectFull})
 				continue
 			}
 			delay := r.outage.deferRow(res.Err, r.log, r.m)
