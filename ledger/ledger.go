@@ -134,9 +134,15 @@ func (s State) String() string {
 // started_at in Unix milliseconds, which every later write is conditioned
 // on. The Ledger heartbeats the claim until it is marked done or released.
 type Claim struct {
-	EventID, Handler string
-	Token            int64
-	l                *Ledger
+	// EventID is the event's id (its message's Nats-Msg-Id).
+	EventID string
+	// Handler names the handler the claim is for.
+	Handler string
+	// Token is the claim's started_at in Unix milliseconds: the claim's
+	// done mark, release and heartbeats write only while it is unchanged,
+	// so a claim taken over writes nothing.
+	Token int64
+	l     *Ledger
 }
 
 // claimSQL inserts a fresh claim or takes over one whose holder is gone
