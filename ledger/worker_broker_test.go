@@ -37,7 +37,7 @@ func (c *counter) get(id string) int {
 // the worker.
 func TestWorkerResumesAfterBrokerRestart(t *testing.T) {
 	n, js := stream(t)
-	cons := durable(t, js, 2*time.Second, -1)
+	durable(t, js, 2*time.Second, -1)
 	db := appDB(t)
 	runs := &counter{n: map[string]int{}}
 	h := handlersWith(t, db, ledger.Options{}, nil)
@@ -53,7 +53,6 @@ func TestWorkerResumesAfterBrokerRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = cons
 	core, logs := observer.New(zapcore.InfoLevel)
 	runWorker(t, wcons, h, ledger.WorkerOptions{Log: zap.New(core)})
 	before := event.NewID()
@@ -80,7 +79,7 @@ func TestWorkerResumesAfterBrokerRestart(t *testing.T) {
 }
 
 // TestWorkerReturnsWhenItsStreamIsDeleted: deleting the stream
-// deletes its consumers; the docs say Run returns an error when the
+// deletes its consumers; Run returns an error when the
 // consumer was deleted (noticed within about 10 s).
 func TestWorkerReturnsWhenItsStreamIsDeleted(t *testing.T) {
 	_, js := stream(t)
@@ -103,22 +102,11 @@ func TestWorkerReturnsWhenItsStreamIsDeleted(t *testing.T) {
 	if err := js.DeleteStream(context.Background(), "EVENTS"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("Run returned nil")
-		}
-		t.Logf("Run: %v", err)
-	case <-time.After(40 * time.Second):
-		for _, e := range logs.All() {
-			t.Logf("%s %s %v", e.Level, e.Message, e.ContextMap())
-		}
-		t.Fatalf("Run went on 40 s after its stream (and consumer) was deleted; %d log lines", logs.Len())
-	}
+	runFails(t, done, 40*time.Second, "its stream (and consumer) was deleted", logs)
 }
 
-// TestWorkerReturnsWhenItsConnectionCloses: the docs say Run
-// returns an error when the connection closed for good.
+// TestWorkerReturnsWhenItsConnectionCloses: Run returns an error when
+// the connection closed for good.
 func TestWorkerReturnsWhenItsConnectionCloses(t *testing.T) {
 	n, js := stream(t)
 	durable(t, js, time.Minute, -1)
@@ -146,15 +134,7 @@ func TestWorkerReturnsWhenItsConnectionCloses(t *testing.T) {
 		return info.CachedInfo().NumWaiting > 0
 	})
 	nc.Close()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("Run returned nil")
-		}
-		t.Logf("Run: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run went on after its connection closed")
-	}
+	runFails(t, done, 30*time.Second, "its connection closed", nil)
 }
 
 // TestWorkerReturnsWhenItsStreamIsDeletedBeforeItPulls: as the
@@ -177,17 +157,26 @@ func TestWorkerReturnsWhenItsStreamIsDeletedBeforeItPulls(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
+	runFails(t, done, 45*time.Second, "its stream (and so its consumer) was deleted", logs)
+}
+
+// runFails waits up to within for Run's result on done and fails the test
+// unless it is an error; logs, when set, are shown if it does not come.
+func runFails(t *testing.T, done <-chan error, within time.Duration, after string, logs *observer.ObservedLogs) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if err == nil {
 			t.Fatal("Run returned nil")
 		}
 		t.Logf("Run: %v", err)
-	case <-time.After(45 * time.Second):
-		for _, e := range logs.All() {
-			t.Logf("%s %s %v", e.Level, e.Message, e.ContextMap())
+	case <-time.After(within):
+		if logs != nil {
+			for _, e := range logs.All() {
+				t.Logf("%s %s %v", e.Level, e.Message, e.ContextMap())
+			}
 		}
-		t.Fatalf("Run went on 45 s after its stream (and so its consumer) was deleted; %d log lines", logs.Len())
+		t.Fatalf("Run went on %v after %s", within, after)
 	}
 }
 

@@ -77,6 +77,10 @@ func (n *NATS) Stop() {
 	}
 }
 
+// StoreDir is the server's JetStream store: removed while the server is
+// stopped, the server restarts without its streams.
+func (n *NATS) StoreDir() string { return n.opts.StoreDir }
+
 // Restart starts the server again on the same port and store.
 func (n *NATS) Restart() {
 	n.t.Helper()
