@@ -504,3 +504,31 @@ func TestDeletesFreeAMebibyteAtMost(t *testing.T) {
 		}
 	}
 }
+
+// TestOldestPendingAgesWhileTheTableCannotBeRead: once the outbox table
+// cannot be read (renamed away here), the backlog read fails, and the
+// oldest pending row last read keeps aging in oldest_pending_age_seconds,
+// so that an alert on it fires; the counts stay as last read.
+func TestOldestPendingAgesWhileTheTableCannotBeRead(t *testing.T) {
+	ctx := context.Background()
+	s := testenv.MigratedDB(t)
+	db := testenv.AppDB(t, s.Path())
+	testenv.InsertN(t, db, 2, "T")
+	m := metrics.New("", "")
+	k := New(OnFile(s, false), Options{Metrics: m})
+	if err := k.RefreshBacklog(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := metrics.Value(m.OldestPendingAge)
+	testenv.MustExec(t, db, `ALTER TABLE event_queue RENAME TO elsewhere`)
+	time.Sleep(1100 * time.Millisecond) // the row grows a second older
+	if err := k.RefreshBacklog(ctx); err == nil {
+		t.Fatal("the backlog of a table renamed away was read")
+	}
+	if age := metrics.Value(m.OldestPendingAge); age < first+1 {
+		t.Fatalf("oldest pending age %v s a second after %v s, the table unreadable; want it aging", age, first)
+	}
+	if p := metrics.Value(m.Backlog.WithLabelValues("pending")); p != 2 {
+		t.Fatalf("pending gauge %v, want the 2 last read", p)
+	}
+}

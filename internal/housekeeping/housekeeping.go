@@ -131,6 +131,8 @@ type Gauges struct {
 	pending, processing, dead, parked *metrics.Part
 	age                               *metrics.HighPart
 	tenant                            *metrics.TenantGauges // nil without the tenant label
+	mu                                sync.Mutex            // a fleet's look and the file's keeper may both set them
+	last                              event.Backlog         // as last read
 }
 
 // NewGauges returns a file's shares of m's backlog gauges, and its
@@ -144,7 +146,23 @@ func NewGauges(m *metrics.Metrics, tenant string) *Gauges {
 // set records a backlog read at age seconds of the oldest due row.
 // Show sets the gauges from b, the file's backlog as just read.
 func (g *Gauges) Show(b event.Backlog) {
-	age := 0.0
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.last = b
+	g.setLast()
+}
+
+// aging sets the gauges from the backlog last read, its oldest pending
+// row as old as it is now.
+func (g *Gauges) aging() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.setLast()
+}
+
+// setLast is aging with g.mu held.
+func (g *Gauges) setLast() {
+	b, age := g.last, 0.0
 	if !b.OldestPending.IsZero() {
 		age = max(0, time.Since(b.OldestPending).Seconds())
 	}
@@ -229,10 +247,14 @@ func (k *Keeper) statsLoop(ctx context.Context) {
 	})
 }
 
-// RefreshBacklog sets the backlog gauges from the table.
+// RefreshBacklog sets the backlog gauges from the table. While the table
+// cannot be read, the oldest pending row last read keeps aging in
+// oldest_pending_age_seconds, so that an alert on it fires; the counts
+// stay as last read.
 func (k *Keeper) RefreshBacklog(ctx context.Context) error {
 	b, err := k.store.Backlog(ctx)
 	if err != nil {
+		k.g.aging()
 		return err
 	}
 	k.g.Show(b)
