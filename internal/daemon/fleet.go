@@ -1121,13 +1121,18 @@ func (f *Fleet) role() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	leading, waiting := 0, f.waiting()
-	var troubled []string
+	var troubled, held []string
 	for path, m := range f.files {
 		if m.app != nil && m.app.relay.Leads() {
 			leading++
 		}
 		if err := m.failing(); err != nil {
 			troubled = append(troubled, fmt.Sprintf("%s (%s): %v", m.tenant, path, err))
+		}
+		if m.app != nil {
+			if err := m.app.relay.Held(); err != nil {
+				held = append(held, fmt.Sprintf("%s: %v", m.tenant, err))
+			}
 		}
 	}
 	for path, t := range f.trouble {
@@ -1141,6 +1146,10 @@ func (f *Fleet) role() string {
 	s := fmt.Sprintf("serving %d database files of %s: %s, %d idle", len(f.files)+len(f.parked), f.cfg.Database.Path, open, len(f.parked))
 	if len(troubled) > 0 {
 		s += fmt.Sprintf("; %d in trouble: %s", len(troubled), strings.Join(troubled, "; "))
+	}
+	if len(held) > 0 {
+		sort.Strings(held)
+		s += fmt.Sprintf("; %d with subjects the stream refuses at its max_msgs_per_subject: %s", len(held), strings.Join(held, "; "))
 	}
 	if f.away != nil {
 		s += "; " + f.away.Error()

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/outbox-relay/outbox-relay/internal/config"
 	"github.com/outbox-relay/outbox-relay/internal/daemon"
 	"github.com/outbox-relay/outbox-relay/internal/publish"
@@ -378,4 +380,25 @@ func TestOutageWhileServedInTurn(t *testing.T) {
 	if c := logCountOf(h.logs, "cannot serve this database file"); c > 0 {
 		t.Errorf("%d files logged in trouble after a broker outage", c)
 	}
+}
+
+// TestFleetNamesSubjectsHeldAtTheirLimit: in a fleet, one tenant's
+// subject at the stream's max_msgs_per_subject holds that tenant's rows
+// of it, and /readyz names the tenant and the subject; the other
+// tenants' rows go out.
+func TestFleetNamesSubjectsHeldAtTheirLimit(t *testing.T) {
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour,
+		MaxMsgsPerSubject: 2, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	acme := tenantFile(t, dir, "acme", 3) // one more than the subject takes
+	globex := tenantFile(t, dir, "globex", 2)
+	h := startFleetWith(t, dir, n.URL(), time.Minute, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaAuto })
+	waitDone(t, globex, 2)
+	waitDone(t, acme, 2)
+	h.waitReadyz(t, "1 with subjects the stream refuses at its max_msgs_per_subject: acme: 1 subject held", "(events.acme.order.placed)")
+	nothingSpent(t, acme, "on a subject at its limit")
 }
