@@ -139,16 +139,18 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// pullExpiry is how long a slot's pull waits for a message: a consumer
-// deleted under a waiting pull is told at once, one deleted between
-// pulls at the next.
-const pullExpiry = 10 * time.Second
+// pullExpiry is how long a slot's pull waits for a message. A pull is
+// not cut short when the worker stops (a message the server sends to a
+// pull cut short would wait out ack_wait): a stop waits for it, and Naks
+// what it brings. A consumer deleted under a waiting pull is told at
+// once, one deleted between pulls at the next.
+const pullExpiry = time.Second
 
 // slot fetches a message and handles it, one after another, until ctx
 // ends (nil) or the messages stop for good (the error).
 func (w *Worker) slot(ctx context.Context, away *episode.Log) error {
 	for ctx.Err() == nil {
-		msg, err := w.next(ctx)
+		msg, err := w.next()
 		if ctx.Err() != nil {
 			if msg != nil {
 				_ = msg.Nak() // not started: deliver it elsewhere at once
@@ -161,8 +163,9 @@ func (w *Worker) slot(ctx context.Context, away *episode.Log) error {
 			// Handlers finish even when ctx ends: a graceful stop does
 			// not cut a handler off half way.
 			w.handle(context.WithoutCancel(ctx), msg)
-		case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-			away.OK() // no message within the pull's expiry
+		case errors.Is(err, nats.ErrTimeout):
+			// No message within the pull's expiry; with the server away
+			// too, so this ends no episode of trouble.
 		case gone(err):
 			return err
 		default:
@@ -182,10 +185,8 @@ func (w *Worker) slot(ctx context.Context, away *episode.Log) error {
 }
 
 // next fetches one message, waiting up to pullExpiry.
-func (w *Worker) next(ctx context.Context) (jetstream.Msg, error) {
-	pull, cancel := context.WithTimeout(ctx, pullExpiry)
-	defer cancel()
-	return w.cons.Next(jetstream.FetchContext(pull))
+func (w *Worker) next() (jetstream.Msg, error) {
+	return w.cons.Next(jetstream.FetchMaxWait(pullExpiry))
 }
 
 // gone reports an error that says the messages stop for good: the

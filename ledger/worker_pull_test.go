@@ -136,3 +136,50 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 		t.Fatalf("%d goroutines after Run returned, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// TestStoppedWorkerLeavesNoMessageBehind: an event published as the
+// worker stops, its pull waiting, is handled by the next worker at once,
+// not after ack_wait (a minute here): a message the server sent to the
+// stopping worker's pull is Nak'ed, not dropped with the pull. The race
+// is narrow: rounds of it.
+func TestStoppedWorkerLeavesNoMessageBehind(t *testing.T) {
+	_, js := stream(t)
+	cons := durable(t, js, time.Minute, -1)
+	runs := &counter{n: map[string]int{}}
+	h := handlersWith(t, appDB(t), ledger.Options{}, nil)
+	h.Handle("T", "h", func(_ context.Context, ev ledger.Event) error { runs.add(ev.ID); return nil })
+	run := func() (stop func()) {
+		w, err := ledger.NewWorker(cons, h, ledger.WorkerOptions{SubjectPrefix: "events"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for round := range 20 {
+		stop := run()
+		testenv.Eventually(t, 20*time.Second, "the worker's pull waiting", func() bool {
+			info, err := cons.Info(context.Background())
+			return err == nil && info.NumWaiting > 0 && info.NumAckPending == 0
+		})
+		id := event.NewID()
+		publish(t, js, id, "T")
+		stop()
+		stop = run()
+		deadline := time.Now().Add(5 * time.Second)
+		for runs.get(id) == 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		stop()
+		if runs.get(id) == 0 {
+			t.Fatalf("round %d: an event published as the worker stopped was not handled by the next worker within 5 s (ack_wait 1 min)", round)
+		}
+	}
+}
