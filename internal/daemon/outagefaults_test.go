@@ -90,6 +90,82 @@ func subjectAtItsLimit(t *testing.T, group string) {
 	nothingSpent(t, app, "on a subject at its limit")
 }
 
+// fullSubjectStream makes EVENTS with max_msgs_per_subject 100, discard
+// new per subject, and events.Full already at its limit.
+func fullSubjectStream(t *testing.T) *testenv.NATS {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	ctx := context.Background()
+	cfg := jetstream.StreamConfig{Name: "EVENTS", Subjects: []string{"events.>"}, Duplicates: time.Hour,
+		MaxMsgsPerSubject: 100, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		if _, err := js.Publish(ctx, "events.Full", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+// TestKeyBatchWithAFullSubjectHoldsOnlyThatSubject: an ordering key's
+// due rows go as one atomic batch (32 or more waiting), its last row on a
+// subject at its max_msgs_per_subject. The batch refused, its rows go one
+// at a time: the rows before that one in the key, on another subject, are
+// stored, and /readyz names the full subject only.
+func TestKeyBatchWithAFullSubjectHoldsOnlyThatSubject(t *testing.T) {
+	n := fullSubjectStream(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	evs := make([]testenv.Event, 0, 60)
+	for i := range 60 {
+		e := testenv.NewEvent("Other", []byte("x"))
+		if i == 59 {
+			e = testenv.NewEvent("Full", []byte("x"))
+		}
+		e.OrderingKey = "K"
+		evs = append(evs, e)
+	}
+	if err := testenv.Insert(app, evs...); err != nil {
+		t.Fatal(err)
+	}
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	testenv.Eventually(t, 20*time.Second, "a subject held", func() bool { return h.relay.Held() != nil })
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && testenv.Counts(t, app)["done"] < 59 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	ready := h.app.Ready(context.Background())
+	c := testenv.Counts(t, app)
+	t.Logf("rows %v; /readyz: %v", c, ready)
+	if c["done"] < 59 {
+		t.Errorf("after 20 s, %d of the 59 rows on events.Other (before the events.Full row in their key) done; want all: a full subject holds only its own rows", c["done"])
+	}
+	if ready == nil || strings.Contains(ready.Error(), "events.Other") || !strings.Contains(ready.Error(), "events.Full") {
+		t.Errorf("/readyz: %v; want events.Full named held, and only it", ready)
+	}
+}
+
+// TestHoldEndsWhenTheSubjectsRowsAreGone: a subject held, then its only
+// pending row is removed by the application. Nothing of that subject is
+// left to publish, so no refusal renews the hold: it ends, and /readyz is
+// ready again.
+func TestHoldEndsWhenTheSubjectsRowsAreGone(t *testing.T) {
+	n := fullSubjectStream(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	id := event.NewID()
+	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Full', 'x')`, id)
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	testenv.Eventually(t, 20*time.Second, "the full subject held", func() bool { return h.relay.Held() != nil })
+	testenv.MustExec(t, app, `DELETE FROM event_queue WHERE event_id = ?`, id)
+	testenv.MustExec(t, app, `INSERT INTO event_queue (event_id, event_type, payload) VALUES (?, 'Other', 'x')`, event.NewID())
+	testenv.Eventually(t, 20*time.Second, "the other row done", func() bool { return testenv.Counts(t, app)["done"] == 1 })
+	testenv.Eventually(t, 30*time.Second, "/readyz ready once the held subject has no row left", func() bool { return h.app.Ready(context.Background()) == nil })
+}
+
 // mixedRows writes rows unordered, rows of ordering keys and atomic
 // groups of three, in transactions of 30 rows.
 func mixedRows(t *testing.T, app *sql.DB, txs int) int {

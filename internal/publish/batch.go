@@ -336,6 +336,12 @@ func (p *JetStream) byMessage(err error, msgs []Message, sent time.Time) string 
 			return metrics.FallbackIncomplete
 		case batchDuplicate:
 			return metrics.FallbackDuplicate
+		case storeFailed:
+			if errors.Is(p.atLimit("", err), ErrSubjectFull) {
+				// A subject at its max_msgs_per_subject: one at a time,
+				// the rows before it go, and only it is held.
+				return metrics.FallbackRefused
+			}
 		}
 	} else {
 		for _, m := range msgs {

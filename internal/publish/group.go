@@ -120,7 +120,9 @@ func (p *JetStream) together(ctx context.Context, msgs []Message, results []Resu
 		reason = metrics.FallbackDisabled
 	case code == batchDuplicate:
 		reason = metrics.FallbackDuplicate
-	case p.refusedRow(msgs, sent) >= 0:
+	case p.refusedRow(msgs, sent) >= 0, errors.Is(p.atLimit("", err), ErrSubjectFull):
+		// A row refused, or a subject at its max_msgs_per_subject: a
+		// group at a time, the groups before it go.
 		reason = metrics.FallbackRefused
 	case code == batchIncomplete || code == jetstream.JSErrCodeStreamMessageExceedsMaximum:
 		// No row refused: a row over a size limit lowered since it was

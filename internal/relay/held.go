@@ -26,7 +26,13 @@ type heldSubjects struct {
 type heldSubject struct {
 	since time.Time
 	err   error
+	until time.Time // past it without a refusal, the hold ends (see holdGrace)
 }
+
+// holdGrace is how long after its rows were due again a hold lasts
+// without a refusal: its rows are gone (deleted, dead-lettered by an
+// operator), or their subject no longer at its limit.
+const holdGrace = 5 * time.Second
 
 // hold records a refusal of subject and returns how long its row waits:
 // as long as the subject has been held, from 1 s up to maxDefer, so that
@@ -34,6 +40,7 @@ type heldSubject struct {
 func (h *heldSubjects) hold(subject string, err error, log *zap.Logger) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.expire()
 	s := h.held[subject]
 	if s == nil {
 		if h.held == nil {
@@ -46,7 +53,9 @@ func (h *heldSubjects) hold(subject string, err error, log *zap.Logger) time.Dur
 			zap.String("subject", subject), zap.Error(err))
 	}
 	s.err = err
-	return min(max(time.Second, time.Since(s.since)), maxDefer)
+	wait := min(max(time.Second, time.Since(s.since)), maxDefer)
+	s.until = time.Now().Add(wait + holdGrace)
+	return wait
 }
 
 // stored ends the hold of subject, if any: the stream took a message of it.
@@ -65,6 +74,18 @@ func (h *heldSubjects) stored(subject string, log *zap.Logger) {
 	log.Info("the stream takes the subject again", zap.String("subject", subject), zap.Duration("held", time.Since(s.since).Round(time.Millisecond)))
 }
 
+// expire ends the holds past their time without a refusal. Called with
+// h.mu held.
+func (h *heldSubjects) expire() {
+	now := time.Now()
+	for subject, s := range h.held {
+		if now.After(s.until) {
+			delete(h.held, subject)
+		}
+	}
+	h.any.Store(len(h.held) > 0)
+}
+
 // err names the subjects held and why, for /readyz; nil when none is.
 func (h *heldSubjects) err() error {
 	if !h.any.Load() {
@@ -72,6 +93,7 @@ func (h *heldSubjects) err() error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.expire()
 	subjects := make([]string, 0, len(h.held))
 	for subject := range h.held {
 		subjects = append(subjects, subject)
