@@ -948,7 +948,7 @@ func (f *Fleet) serve(ctx context.Context, path string, m *member, started func(
 	oo := Options{
 		Version: f.oo.Version, Commit: f.oo.Commit, Metrics: f.fileMetrics, Conn: f.conn, Tenant: m.tenant,
 		Gauges: f.gaugesOf(path, m.tenant), Budget: f.budget, Procs: f.oo.Procs, Started: started, Test: f.oo.Test, sync: f.sync,
-		Locked: func(err error) { f.mu.Lock(); m.locked = err; f.mu.Unlock() },
+		Locked: func(err error) { f.mu.Lock(); m.locked = err; f.count(); f.mu.Unlock() },
 	}
 	f.mu.Lock()
 	if f.parks {
@@ -1062,16 +1062,21 @@ func (f *Fleet) forget(path string) {
 
 // count sets the fleet_files gauge. Called with f.mu held.
 func (f *Fleet) count() {
-	waiting, failing := f.waiting(), 0
+	waiting, failing, troubled := f.waiting(), 0, 0
 	for _, m := range f.files {
 		if m.failing() != nil {
 			failing++
 		}
 	}
+	for path := range f.trouble {
+		if f.files[path] == nil { // else tried again, and counted as it is now
+			troubled++
+		}
+	}
 	f.fleetM.Files.WithLabelValues("open").Set(float64(len(f.files) - waiting - failing))
 	f.fleetM.Files.WithLabelValues("waiting").Set(float64(waiting))
 	f.fleetM.Files.WithLabelValues("idle").Set(float64(len(f.parked)))
-	f.fleetM.Files.WithLabelValues("trouble").Set(float64(len(f.trouble) + failing))
+	f.fleetM.Files.WithLabelValues("trouble").Set(float64(troubled + failing))
 }
 
 // failing returns the error of an open file whose database keeps failing
@@ -1136,7 +1141,9 @@ func (f *Fleet) role() string {
 		}
 	}
 	for path, t := range f.trouble {
-		troubled = append(troubled, fmt.Sprintf("%s (%s): %v", fleet.Tenant(path), path, t.err))
+		if f.files[path] == nil { // else tried again: said as it is now
+			troubled = append(troubled, fmt.Sprintf("%s (%s): %v", fleet.Tenant(path), path, t.err))
+		}
 	}
 	sort.Strings(troubled)
 	open := fmt.Sprintf("%d open (leading %d)", len(f.files)-waiting, leading)

@@ -402,3 +402,53 @@ func TestFleetNamesSubjectsHeldAtTheirLimit(t *testing.T) {
 	h.waitReadyz(t, "1 with subjects the stream refuses at its max_msgs_per_subject: acme: 1 subject held", "(events.acme.order.placed)")
 	nothingSpent(t, acme, "on a subject at its limit")
 }
+
+// TestTroubledFileLockedOnRetryCountedOnce: a file in trouble (its
+// schema fails verification) is tried again every 5 s; at a retry its
+// application holds it in exclusive locking mode. It is one file in
+// trouble: fleet_files{state="trouble"} says 1, and /readyz names it once,
+// as it is now (locked).
+func TestTroubledFileLockedOnRetryCountedOnce(t *testing.T) {
+	n := testenv.StartNATS(t)
+	dir := t.TempDir()
+	acme := tenantFile(t, dir, "acme", 3)
+	bad := tenantFile(t, dir, "bad", 1)
+	migrate(t, dir, "acme")
+	bad.Close()
+	h := startFleetWith(t, dir, n.URL(), 0, func(cfg *config.Config) { cfg.Schema.Mode = config.SchemaVerify })
+	waitDone(t, acme, 3)
+	testenv.Eventually(t, 20*time.Second, "bad.db in trouble", func() bool {
+		_, body := h.readyz(t)
+		return strings.Contains(body, "bad (")
+	})
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(dir, "bad.db")+"?_locking_mode=EXCLUSIVE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var c int
+	if err := conn.QueryRowContext(context.Background(), `SELECT count(*) FROM event_queue`).Scan(&c); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the retry waiting for the lock", func() bool {
+		return logCountOf(h.logs, "database locked against this process; waiting until it is free") >= 1
+	})
+	testenv.Eventually(t, 10*time.Second, "/readyz naming the lock", func() bool {
+		_, body := h.readyz(t)
+		return strings.Contains(body, "waiting until it is free")
+	})
+	metrics := h.waitMetrics(t)
+	_, body := h.readyz(t)
+	if !strings.Contains(metrics, `outbox_relay_fleet_files{state="trouble"} 1`+"\n") {
+		t.Errorf("one file in trouble, fleet_files says: %s", grepLines(metrics, "fleet_files{"))
+	}
+	if strings.Count(body, "bad (") != 1 {
+		t.Errorf("/readyz names bad.db %d times: %s", strings.Count(body, "bad ("), body)
+	}
+}
