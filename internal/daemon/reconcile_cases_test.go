@@ -468,3 +468,125 @@ func TestRestoredDeadLetterPublishedSince(t *testing.T) {
 		})
 	}
 }
+
+// restoreOver puts backup in place of path as operations.md says: the
+// application closed, the old -wal and -shm removed, the backup renamed
+// over the file. It returns the application's new connection.
+func restoreOver(t *testing.T, app *sql.DB, backup, path string) *sql.DB {
+	t.Helper()
+	app.Close()
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Rename(backup, path); err != nil {
+		t.Fatal(err)
+	}
+	return testenv.AppDB(t, path)
+}
+
+// byRow counts the stream's messages, and them by origin and row id.
+func byRow(t *testing.T, js jetstream.JetStream) (msgs int, rows map[string]int) {
+	t.Helper()
+	rows = map[string]int{}
+	all := testenv.StreamMessages(t, js, "EVENTS")
+	for _, m := range all {
+		rows[m.Header.Get(publish.HeaderOrigin)+"/"+m.Header.Get(publish.HeaderRowID)]++
+	}
+	return len(all), rows
+}
+
+// TestRestoreNullEventID: the application leaves event_id NULL (the
+// relay gives the row a UUID before its first publish). A backup taken
+// after the rows were written and before the relay's claim gave them ids
+// brings them back pending with NULL ids; the stream holds their messages
+// (this table's origin, their row ids). The reconciliation settles each
+// row from its message, giving it the message's id, rather than count the
+// messages orphans and publish every row again under a new id.
+func TestRestoreNullEventID(t *testing.T) {
+	const rows = 5
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	// A first run gives the table its origin and position.
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	testenv.Eventually(t, 30*time.Second, "the relay to reconcile", func() bool {
+		return logCount(h, "reconciled the outbox with the stream; publishing") > 0
+	})
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The application writes while the relay is down (a deploy).
+	for range rows {
+		testenv.MustExec(t, app, `INSERT INTO event_queue (event_type, payload) VALUES ('Thing', 'x')`)
+	}
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	testenv.MustExec(t, app, `VACUUM INTO ?`, backup)
+	h = startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, rows, 30*time.Second)
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := byRow(t, js); k != rows {
+		t.Fatalf("before the restore the stream holds %d messages, want %d", k, rows)
+	}
+	app = restoreOver(t, app, backup, path)
+	h = startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, rows, 30*time.Second)
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	k, perRow := byRow(t, js)
+	if k != rows {
+		t.Errorf("after the restore the stream holds %d messages for %d rows: %v; log: %d orphans line(s)", k, rows, perRow,
+			logCount(h, "messages of this outbox in the stream whose rows are not in the file: rows written after the point in time of a restored backup, say; not re-created"))
+	}
+}
+
+// TestRestoreNullEventIDRowIDGivenAgain: rows without an event id are
+// published and lost with a restore of a backup from before them; the
+// application writes new rows without ids, given the same row ids again.
+// The lost rows' messages (this table's origin, those row ids) are not
+// the new rows' (their created_at differs): each new row is published.
+func TestRestoreNullEventIDRowIDGivenAgain(t *testing.T) {
+	const rows = 3
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	testenv.Eventually(t, 30*time.Second, "the relay to reconcile", func() bool {
+		return logCount(h, "reconciled the outbox with the stream; publishing") > 0
+	})
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	backup := filepath.Join(t.TempDir(), "backup.db") // the origin, no rows
+	testenv.MustExec(t, app, `VACUUM INTO ?`, backup)
+	for range rows {
+		testenv.MustExec(t, app, `INSERT INTO event_queue (event_type, payload) VALUES ('Thing', 'lost')`)
+	}
+	h = startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, rows, 30*time.Second)
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	app = restoreOver(t, app, backup, path)
+	time.Sleep(5 * time.Millisecond) // the new rows' created_at differs from the lost rows'
+	for range rows {
+		testenv.MustExec(t, app, `INSERT INTO event_queue (event_type, payload) VALUES ('Thing', 'new')`)
+	}
+	if ids := testenv.Strings(t, app, `SELECT id FROM event_queue ORDER BY id`); fmt.Sprint(ids) != "[1 2 3]" {
+		t.Fatalf("the new rows' ids %v; want 1 to 3 again", ids)
+	}
+	h = startRelay(t, path, n.URL(), harnessOptions{})
+	waitAllSettled(t, app, rows, 30*time.Second)
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if k, perRow := byRow(t, js); k != 2*rows {
+		t.Fatalf("the stream holds %d messages (%v); want the lost rows' %d and the new rows' %d", k, perRow, rows, rows)
+	}
+}

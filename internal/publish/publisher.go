@@ -40,6 +40,16 @@ const (
 // createdAtLayout is RFC 3339 in UTC with milliseconds.
 const createdAtLayout = "2006-01-02T15:04:05.000Z07:00"
 
+// CreatedAt reads a message's Outbox-Created-At, its row's created_at, as
+// Unix milliseconds: 0 when it has none or it cannot be read.
+func CreatedAt(h nats.Header) int64 {
+	t, err := time.Parse(createdAtLayout, h.Get(HeaderCreatedAt))
+	if err != nil {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
 // Message is one row to publish on its subject.
 type Message struct {
 	Row     event.Row

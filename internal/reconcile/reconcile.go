@@ -18,6 +18,7 @@ package reconcile
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -185,7 +186,8 @@ func Run(ctx context.Context, o Options) (Progress, error) {
 			break // stored since Run began: not this table's unsettled rows
 		}
 		h := m.Headers()
-		batch = append(batch, seen{seq: seq, at: meta.Timestamp.UnixMilli(), msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin)})
+		batch = append(batch, seen{seq: seq, at: meta.Timestamp.UnixMilli(), msgID: h.Get(publish.HeaderMsgID), rowID: h.Get(publish.HeaderRowID), origin: h.Get(publish.HeaderOrigin),
+			created: publish.CreatedAt(h)})
 		if !at.IsZero() && read == p.From && len(batch) == 1 {
 			p.From = seq // before the first batch is handed on
 		}
@@ -376,6 +378,7 @@ type seen struct {
 	seq                  uint64
 	at                   int64 // when it was stored, Unix ms
 	msgID, rowID, origin string
+	created              int64 // its row's created_at (Outbox-Created-At), Unix ms; 0: none
 }
 
 // scan is a reconciliation's options and what it found of the table.
@@ -421,8 +424,14 @@ type row struct {
 	id       int64
 	status   string
 	attempts int
-	size     int // the payload's length: the settle sizes its statements by it
+	size     int   // the payload's length: the settle sizes its statements by it
+	created  int64 // created_at, Unix ms (0: none read)
 }
+
+// unnamed is the key rowsOf gives a row without an event id (a foreign
+// writer's, given one at its first claim) under its row id: no event id
+// begins with a NUL.
+func unnamed(rowID string) string { return "\x00" + rowID }
 
 // settle settles the rows of batch's messages and moves the mark to next,
 // in one transaction, and reports the progress.
@@ -442,11 +451,21 @@ func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 	batch, rows, next := st.batch, st.rows, st.next
 	var outs []event.Outcome
 	taken := map[int64]bool{}
-	var gone []seen     // messages of this table without a row of their event id
-	var revived []int64 // dead letters whose own message is stored
+	var gone []seen             // messages of this table without a row of their event id
+	var revived []int64         // dead letters whose own message is stored
+	named := map[int64]string{} // rows without an event id, given their message's
 	for _, m := range batch {
 		r, ok := rows[m.msgID]
 		ours := m.origin == o.Origin
+		if n, found := rows[unnamed(m.rowID)]; !ok && ours && found && !taken[n.id] && n.status == string(event.StatusPending) &&
+			m.created != 0 && m.created == n.created {
+			// A row restored from a backup taken before its first claim
+			// gave it an event id: this message, of this table and row
+			// and of the row's created_at to the millisecond, is its own
+			// (a row id given again after the restore was written later).
+			r, ok = n, true
+			named[n.id] = m.msgID
+		}
 		if !ok {
 			if ours {
 				gone = append(gone, m)
@@ -480,6 +499,9 @@ func (p *Progress) settleBatch(ctx context.Context, o scan, st stage) error {
 		return err
 	}
 	if err := revive(ctx, o.DB, revived); err != nil {
+		return err
+	}
+	if err := name(ctx, o.DB, named); err != nil {
 		return err
 	}
 	stale, err := o.Store.Settle(ctx, outs, next)
@@ -520,8 +542,29 @@ func revive(ctx context.Context, db *sqlitedb.DB, ids []int64) error {
 	return nil
 }
 
+// name gives the rows of ids (by row id) the event ids of their messages,
+// where they have none yet, for the settle that follows. A crash between
+// the two leaves them pending with their messages' ids, below the mark:
+// the next reconciliation reads the batch again and settles them.
+func name(ctx context.Context, db *sqlitedb.DB, ids map[int64]string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	pairs := make([][2]any, 0, len(ids))
+	for id, eventID := range ids {
+		pairs = append(pairs, [2]any{id, eventID})
+	}
+	j, _ := json.Marshal(pairs)
+	t := db.Table()
+	if _, err := db.Exec(ctx, `UPDATE `+t+` SET event_id = j.value ->> 1 FROM json_each(?) AS j WHERE `+t+`.id = j.value ->> 0 AND `+t+`.event_id IS NULL`, string(j)); err != nil {
+		return fmt.Errorf("name the rows found in the stream: %w", err)
+	}
+	return nil
+}
+
 // rowsOf returns the rows of the event ids of batch's messages, by event
-// id. A message of this table (or from before Outbox-Origin) names its
+// id, and the rows without an event id that a message of this table names,
+// by unnamed(row id). A message of this table (or from before Outbox-Origin) names its
 // row: those are read by id, in id order, and those whose row holds
 // another event id, with the others', by the event id's unique index.
 func rowsOf(ctx context.Context, o Options, batch []seen) (map[string]row, error) {
@@ -551,8 +594,8 @@ func readRows[T any](ctx context.Context, db *sqlitedb.DB, col string, vals []T,
 		return nil
 	}
 	arg, _ := json.Marshal(vals)
-	q := fmt.Sprintf(`SELECT id, CAST(event_id AS TEXT), coalesce(CAST(status AS TEXT), ''), coalesce(attempts, 0), coalesce(octet_length(payload), 0)
-FROM %s WHERE %s IN (SELECT value FROM json_each(?1)) AND event_id IS NOT NULL`, db.Table(), col)
+	q := fmt.Sprintf(`SELECT id, CAST(event_id AS TEXT), coalesce(CAST(status AS TEXT), ''), coalesce(attempts, 0), coalesce(octet_length(payload), 0),
+coalesce(%s, 0) FROM %s WHERE %s IN (SELECT value FROM json_each(?1))`, schema.MsSQL("created_at"), db.Table(), col)
 	rs, err := db.Reader().QueryContext(ctx, q, string(arg))
 	if err != nil {
 		return fmt.Errorf("read the rows of the stream's messages: %w", err)
@@ -560,11 +603,15 @@ FROM %s WHERE %s IN (SELECT value FROM json_each(?1)) AND event_id IS NOT NULL`,
 	defer rs.Close()
 	for rs.Next() {
 		var r row
-		var id string
-		if err := rs.Scan(&r.id, &id, &r.status, &r.attempts, &r.size); err != nil {
+		var id sql.NullString
+		if err := rs.Scan(&r.id, &id, &r.status, &r.attempts, &r.size, &r.created); err != nil {
 			return fmt.Errorf("read the rows of the stream's messages: %w", err)
 		}
-		out[id] = r
+		if !id.Valid {
+			out[unnamed(strconv.FormatInt(r.id, 10))] = r
+			continue
+		}
+		out[id.String] = r
 	}
 	return rs.Err()
 }
