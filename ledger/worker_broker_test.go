@@ -43,16 +43,7 @@ func TestWorkerResumesAfterBrokerRestart(t *testing.T) {
 	h := handlersWith(t, db, ledger.Options{}, nil)
 	h.Handle("T", "h", func(_ context.Context, ev ledger.Event) error { runs.add(ev.ID); return nil })
 	// The worker's own connection, reconnecting forever.
-	nc, err := nats.Connect(n.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	wjs, _ := jetstream.New(nc)
-	wcons, err := wjs.Consumer(context.Background(), "EVENTS", "workers")
-	if err != nil {
-		t.Fatal(err)
-	}
+	wcons := reconnectingConsumer(t, n.URL())
 	core, logs := observer.New(zapcore.InfoLevel)
 	runWorker(t, wcons, h, ledger.WorkerOptions{Log: zap.New(core)})
 	before := event.NewID()
@@ -199,16 +190,7 @@ func TestBrokerRestartsUnderARunningHandler(t *testing.T) {
 		_, err := tx.ExecContext(ctx, `INSERT INTO effects (event_id, handler) VALUES (?, 'h')`, ev.ID)
 		return err
 	})
-	nc, err := nats.Connect(n.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	wjs, _ := jetstream.New(nc)
-	wcons, err := wjs.Consumer(context.Background(), "EVENTS", "workers")
-	if err != nil {
-		t.Fatal(err)
-	}
+	wcons := reconnectingConsumer(t, n.URL())
 	runWorker(t, wcons, h, ledger.WorkerOptions{Concurrency: 2})
 	id := event.NewID()
 	publish(t, js, id, "T")
@@ -228,4 +210,24 @@ func TestBrokerRestartsUnderARunningHandler(t *testing.T) {
 	if effects != 1 || runs.get(id) != 1 {
 		t.Fatalf("%d effects, %d runs", effects, runs.get(id))
 	}
+}
+
+// reconnectingConsumer binds the durable "workers" on a connection of its
+// own to the server at url, reconnecting forever (as a worker's is).
+func reconnectingConsumer(t *testing.T, url string) jetstream.Consumer {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(context.Background(), "EVENTS", "workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons
 }

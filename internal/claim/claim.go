@@ -264,7 +264,8 @@ func newHeld() held {
 // one short write transaction for all of them. The rows are read as
 // whatever SQLite holds; a row whose columns cannot be read as the relay
 // needs them comes back with Problem set, to be dead-lettered alone.
-func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) ([]event.Row, error) {
+func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) (_ []event.Row, err error) {
+	defer func() { err = sqlitedb.Explain(s.db.Path(), err) }()
 	if maxBytes <= 0 {
 		maxBytes = math.MaxInt64
 	}
@@ -811,6 +812,7 @@ func blob(v any) []byte {
 // (schema.PublishedTable, for Options.Stream): every message this table's
 // rows were published to below it is settled once this commits.
 func (s *Store) Settle(ctx context.Context, outs []event.Outcome, scanFrom uint64) (stale []int, err error) {
+	defer func() { err = sqlitedb.Explain(s.db.Path(), err) }()
 	if len(outs) == 0 && scanFrom == 0 {
 		return nil, nil
 	}

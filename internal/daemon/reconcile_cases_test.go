@@ -506,25 +506,15 @@ func byRow(t *testing.T, js jetstream.JetStream) (msgs int, rows map[string]int)
 // messages orphans and publish every row again under a new id.
 func TestRestoreNullEventID(t *testing.T) {
 	const rows = 5
-	n := testenv.StartNATS(t)
+	n, path, app := withOrigin(t)
 	js := n.JetStream(t)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
-	// A first run gives the table its origin and position.
-	h := startRelay(t, path, n.URL(), harnessOptions{})
-	testenv.Eventually(t, 30*time.Second, "the relay to reconcile", func() bool {
-		return logCount(h, "reconciled the outbox with the stream; publishing") > 0
-	})
-	if err := h.stop(); err != nil {
-		t.Fatal(err)
-	}
 	// The application writes while the relay is down (a deploy).
 	for range rows {
 		testenv.MustExec(t, app, `INSERT INTO event_queue (event_type, payload) VALUES ('Thing', 'x')`)
 	}
 	backup := filepath.Join(t.TempDir(), "backup.db")
 	testenv.MustExec(t, app, `VACUUM INTO ?`, backup)
-	h = startRelay(t, path, n.URL(), harnessOptions{})
+	h := startRelay(t, path, n.URL(), harnessOptions{})
 	waitAllSettled(t, app, rows, 30*time.Second)
 	if err := h.stop(); err != nil {
 		t.Fatal(err)
@@ -552,23 +542,14 @@ func TestRestoreNullEventID(t *testing.T) {
 // the new rows' (their created_at differs): each new row is published.
 func TestRestoreNullEventIDRowIDGivenAgain(t *testing.T) {
 	const rows = 3
-	n := testenv.StartNATS(t)
+	n, path, app := withOrigin(t)
 	js := n.JetStream(t)
-	path := testenv.NewDB(t)
-	app := testenv.AppDB(t, path)
-	h := startRelay(t, path, n.URL(), harnessOptions{})
-	testenv.Eventually(t, 30*time.Second, "the relay to reconcile", func() bool {
-		return logCount(h, "reconciled the outbox with the stream; publishing") > 0
-	})
-	if err := h.stop(); err != nil {
-		t.Fatal(err)
-	}
 	backup := filepath.Join(t.TempDir(), "backup.db") // the origin, no rows
 	testenv.MustExec(t, app, `VACUUM INTO ?`, backup)
 	for range rows {
 		testenv.MustExec(t, app, `INSERT INTO event_queue (event_type, payload) VALUES ('Thing', 'lost')`)
 	}
-	h = startRelay(t, path, n.URL(), harnessOptions{})
+	h := startRelay(t, path, n.URL(), harnessOptions{})
 	waitAllSettled(t, app, rows, 30*time.Second)
 	if err := h.stop(); err != nil {
 		t.Fatal(err)
@@ -589,4 +570,21 @@ func TestRestoreNullEventIDRowIDGivenAgain(t *testing.T) {
 	if k, perRow := byRow(t, js); k != 2*rows {
 		t.Fatalf("the stream holds %d messages (%v); want the lost rows' %d and the new rows' %d", k, perRow, rows, rows)
 	}
+}
+
+// withOrigin returns a server and a table a relay ran on once, to the end
+// of its first reconciliation: the table has its origin and position.
+func withOrigin(t *testing.T) (*testenv.NATS, string, *sql.DB) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	path := testenv.NewDB(t)
+	app := testenv.AppDB(t, path)
+	h := startRelay(t, path, n.URL(), harnessOptions{})
+	testenv.Eventually(t, 30*time.Second, "the relay to reconcile", func() bool {
+		return logCount(h, "reconciled the outbox with the stream; publishing") > 0
+	})
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	return n, path, app
 }

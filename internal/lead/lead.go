@@ -103,7 +103,7 @@ func (l *Lease) leadsBy(ctx context.Context, q sqlitedb.Querier) (bool, error) {
 // waited too, and their silence proves nothing until they have had as long
 // again to catch up.
 func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lease, staleAfter time.Duration) (reclaimed int64, err error) {
-	defer func() { err = sqlitedb.NotWritable(l.db.Path(), err) }()
+	defer func() { err = sqlitedb.Explain(l.db.Path(), sqlitedb.NotWritable(l.db.Path(), err)) }()
 	host, _ := os.Hostname()
 	asked := time.Now()
 	tx, err := l.db.Begin(ctx) // BEGIN IMMEDIATE: waits for the lock

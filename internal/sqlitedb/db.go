@@ -36,6 +36,9 @@ type DB struct {
 	table  string
 	path   string
 	opened os.FileInfo // the file at path when it was opened
+	// companions are its -wal and -shm files when it was opened for
+	// writing (nil: none then, or read-only); see Companions.
+	companions [2]os.FileInfo
 	// index returns its -shm file, found by the first commit watch or
 	// commit mark (see walIndex), once the connections made it; nil:
 	// there was none. The file stays open while any DB of the path is
@@ -67,7 +70,7 @@ func (s *DB) Begin(ctx context.Context) (*sql.Tx, error) {
 	wait := 100 * time.Microsecond
 	// Never write to a file that is no longer the database: a restored
 	// file may find this one's -wal beside it.
-	if err := s.SameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+	if err := s.written(); err != nil {
 		return nil, err
 	}
 	for {
@@ -133,7 +136,7 @@ func (s *DB) Close() error {
 		defer s.unused()
 		return s.write.Close()
 	}
-	if errors.Is(s.SameFile(), event.ErrDatabaseReplaced) {
+	if s.written() != nil {
 		return s.read.Close() // the writers keep their locks on the -shm file too
 	}
 	defer s.unused() // once SQLite holds no lock on the -shm file (see walIndex)

@@ -19,6 +19,9 @@ func (s *DB) Ping(ctx context.Context) error {
 	if err := s.SameFile(); err != nil {
 		return err
 	}
+	if err := s.Companions(); err != nil {
+		return err
+	}
 	var n int
 	if err := s.read.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master`).Scan(&n); err != nil {
 		return fmt.Errorf("database %s: %w", s.path, err)
@@ -42,6 +45,41 @@ func (s *DB) SameFile() error {
 	return nil
 }
 
+// companionSuffixes name a database's -wal and -shm files.
+var companionSuffixes = [2]string{"-wal", "-shm"}
+
+// Companions reports an error (wrapping event.ErrDatabaseReplaced) when
+// the -wal or -shm file the store found at Open was removed or replaced
+// since. While the relay's connections are open no SQLite connection
+// removes them, so someone did by hand: the application's connections
+// then make new ones and no longer share their locks and WAL index with
+// the relay's, and the relay's next write could overwrite the
+// application's commits. Every write (Begin, Checkpoint) and Ping check
+// it; a relay that finds it stops writing and exits.
+func (s *DB) Companions() error {
+	for i, suffix := range companionSuffixes {
+		was := s.companions[i]
+		if was == nil {
+			continue
+		}
+		if now, err := os.Stat(s.path + suffix); err != nil || !os.SameFile(now, was) {
+			return fmt.Errorf("database %s: its %s file was removed or replaced while the relay had the database open; %w: the relay stops writing to it and exits. "+
+				"Never remove a database's -wal or -shm file while a process has it open: its processes no longer share their locks, and commits are lost. "+
+				"Stop the application, check the file (PRAGMA integrity_check), then start both", s.path, suffix, event.ErrDatabaseReplaced)
+		}
+	}
+	return nil
+}
+
+// written reports the errors of SameFile and Companions that forbid a
+// write (event.ErrDatabaseReplaced).
+func (s *DB) written() error {
+	if err := s.SameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+		return err
+	}
+	return s.Companions()
+}
+
 // Checkpoint copies what it can of the WAL into the database without
 // waiting for any lock (PRAGMA wal_checkpoint(PASSIVE)) and returns the
 // WAL's size and how much of it is now in the database, in pages. It runs
@@ -54,7 +92,7 @@ func (s *DB) Checkpoint(ctx context.Context) (walPages, checkpointed int, err er
 	// A restored file renamed over the database finds the old -wal beside
 	// it: a checkpoint, on a connection the pool opens anew, would copy
 	// the old file's pages into it.
-	if err := s.SameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+	if err := s.written(); err != nil {
 		return 0, 0, err
 	}
 	s.ckptMu.Lock()
@@ -64,7 +102,7 @@ func (s *DB) Checkpoint(ctx context.Context) (walPages, checkpointed int, err er
 		return s.ckptWal.pages, s.ckptWal.done, nil
 	}
 	s.ckptWal = walState{}
-	if err := s.SameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
+	if err := s.written(); err != nil {
 		return 0, 0, err // a checkpoint writes too
 	}
 	var busy int
@@ -97,6 +135,24 @@ func NotWritable(path string, err error) error {
 	}
 	return fmt.Errorf("%w: %s: %w (the relay runs as uid %d and needs to write the file, its -wal and -shm files and their directory %s)",
 		event.ErrNotWritable, path, err, os.Geteuid(), filepath.Dir(path))
+}
+
+// Explain says what err, from an operation on the database at path, means
+// and what to do, where waiting does not mend it: the file system full
+// (SQLITE_FULL), the file damaged (SQLITE_CORRUPT, SQLITE_NOTADB). Any
+// other error is returned as it is.
+func Explain(path string, err error) error {
+	var se sqlite3.Error
+	if !errors.As(err, &se) {
+		return err
+	}
+	switch se.Code {
+	case sqlite3.ErrFull:
+		return fmt.Errorf("%w: the file system holding %s is full: free space in %s; the relay goes on by itself once it can write (rows wait, spending no attempt)", err, path, filepath.Dir(path))
+	case sqlite3.ErrCorrupt, sqlite3.ErrNotADB:
+		return fmt.Errorf("%w: %s is damaged: stop the application and the relay, check the file (sqlite3 %s 'PRAGMA integrity_check'), and restore it from a backup if it is not ok", err, path, path)
+	}
+	return err
 }
 
 // walFilesMissing explains err, from a read-only open of the file at path,

@@ -136,6 +136,11 @@ func open(ctx context.Context, path string, opts Options, unused func()) (*DB, e
 	if s.opened, err = os.Stat(path); err == nil && before != nil && !os.SameFile(before, s.opened) {
 		err = errors.New("the file was replaced while it was being opened; try again")
 	}
+	if !opts.ReadOnly {
+		for i, suffix := range companionSuffixes {
+			s.companions[i], _ = os.Stat(path + suffix)
+		}
+	}
 	if err != nil {
 		s.Close() // and unused, unless it keeps the writers (see Close)
 		return nil, fmt.Errorf("open database %s: %w", path, err)
