@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +28,12 @@ type Lease struct {
 	instance string
 	reclaim  string      // the statement taking back rows left processing
 	leads    atomic.Bool // this relay led at its latest heartbeat
+	// started is its heartbeat row's started_at, as the latest heartbeat
+	// committed it (a row written again gets another); ledWith is that
+	// started_at while the latest heartbeat said it leads, else 0 (see
+	// StillLeads). Only the heartbeat writes started.
+	started int64
+	ledWith atomic.Int64
 	// registered: a heartbeat committed, so settles are fenced by the lead.
 	registered   atomic.Bool
 	lastBeat     time.Time // the last committed heartbeat (monotonic)
@@ -72,21 +79,22 @@ func (l *Lease) LeadsIn(ctx context.Context, tx *sql.Tx) (bool, error) {
 	if !l.registered.Load() {
 		return true, nil
 	}
-	return l.leadsBy(ctx, tx)
+	leads, _, err := l.leadsBy(ctx, tx)
+	return leads, err
 }
 
 // leadsBy reports whether the table, as q reads it, names this relay its
-// leader (leaderSQL).
-func (l *Lease) leadsBy(ctx context.Context, q sqlitedb.Querier) (bool, error) {
+// leader (leaderSQL), and the leader's started_at as SQLite quotes it.
+func (l *Lease) leadsBy(ctx context.Context, q sqlitedb.Querier) (leads bool, started string, err error) {
 	var leader string
-	err := q.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader)
+	err = q.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader, &started)
 	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
+		return false, "", nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read the lead: %w", err)
+		return false, "", fmt.Errorf("read the lead: %w", err)
 	}
-	return leader == l.instance, nil
+	return leader == l.instance, started, nil
 }
 
 // Heartbeat records that this instance is alive, with the rows it has in
@@ -139,8 +147,9 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 	// lost the lead, joins again with a new started_at, and does not lead
 	// at this heartbeat. Leading at a later one, it begins to lead anew,
 	// and first finds what was published meanwhile.
-	rejoined := false
+	rejoined, started := false, l.started
 	if n, _ := res.RowsAffected(); n == 0 {
+		started = now
 		rejoined = l.registered.Load()
 		if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope, atomic_batch_limit)
 VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
@@ -154,8 +163,8 @@ VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
 		return 0, fmt.Errorf("reclaim rows: %w", err)
 	}
 	reclaimed, _ = res.RowsAffected()
-	var leader string
-	if err := tx.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader); err != nil {
+	var leader, leaderStarted string
+	if err := tx.QueryRowContext(ctx, leaderSQL, l.db.Table()).Scan(&leader, &leaderStarted); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -163,7 +172,14 @@ VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
 	}
 	l.lastBeat = time.Now()
 	l.registered.Store(true)
-	l.leads.Store(leader == l.instance && !rejoined)
+	l.started = started
+	leads := leader == l.instance && !rejoined
+	if leads {
+		l.ledWith.Store(started)
+	} else {
+		l.ledWith.Store(0)
+	}
+	l.leads.Store(leads)
 	return reclaimed, nil
 }
 
@@ -175,7 +191,7 @@ VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
 // heartbeating loses its row (and the lead) once another has judged it
 // dead (see Heartbeat), so a standby takes over in about the time crash
 // recovery takes.
-const leaderSQL = `SELECT instance_id FROM ` + schema.InstancesTable + `
+const leaderSQL = `SELECT instance_id, quote(started_at) FROM ` + schema.InstancesTable + `
 WHERE lower(coalesce(outbox_table, ?1)) = lower(?1) ORDER BY started_at, rowid LIMIT 1`
 
 // Leads reports whether this relay led at its latest heartbeat. Only the
@@ -187,9 +203,17 @@ func (l *Lease) Leads() bool { return l.leads.Load() }
 // it). Another relay takes the lead by removing this one's row, or by
 // writing its own with an earlier started_at (its clock behind this
 // one's), in a write of its own: while the row is there and first, nobody
-// else leads.
+// else leads. The row must be the one the latest heartbeat led with: a
+// relay judged dead and joined again (a row written again, with another
+// started_at) does not lead until a heartbeat says so, and then begins to
+// lead anew; read between the two, the new row alone would say it leads.
 func (l *Lease) StillLeads(ctx context.Context) (bool, error) {
-	return l.leadsBy(ctx, l.db.Reader())
+	led := l.ledWith.Load()
+	if led == 0 {
+		return false, nil
+	}
+	leads, started, err := l.leadsBy(ctx, l.db.Reader())
+	return leads && started == strconv.FormatInt(led, 10), err
 }
 
 // Leave removes this instance's heartbeat row, and with it the lead; call

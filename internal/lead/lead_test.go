@@ -287,13 +287,25 @@ func TestRelayJudgedDeadDoesNotLeadAtOnce(t *testing.T) {
 	// The standby judged it dead and led; then the standby was killed and
 	// its row buried.
 	testenv.MustExec(t, db, `DELETE FROM `+schema.InstancesTable)
+	if leads, err := paused.StillLeads(ctx); err != nil || leads {
+		t.Fatalf("StillLeads with its row removed: %v, %v; want false", leads, err)
+	}
 	beat(paused)
 	if paused.Leads() {
 		t.Fatal("a relay whose row was removed leads at once at its next heartbeat, as if it had led all along")
 	}
+	// Its new row alone is in the table: read now, between the heartbeat
+	// that joined again and the one that leads, it must not say it leads
+	// (its claim loop, resumed, read the lead so and published again).
+	if leads, err := paused.StillLeads(ctx); err != nil || leads {
+		t.Fatalf("StillLeads after joining again, before a heartbeat says it leads: %v, %v; want false", leads, err)
+	}
 	beat(paused)
 	if !paused.Leads() {
 		t.Fatal("the relay alone does not lead at the heartbeat after it joined again")
+	}
+	if leads, err := paused.StillLeads(ctx); err != nil || !leads {
+		t.Fatalf("StillLeads once a heartbeat says it leads: %v, %v; want true", leads, err)
 	}
 }
 
