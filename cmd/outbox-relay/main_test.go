@@ -438,10 +438,10 @@ func TestDemoRuns(t *testing.T) {
 func TestReadmeRecipes(t *testing.T) {
 	readme := readRepoFile(t, "README.md")
 	first := strings.SplitN(readme, "```", 3)
-	if len(first) < 3 || !strings.Contains(first[1], "go run ./cmd/outbox-relay demo") || !strings.Contains(first[1], "go test -race ./...") {
+	if len(first) < 3 || !strings.Contains(first[1], "go run ./cmd/outbox-relay demo") || !strings.Contains(first[1], "go test -race -timeout 30m ./...") {
 		t.Fatalf("the README's first code block is not the two commands:\n%s", first[min(1, len(first)-1)])
 	}
-	if ci := readRepoFile(t, ".ci/run"); !strings.Contains(ci, "\ngo test -race ./...\n") {
+	if ci := readRepoFile(t, ".ci/run"); !strings.Contains(ci, "\ngo test -race -timeout 30m ./...\n") {
 		t.Error(".ci/run does not run the README's test command")
 	}
 
