@@ -72,10 +72,15 @@ func (s *DB) Companions() error {
 }
 
 // written reports the errors of SameFile and Companions that forbid a
-// write (event.ErrDatabaseReplaced).
+// write (event.ErrDatabaseReplaced). A database file gone from its path
+// (removed, moved away) takes its -wal and -shm with it: that is not a
+// replacement, and the writes to the file the relay has open harm no one.
 func (s *DB) written() error {
-	if err := s.SameFile(); errors.Is(err, event.ErrDatabaseReplaced) {
-		return err
+	if err := s.SameFile(); err != nil {
+		if errors.Is(err, event.ErrDatabaseReplaced) {
+			return err
+		}
+		return nil
 	}
 	return s.Companions()
 }
