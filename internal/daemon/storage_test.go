@@ -16,8 +16,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
-	"github.com/outbox-relay/outbox-relay/internal/schema"
-	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
 )
 
@@ -108,21 +106,6 @@ func smallDisk(t *testing.T, size int64) string {
 	return dir
 }
 
-// newDBIn creates a migrated outbox file in dir.
-func newDBIn(t *testing.T, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "app.db")
-	s, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := schema.Migrate(context.Background(), s); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // fillDisk writes a file in dir until the file system is full and returns
 // a func that removes it.
 func fillDisk(t *testing.T, dir string) (free func()) {
@@ -166,7 +149,7 @@ func insertPayloads(t *testing.T, app *sql.DB, n, size int) {
 // twice, and it goes on by itself once space is freed.
 func TestDiskFullMidSettle(t *testing.T) {
 	dir := smallDisk(t, 4<<20)
-	path := newDBIn(t, dir)
+	path := testenv.NewDBIn(t, dir)
 	n := testenv.StartNATS(t)
 	app := testenv.AppDB(t, path)
 	gate := make(chan struct{})

@@ -230,7 +230,14 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, stream string) ([]*
 // NewDB creates a migrated outbox database and returns its path.
 func NewDB(t testing.TB) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "app.db")
+	return NewDBIn(t, t.TempDir())
+}
+
+// NewDBIn creates a migrated outbox database, app.db, in dir and returns
+// its path.
+func NewDBIn(t testing.TB, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "app.db")
 	s, err := sqlitedb.Open(context.Background(), sqlitedb.Options{Path: path, Table: "event_queue", BusyTimeout: 5 * time.Second, Create: true})
 	if err != nil {
 		t.Fatal(err)
