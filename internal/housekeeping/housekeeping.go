@@ -365,8 +365,12 @@ func (k *Keeper) beyondRows(span int64, keep, gap time.Duration) int {
 // rows, they come every checkpointIdleGap, or at its next claim: its
 // heartbeats alone, a page a second, are not worth two fsyncs a second.
 // Without commits, nothing runs but a look every checkpointIdle, in case
-// the watch missed one; without a watch, a look every checkpointPoll.
+// the watch missed one; without a watch, a look every checkpointPoll. The
+// first comes checkpointFirst after the start.
 func (k *Keeper) checkpointLoop(ctx context.Context) {
+	if !k.rest(ctx, checkpointFirst, false, time.Now()) {
+		return
+	}
 	look := time.NewTimer(checkpointIdle)
 	defer look.Stop()
 	gap := k.o.CheckpointInterval
@@ -471,6 +475,14 @@ const (
 	checkpointMaxGap  = time.Second
 	checkpointIdleGap = 10 * time.Second
 )
+
+// checkpointFirst is how long a relay's first checkpoint waits after its
+// start: the start's own commits (the heartbeat, the stream position, the
+// first settles) then share it, and a fleet's files woken together by
+// their applications' commits publish their first rows before any of them
+// syncs (each checkpoint fsyncs the WAL and the database, and the first
+// the directory too).
+const checkpointFirst = time.Second
 
 // How often checkpointLoop looks without a commit: while the commit watch
 // runs, and while none does (it could not start, or stopped).

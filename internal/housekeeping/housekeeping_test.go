@@ -53,6 +53,20 @@ func TestCheckpointsFollowCommits(t *testing.T) {
 	}
 }
 
+// TestFirstCheckpointWaits: a relay's first checkpoint comes
+// checkpointFirst after its start, however soon a commit comes: a start's
+// own commits share it, and files woken together publish before they sync.
+func TestFirstCheckpointWaits(t *testing.T) {
+	start := time.Now()
+	commits, checkpoints, stop := runCheckpoints(t, true)
+	defer stop()
+	commits <- struct{}{}
+	<-checkpoints
+	if took := time.Since(start); took < checkpointFirst {
+		t.Fatalf("the first checkpoint came %v after the start; want %v or later", took, checkpointFirst)
+	}
+}
+
 // TestIdleRelayCheckpointsSeldom: while the relay claims no rows its
 // commits (heartbeats) make no checkpoint until checkpointIdleGap has
 // passed; a claim ends the wait at the next commit.
