@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
@@ -78,17 +79,23 @@ func TestHeartbeatKeepsALiveClaimAndAStoppedOneGoesStale(t *testing.T) {
 	}
 }
 
-// TestWorkerLeavesALiveSlowHandlerItsClaim: two workers on one consumer
-// and one file; a handler runs far longer than ack_wait and StaleAfter,
-// so its message is delivered again and again, to either worker. Its
-// claim heartbeats, so every other delivery finds it busy and the handler
-// runs once; when it returns, the event is done.
+// TestWorkerLeavesALiveSlowHandlerItsClaim: two workers on one file, each
+// on a consumer of its own, so that both are given the event; a handler
+// runs far longer than ack_wait and StaleAfter. Its claim heartbeats, so
+// every delivery to the other worker finds it busy and the handler runs
+// once; when it returns, the event is done.
 func TestWorkerLeavesALiveSlowHandlerItsClaim(t *testing.T) {
 	_, js := stream(t)
 	path := testenv.NewDB(t)
 	db := testenv.AppDB(t, path)
 	effectsTable(t, db)
-	cons := durable(t, js, 300*time.Millisecond, -1)
+	other, err := js.CreateOrUpdateConsumer(context.Background(), "EVENTS", jetstream.ConsumerConfig{
+		Durable: "others", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conss := [2]jetstream.Consumer{durable(t, js, 300*time.Millisecond, -1), other}
 	const staleAfter = 300 * time.Millisecond
 	release := make(chan struct{})
 	var runs atomic.Int64
@@ -100,7 +107,7 @@ func TestWorkerLeavesALiveSlowHandlerItsClaim(t *testing.T) {
 			<-release
 			return nil
 		})
-		runWorker(t, cons, h, ledger.WorkerOptions{Concurrency: 2, Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
+		runWorker(t, conss[i], h, ledger.WorkerOptions{Concurrency: 2, Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
 	}
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }

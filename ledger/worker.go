@@ -54,25 +54,29 @@ type WorkerOptions struct {
 //     Nak'ed: JetStream keeps it, and outbox-relay records the server's
 //     advisory.
 //
-// Keep handlers shorter than the consumer's ack_wait: a message not
-// acknowledged in time is delivered again, and each delivery counts.
+// While a message's handlers run, the worker tells the server every half
+// ack_wait that it is in progress, so that a handler may take longer than
+// ack_wait without its message being delivered again; it does so for at
+// most the Ledger's Lease, after which another process may take the
+// claims over.
 type Worker struct {
 	cons       jetstream.Consumer
 	h          *Handlers
 	o          WorkerOptions
-	maxDeliver atomic.Int64 // the consumer's max_deliver (see followMaxDeliver)
+	maxDeliver atomic.Int64 // the consumer's max_deliver (see followConsumer)
+	ackWait    atomic.Int64 // the shortest wait for an ack it allows, ns (see ackWaitOf)
 	log        *zap.Logger
 }
 
-// maxDeliverRefresh is how often a running worker reads the consumer's
-// max_deliver again.
-const maxDeliverRefresh = 30 * time.Second
+// consumerRefresh is how often a running worker reads the consumer's
+// max_deliver and ack_wait again.
+const consumerRefresh = 30 * time.Second
 
 // NewWorker returns a Worker on cons, a durable pull consumer on the
 // relay's stream (outbox-relay creates it with consumer.create; its
 // max_deliver is relay.max_attempts) with explicit acknowledgements: a
 // consumer with another ack policy is refused. A running worker follows a
-// change of max_deliver within 30 s.
+// change of max_deliver or ack_wait within 30 s.
 func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, error) {
 	if o.SubjectPrefix == "" {
 		return nil, errors.New("ledger worker: SubjectPrefix is required (the relay's stream.subject_prefix)")
@@ -93,7 +97,7 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 		return nil, fmt.Errorf("ledger worker: consumer %s acknowledges with %s; the worker needs explicit acknowledgements (ack_policy explicit), or failed events are not delivered again", info.Name, p)
 	}
 	w := &Worker{cons: cons, h: h, o: o, log: o.Log}
-	w.maxDeliver.Store(int64(info.Config.MaxDeliver))
+	w.follow(info)
 	if w.log == nil {
 		w.log = zap.NewNop()
 	}
@@ -113,7 +117,7 @@ func NewWorker(cons jetstream.Consumer, h *Handlers, o WorkerOptions) (*Worker, 
 func (w *Worker) Run(ctx context.Context) error {
 	followCtx, stopFollowing := context.WithCancel(ctx)
 	followed := make(chan struct{})
-	go func() { defer close(followed); w.followMaxDeliver(followCtx, maxDeliverRefresh) }()
+	go func() { defer close(followed); w.followConsumer(followCtx, consumerRefresh) }()
 	defer func() { stopFollowing(); <-followed }()
 	slotsCtx, stopSlots := context.WithCancel(ctx)
 	defer stopSlots()
@@ -219,7 +223,9 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		Delivery: delivery,
 	}
 	log := w.log.With(zap.String("event_id", ev.ID), zap.String("event_type", ev.Type), zap.Int("delivery", delivery))
+	stop := w.inProgress(msg, log)
 	v, err := w.h.Dispatch(ctx, ev)
+	stop()
 	failed := v.failures(err)
 	if len(failed) == 0 && !v.BusyUntil.IsZero() {
 		if !w.last(delivery) {
@@ -258,10 +264,12 @@ func (w *Worker) last(delivery int) bool {
 	return n > 0 && int64(delivery) >= n
 }
 
-// followMaxDeliver reads the consumer's max_deliver every interval until
-// ctx ends: outbox-relay reconciles it with relay.max_attempts at its
-// start, and the last delivery is the one that reports an exhausted event.
-func (w *Worker) followMaxDeliver(ctx context.Context, interval time.Duration) {
+// followConsumer reads the consumer's configuration every interval until
+// ctx ends: outbox-relay reconciles max_deliver and ack_wait with
+// relay.max_attempts and consumer.ack_wait at its start, the last delivery
+// is the one that reports an exhausted event, and ack_wait sets how often
+// a running handler's message is said to be in progress.
+func (w *Worker) followConsumer(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -271,9 +279,60 @@ func (w *Worker) followMaxDeliver(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 		if info, err := w.cons.Info(ctx); err == nil {
-			w.maxDeliver.Store(int64(info.Config.MaxDeliver))
+			w.follow(info)
 		}
 	}
+}
+
+// follow keeps what the worker uses of the consumer's configuration.
+func (w *Worker) follow(info *jetstream.ConsumerInfo) {
+	w.maxDeliver.Store(int64(info.Config.MaxDeliver))
+	w.ackWait.Store(int64(ackWaitOf(info.Config)))
+}
+
+// ackWaitOf is the shortest time the consumer waits for a delivery's
+// acknowledgement: ack_wait, or the shortest step of its backoff, which
+// replaces ack_wait where it is set.
+func ackWaitOf(c jetstream.ConsumerConfig) time.Duration {
+	wait := c.AckWait
+	if wait <= 0 {
+		wait = 30 * time.Second // the server's default
+	}
+	for _, b := range c.BackOff {
+		if b > 0 {
+			wait = min(wait, b)
+		}
+	}
+	return wait
+}
+
+// inProgress tells the server that msg is being worked on every half
+// ack_wait until the returned function is called, and for at most the
+// Ledger's Lease: a handler that runs that long may have its claims taken
+// over by another process, which needs the message delivered again.
+func (w *Worker) inProgress(msg jetstream.Msg, log *zap.Logger) (stop func()) {
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(time.Duration(w.ackWait.Load()) / 2)
+		defer t.Stop()
+		lease := time.NewTimer(w.h.l.lease)
+		defer lease.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-lease.C:
+				log.Warn("handlers still running after the ledger's lease; the message is no longer kept in progress, and is delivered again after ack_wait", zap.Duration("lease", w.h.l.lease))
+				return
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					log.Debug("tell the server the message is in progress", zap.Error(err))
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
 
 func (w *Worker) ack(log *zap.Logger, err error) {

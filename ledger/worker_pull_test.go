@@ -14,12 +14,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/ledger"
 )
 
-// TestHandlersShorterThanAckWaitAreNotRedelivered: docs/ledger.md
-// says "Keep handlers shorter than ack_wait: a message not acknowledged by
-// then is delivered again", and Run's comment "No more messages fetched
-// than there are slots: a fetched message's ack_wait runs while it waits
-// for one". With Concurrency 1 and handlers that each take 60% of
-// ack_wait, no message should be delivered twice.
+// TestHandlersShorterThanAckWaitAreNotRedelivered: Run's comment says
+// "nothing is fetched ahead, so a message's ack_wait runs while its
+// handler does, not while it waits for a slot". With Concurrency 1 and
+// handlers that each take 60% of ack_wait, no message waiting for the
+// slot should be delivered twice.
 func TestHandlersShorterThanAckWaitAreNotRedelivered(t *testing.T) {
 	_, js := stream(t)
 	const ackWait = 2 * time.Second
@@ -181,5 +180,84 @@ func TestStoppedWorkerLeavesNoMessageBehind(t *testing.T) {
 		if runs.get(id) == 0 {
 			t.Fatalf("round %d: an event published as the worker stopped was not handled by the next worker within 5 s (ack_wait 1 min)", round)
 		}
+	}
+}
+
+// TestHandlerLongerThanAckWaitIsNotDeliveredAgain: while a handler runs,
+// its message is said to be in progress, so a handler five times as long
+// as ack_wait gets its message once, even on a consumer whose second
+// delivery is its last.
+func TestHandlerLongerThanAckWaitIsNotDeliveredAgain(t *testing.T) {
+	_, js := stream(t)
+	const ackWait = 500 * time.Millisecond
+	cons := durable(t, js, ackWait, 2)
+	db := appDB(t)
+	var mu sync.Mutex
+	var deliveries []uint64
+	runs := &counter{n: map[string]int{}}
+	h := handlersWith(t, db, ledger.Options{}, nil)
+	h.Handle("T", "h", func(_ context.Context, ev ledger.Event) error {
+		runs.add(ev.ID)
+		time.Sleep(5 * ackWait)
+		return nil
+	})
+	runWorker(t, watched{cons, func(m jetstream.Msg) {
+		md, _ := m.Metadata()
+		mu.Lock()
+		deliveries = append(deliveries, md.NumDelivered)
+		mu.Unlock()
+	}}, h, ledger.WorkerOptions{Concurrency: 2})
+	id := event.NewID()
+	publish(t, js, id, "T")
+	testenv.Eventually(t, 60*time.Second, "the message acknowledged", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Consumer > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(deliveries) != 1 || runs.get(id) != 1 {
+		t.Fatalf("deliveries %v, handler runs %d; want one of each for a handler of %v on an ack_wait of %v", deliveries, runs.get(id), 5*ackWait, ackWait)
+	}
+	info, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumRedelivered != 0 {
+		t.Fatalf("%d messages delivered again", info.NumRedelivered)
+	}
+}
+
+// TestInProgressEndsWithTheLease: a handler still running after the
+// ledger's Lease no longer keeps its message: it is delivered again, so
+// that another process may take the claim over, and not before the Lease.
+func TestInProgressEndsWithTheLease(t *testing.T) {
+	_, js := stream(t)
+	const ackWait, lease = 300 * time.Millisecond, 2 * time.Second
+	cons := durable(t, js, ackWait, -1)
+	db := appDB(t)
+	var mu sync.Mutex
+	var at []time.Time
+	release := make(chan struct{})
+	h := handlersWith(t, db, ledger.Options{Lease: lease, StaleAfter: time.Minute}, nil)
+	h.Handle("T", "h", func(context.Context, ledger.Event) error {
+		<-release
+		return nil
+	})
+	runWorker(t, watched{cons, func(jetstream.Msg) {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+	}}, h, ledger.WorkerOptions{Concurrency: 2})
+	t.Cleanup(func() { close(release) }) // before the worker stops, which waits for the handlers
+	publish(t, js, event.NewID(), "T")
+	testenv.Eventually(t, 30*time.Second, "the message delivered again", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(at) >= 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if gap := at[1].Sub(at[0]); gap < lease {
+		t.Fatalf("delivered again %v after the first delivery, before the lease of %v ended", gap, lease)
 	}
 }
