@@ -314,7 +314,7 @@ func (w *Worker) inProgress(msg jetstream.Msg, log *zap.Logger) (stop func()) {
 	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(time.Duration(w.ackWait.Load()) / 2)
+		t := time.NewTicker(max(time.Duration(w.ackWait.Load())/2, time.Millisecond))
 		defer t.Stop()
 		lease := time.NewTimer(w.h.l.lease)
 		defer lease.Stop()
