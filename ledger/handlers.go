@@ -159,13 +159,19 @@ func (v Verdict) Done() bool { return len(v.Failed) == 0 && v.BusyUntil.IsZero()
 // process to take over once it is stale (StaleAfter). Sources pass a
 // context that outlives a graceful stop (context.WithoutCancel).
 func (h *Handlers) Dispatch(ctx context.Context, ev Event) (Verdict, error) {
+	return h.dispatch(ctx, ev, nil)
+}
+
+// dispatch is Dispatch that calls claimed, when set, each time a handler
+// has taken its claim (the Worker's in-progress notices follow its lease).
+func (h *Handlers) dispatch(ctx context.Context, ev Event, claimed func()) (Verdict, error) {
 	var v Verdict
 	hs := h.byType[ev.Type]
 	if ev.ID == "" && len(hs) > 0 {
 		h.m.withoutID.Inc()
 	}
 	for _, hd := range hs {
-		outcome, err := h.run(ctx, hd, ev, &v)
+		outcome, err := h.run(ctx, hd, ev, &v, claimed)
 		h.m.handled.WithLabelValues(hd.name, outcome).Inc()
 		switch outcome {
 		case "error":
@@ -182,8 +188,9 @@ func (h *Handlers) Dispatch(ctx context.Context, ev Event) (Verdict, error) {
 }
 
 // run runs one handler for ev and returns its outcome label; failures and
-// busy claims go into v.
-func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (string, error) {
+// busy claims go into v. claimed, when set, is called once it holds the
+// handler's claim.
+func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict, claimed func()) (string, error) {
 	if ev.ID == "" {
 		// No id, no ledger row: the handler runs on every delivery (a
 		// TxHandlerFunc in a transaction of its own).
@@ -201,6 +208,9 @@ func (h *Handlers) run(ctx context.Context, hd handler, ev Event, v *Verdict) (s
 	case state == Busy:
 		v.busy(hd.name, until)
 		return "busy", nil
+	}
+	if claimed != nil {
+		claimed()
 	}
 	if hd.tx != nil {
 		return h.runTx(ctx, hd, c, ev, v)

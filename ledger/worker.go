@@ -57,8 +57,8 @@ type WorkerOptions struct {
 // While a message's handlers run, the worker tells the server every half
 // ack_wait that it is in progress, so that a handler may take longer than
 // ack_wait without its message being delivered again; it does so for at
-// most the Ledger's Lease, after which another process may take the
-// claims over.
+// most the Ledger's Lease after a handler took its claim, after which
+// another process may take that claim over.
 type Worker struct {
 	cons       jetstream.Consumer
 	h          *Handlers
@@ -223,8 +223,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		Delivery: delivery,
 	}
 	log := w.log.With(zap.String("event_id", ev.ID), zap.String("event_type", ev.Type), zap.Int("delivery", delivery))
-	stop := w.inProgress(msg, log)
-	v, err := w.h.Dispatch(ctx, ev)
+	stop, claimed := w.inProgress(msg, log)
+	v, err := w.h.dispatch(ctx, ev, claimed)
 	stop()
 	failed := v.failures(err)
 	if len(failed) == 0 && !v.BusyUntil.IsZero() {
@@ -307,14 +307,18 @@ func ackWaitOf(c jetstream.ConsumerConfig) time.Duration {
 }
 
 // inProgress tells the server that msg is being worked on every half
-// ack_wait until the returned function is called, and for at most the
-// Ledger's Lease: a handler that runs that long may have its claims taken
-// over by another process, which needs the message delivered again.
-func (w *Worker) inProgress(msg jetstream.Msg, log *zap.Logger) (stop func()) {
-	done, finished := make(chan struct{}), make(chan struct{})
+// ack_wait (as last read, see followConsumer) until stop is called, and
+// for at most the Ledger's Lease after the latest claim its handlers took
+// (claimed is called at each): a handler that runs that long may have its
+// claim taken over by another process, which needs the message delivered
+// again.
+func (w *Worker) inProgress(msg jetstream.Msg, log *zap.Logger) (stop, claimed func()) {
+	done, finished, fresh := make(chan struct{}), make(chan struct{}), make(chan struct{}, 1)
+	every := func() time.Duration { return max(time.Duration(w.ackWait.Load())/2, time.Millisecond) }
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(max(time.Duration(w.ackWait.Load())/2, time.Millisecond))
+		d := every()
+		t := time.NewTicker(d)
 		defer t.Stop()
 		lease := time.NewTimer(w.h.l.lease)
 		defer lease.Stop()
@@ -322,17 +326,30 @@ func (w *Worker) inProgress(msg jetstream.Msg, log *zap.Logger) (stop func()) {
 			select {
 			case <-done:
 				return
+			case <-fresh:
+				lease.Reset(w.h.l.lease)
 			case <-lease.C:
-				log.Warn("handlers still running after the ledger's lease; the message is no longer kept in progress, and is delivered again after ack_wait", zap.Duration("lease", w.h.l.lease))
+				log.Warn("a handler still running after the ledger's lease; the message is no longer kept in progress, and is delivered again after ack_wait", zap.Duration("lease", w.h.l.lease))
 				return
 			case <-t.C:
 				if err := msg.InProgress(); err != nil {
 					log.Debug("tell the server the message is in progress", zap.Error(err))
 				}
+				if n := every(); n != d {
+					d = n
+					t.Reset(d)
+				}
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	stop = func() { close(done); <-finished }
+	claimed = func() {
+		select {
+		case fresh <- struct{}{}:
+		default:
+		}
+	}
+	return stop, claimed
 }
 
 func (w *Worker) ack(log *zap.Logger, err error) {

@@ -4,10 +4,14 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outbox-relay/outbox-relay/internal/event"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -259,5 +263,77 @@ func TestInProgressEndsWithTheLease(t *testing.T) {
 	defer mu.Unlock()
 	if gap := at[1].Sub(at[0]); gap < lease {
 		t.Fatalf("delivered again %v after the first delivery, before the lease of %v ended", gap, lease)
+	}
+}
+
+// TestLeaseCountsFromEachHandlersClaim: two handlers of one type each run
+// three quarters of the Lease, one after the other, on a consumer whose
+// second delivery is its last. Neither outlives its own claim's lease, so
+// the message is kept in progress throughout: one delivery, and no
+// "exhausted" error for an event whose handlers all succeed.
+func TestLeaseCountsFromEachHandlersClaim(t *testing.T) {
+	_, js := stream(t)
+	const ackWait, lease = 300 * time.Millisecond, 2 * time.Second
+	cons := durable(t, js, ackWait, 2)
+	db := appDB(t)
+	var mu sync.Mutex
+	var deliveries []uint64
+	h := handlersWith(t, db, ledger.Options{Lease: lease, StaleAfter: time.Minute}, nil)
+	for _, name := range []string{"a", "b"} {
+		h.Handle("T", name, func(context.Context, ledger.Event) error {
+			time.Sleep(lease * 3 / 4)
+			return nil
+		})
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	runWorker(t, watched{cons, func(m jetstream.Msg) {
+		md, _ := m.Metadata()
+		mu.Lock()
+		deliveries = append(deliveries, md.NumDelivered)
+		mu.Unlock()
+	}}, h, ledger.WorkerOptions{Concurrency: 2, Log: zap.New(core)})
+	publish(t, js, event.NewID(), "T")
+	testenv.Eventually(t, 30*time.Second, "the message acknowledged", func() bool {
+		info, err := cons.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Consumer > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(deliveries) != 1 {
+		t.Errorf("deliveries %v; want 1: no handler ran longer than the lease (%v each, lease %v)", deliveries, lease*3/4, lease)
+	}
+	if n := logs.FilterMessage("event exhausted max deliveries").Len(); n > 0 {
+		t.Errorf("%d 'event exhausted max deliveries' errors for an event whose handlers all succeeded", n)
+	}
+}
+
+// TestRunningHandlerFollowsAShorterAckWait: ack_wait shortened from 2 s to
+// 400 ms while a handler runs. Once the worker has read the consumer again
+// (every 30 s), the running handler's message is said to be in progress
+// often enough for the new ack_wait: it is not delivered again.
+func TestRunningHandlerFollowsAShorterAckWait(t *testing.T) {
+	_, js := stream(t)
+	cons := durable(t, js, 2*time.Second, -1)
+	db := appDB(t)
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	h := handlersWith(t, db, ledger.Options{StaleAfter: time.Minute}, nil)
+	h.Handle("T", "h", func(context.Context, ledger.Event) error {
+		started <- struct{}{}
+		<-release
+		return nil
+	})
+	var delivered atomic.Int64
+	runWorker(t, watched{cons, func(jetstream.Msg) { delivered.Add(1) }}, h,
+		ledger.WorkerOptions{Concurrency: 2, Backoff: func(int) time.Duration { return 100 * time.Millisecond }})
+	t.Cleanup(func() { close(release) }) // before the worker stops, which waits for the handler
+	publish(t, js, event.NewID(), "T")
+	<-started
+	durable(t, js, 400*time.Millisecond, -1) // ack_wait shortened under the running handler
+	time.Sleep(32 * time.Second)             // the worker has read it
+	before := delivered.Load()
+	time.Sleep(4 * time.Second)
+	if after := delivered.Load(); after > before {
+		t.Fatalf("%d more deliveries in the 4 s after the worker read the shorter ack_wait; want none", after-before)
 	}
 }

@@ -103,8 +103,6 @@ func handlersWith(t *testing.T, db *sql.DB, o ledger.Options, reg prometheus.Reg
 	return h
 }
 
-// watched is a consumer whose deliveries a test sees as the worker takes
-// them.
 // lostProgress is a consumer whose messages' in-progress notices never
 // reach the server, as over a connection that drops them: a message whose
 // handler runs past ack_wait is delivered again meanwhile.
@@ -123,6 +121,8 @@ type progressLost struct{ jetstream.Msg }
 
 func (progressLost) InProgress() error { return nil }
 
+// watched is a consumer whose deliveries a test sees as the worker takes
+// them.
 type watched struct {
 	jetstream.Consumer
 	seen func(jetstream.Msg)
