@@ -56,9 +56,14 @@ type Options struct {
 	Stream string
 }
 
-// Fence says whether a settle may write, inside its transaction.
+// Fence says whether a settle may write, inside its transaction, and
+// which heartbeat row a claim must find to read rows (*lead.Lease).
 type Fence interface {
 	LeadsIn(ctx context.Context, tx *sql.Tx) (bool, error)
+	// ClaimFence returns the relay's instance id and the least
+	// heartbeat_at its heartbeat row must hold for a claim to read rows;
+	// "" when claims are not fenced.
+	ClaimFence() (instance string, beat int64)
 }
 
 // maxReads bounds the reads of one claim that find only rows of keys
@@ -126,7 +131,9 @@ const pendingRow = `id = ? AND status = 'pending'`
 // ?3 rows and, past the first, those that begin within ?4 bytes of
 // payload. The innermost subquery walks the pending index in id order and
 // stops at the limit, so payloads past the budget are never read. Rows of
-// the ordering keys in ?5 (a JSON array) are left alone.
+// the ordering keys in ?5 (a JSON array) are left alone. Unless ?6 is
+// empty, it reads nothing when the heartbeat row of instance ?6 is gone or
+// holds a heartbeat_at below ?7 (see Fence).
 //
 // The limit is +?3, not ?3: SQLite (3.54) reads a bare parameter in LIMIT
 // as a hint to the planner and then compiles the statement again every
@@ -141,8 +148,9 @@ func takeSQL(t, cond string) string {
 	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
 		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s
 		WHERE status = 'pending' AND %[3]s AND %[2]s AND (coalesce(ordering_key, '') = '' OR ordering_key NOT IN (SELECT value FROM json_each(?5)))
+			AND (?6 = '' OR EXISTS (SELECT 1 FROM %[4]s WHERE instance_id = ?6 AND heartbeat_at >= ?7))
 		ORDER BY id LIMIT +?3))
-	WHERE before < ?4)`, t, schema.DueSQL("?2"), cond))
+	WHERE before < ?4)`, t, schema.DueSQL("?2"), cond, schema.InstancesTable))
 }
 
 // rowsSQL reads the rows of t that pass where, in id order, as readRows
@@ -318,6 +326,10 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) (_ []event
 		after = s.held.max
 	}
 	s.mu.Unlock()
+	instance, beat := "", int64(0)
+	if s.fence != nil {
+		instance, beat = s.fence.ClaimFence()
+	}
 	var out []event.Row
 	var noID []int
 	readLimit := limit
@@ -327,7 +339,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) (_ []event
 		s.mu.Unlock()
 		// A context that cannot be cancelled lets go-sqlite3 read each row
 		// in one cgo call; the read is short and holds no lock.
-		rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, readLimit, maxBytes, skip)
+		rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, readLimit, maxBytes, skip, instance, beat)
 		if err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}

@@ -208,13 +208,13 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	testenv.MustExec(t, db, `ANALYZE`)
 	now := time.Now().UnixMilli()
 	claimSub := regexp.MustCompile(`(?s)SELECT id, coalesce\(octet_length\(payload\), 0\) AS len FROM .*? LIMIT \+\?3`).FindString(s.q.takeAfter)
-	plan := testenv.QueryPlan(t, s.db, claimSub, 0, now, 100, 0, "[]")
+	plan := testenv.QueryPlan(t, s.db, claimSub, 0, now, 100, 0, "[]", "", 0)
 	if !strings.Contains(plan, "INDEX event_queue_pending") || strings.Contains(plan, "TEMP B-TREE") {
 		t.Errorf("claim plan %q: want the pending index and no sort", plan)
 	}
 	// The row of a row's ordering key before it: one seek of the ordering
 	// index, which holds no done rows.
-	plan = testenv.QueryPlan(t, s.db, s.q.takeAfter, 0, now, 100, 1<<20, "[]")
+	plan = testenv.QueryPlan(t, s.db, s.q.takeAfter, 0, now, 100, 1<<20, "[]", "", 0)
 	if !strings.Contains(plan, "SEARCH e USING COVERING INDEX event_queue_ordering (ordering_key=? AND id<?)") {
 		t.Errorf("claim plan %q: want the ordering index for the row before", plan)
 	}
@@ -281,6 +281,12 @@ func benchStore(b *testing.B, done, pending int) *Store {
 	if err := benchkit.Seed(ctx, app, "event_queue", pending, 256, "pending"); err != nil {
 		b.Fatal(err)
 	}
+	// Fenced by the lead, as the daemon's store is.
+	l := lead.New(s.db)
+	if _, err := l.Heartbeat(ctx, "bench", 0, time.Hour, time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	s.fence = l
 	return s
 }
 
@@ -717,5 +723,58 @@ func TestQuietUntilTheNextRowComesDue(t *testing.T) {
 	}
 	if !s.Quiet().IsZero() {
 		t.Fatalf("quiet until %v after a claim that took a row, want unknown", s.Quiet())
+	}
+}
+
+// TestClaimFencedByTheHeartbeatRow: a claim reads rows only while this
+// relay's heartbeat row holds its latest heartbeat: not once the row went
+// back to an earlier one (a backup written into the file in place) or is
+// gone, until a heartbeat writes it again.
+func TestClaimFencedByTheHeartbeatRow(t *testing.T) {
+	ctx := context.Background()
+	dbs := testenv.MigratedDB(t)
+	l := lead.New(dbs)
+	s := New(dbs, Options{Fence: l})
+	db := testenv.AppDB(t, dbs.Path())
+	testenv.InsertRows(t, db, 3, "pending")
+	beat := func() {
+		t.Helper()
+		if _, err := l.Heartbeat(ctx, "test", 0, time.Hour, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat()
+	claimed := func() int {
+		t.Helper()
+		rows, err := s.Claim(ctx, 10, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) > 0 {
+			outs := make([]event.Outcome, len(rows))
+			for i, r := range rows {
+				outs[i] = event.Outcome{Row: r, Settlement: event.Release, AvailableAt: time.Now()}
+			}
+			if stale, err := s.Settle(ctx, outs, 0); err != nil || len(stale) > 0 {
+				t.Fatalf("release: %v %v", stale, err)
+			}
+		}
+		return len(rows)
+	}
+	if n := claimed(); n != 3 {
+		t.Fatalf("claimed %d rows with the heartbeat row as written; want 3", n)
+	}
+	_, fence := l.ClaimFence()
+	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ? WHERE instance_id = ?`, fence-1000, l.Instance())
+	if n := claimed(); n != 0 {
+		t.Fatalf("claimed %d rows with the heartbeat row gone back; want none", n)
+	}
+	testenv.MustExec(t, db, `DELETE FROM `+schema.InstancesTable)
+	if n := claimed(); n != 0 {
+		t.Fatalf("claimed %d rows with the heartbeat row gone; want none", n)
+	}
+	beat()
+	if n := claimed(); n != 3 {
+		t.Fatalf("claimed %d rows once a heartbeat wrote the row again; want 3", n)
 	}
 }

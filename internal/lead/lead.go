@@ -35,7 +35,10 @@ type Lease struct {
 	started int64
 	ledWith atomic.Int64
 	// registered: a heartbeat committed, so settles are fenced by the lead.
-	registered   atomic.Bool
+	registered atomic.Bool
+	// beat is the heartbeat_at the latest committed heartbeat wrote (see
+	// ClaimFence); each is above the one before.
+	beat         atomic.Int64
 	lastBeat     time.Time // the last committed heartbeat (monotonic)
 	beatingSince time.Time // since when heartbeats have been on time (monotonic)
 	// seen is what the heartbeat read of the others' heartbeats (see
@@ -47,6 +50,8 @@ type Lease struct {
 	// batchLimit, when set, says how many rows of an ordering key the
 	// relay sends as one atomic batch, for the heartbeat row.
 	batchLimit func() int
+	// now is the wall clock heartbeats write, in Unix ms (tests skew it).
+	now func() int64
 }
 
 // ReportBatches makes every heartbeat record limit(): how many rows of an
@@ -57,7 +62,7 @@ func (l *Lease) ReportBatches(limit func() int) { l.batchLimit = limit }
 // New returns a Lease on db with a new instance id; nothing is written
 // before the first Heartbeat.
 func New(db *sqlitedb.DB) *Lease {
-	return &Lease{db: db, instance: event.NewID(), scope: processScope(),
+	return &Lease{db: db, instance: event.NewID(), scope: processScope(), now: sqlitedb.NowMs,
 		// Rows marked processing by a claimer that writes its claims (an
 		// older relay, or another implementation of the same design) are
 		// taken back when their lease expired, or at once when their owner
@@ -119,7 +124,7 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	defer tx.Rollback()
-	now := sqlitedb.NowMs() // taken with the lock held, so it is not already late
+	now := l.now() // taken with the lock held, so it is not already late
 	heldUp := time.Since(asked) > staleAfter/3 || (!l.lastBeat.IsZero() && time.Since(l.lastBeat) > staleAfter/3)
 	if heldUp || l.beatingSince.IsZero() {
 		l.beatingSince = time.Now()
@@ -137,23 +142,30 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 	if l.batchLimit != nil {
 		batchLimit = l.batchLimit()
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ?2, in_flight = ?3, atomic_batch_limit = ?4 WHERE instance_id = ?1`,
-		l.instance, now, inFlight, batchLimit)
+	// Above the last even if the clock stepped back: ClaimFence.
+	last := l.beat.Load()
+	beat := max(now, last+1)
+	res, err := tx.ExecContext(ctx, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ?2, in_flight = ?3, atomic_batch_limit = ?4
+WHERE instance_id = ?1 AND (?5 = 0 OR heartbeat_at = ?5)`,
+		l.instance, beat, inFlight, batchLimit, last)
 	if err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	// A relay whose row is gone after it had one was judged dead (paused
-	// past the staleness, say), and another relay may have led since: it
-	// lost the lead, joins again with a new started_at, and does not lead
-	// at this heartbeat. Leading at a later one, it begins to lead anew,
-	// and first finds what was published meanwhile.
+	// past the staleness, say), and another relay may have led since; one
+	// whose row holds an earlier heartbeat than the last it wrote finds
+	// the file gone back in time (a backup written into it in place),
+	// with rows pending that it published since. Either way it lost the
+	// lead, joins again with a new started_at, and does not lead at this
+	// heartbeat. Leading at a later one, it begins to lead anew, and first
+	// finds what was published meanwhile.
 	rejoined, started := false, l.started
 	if n, _ := res.RowsAffected(); n == 0 {
 		started = now
 		rejoined = l.registered.Load()
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope, atomic_batch_limit)
-VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
-			l.instance, now, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope, batchLimit); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope, atomic_batch_limit)
+VALUES (?1, ?2, ?10, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
+			l.instance, now, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope, batchLimit, beat); err != nil {
 			return 0, fmt.Errorf("heartbeat: %w", err)
 		}
 	}
@@ -171,6 +183,7 @@ VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	l.lastBeat = time.Now()
+	l.beat.Store(beat)
 	l.registered.Store(true)
 	l.started = started
 	leads := leader == l.instance && !rejoined
@@ -214,6 +227,20 @@ func (l *Lease) StillLeads(ctx context.Context) (bool, error) {
 	}
 	leads, started, err := l.leadsBy(ctx, l.db.Reader())
 	return leads && started == strconv.FormatInt(led, 10), err
+}
+
+// ClaimFence returns this relay's instance id and the heartbeat_at its
+// latest heartbeat wrote, or "" before its first: a claim reads rows only
+// while the heartbeat row holds that heartbeat or a later one. Only this
+// relay's heartbeats write it, each above the one before, so a row gone
+// (judged dead) or holding an earlier heartbeat (the file restored from a
+// backup in place) stops claims until the next heartbeat, which joins
+// again and does not lead at once (see Heartbeat).
+func (l *Lease) ClaimFence() (instance string, beat int64) {
+	if !l.registered.Load() {
+		return "", 0
+	}
+	return l.instance, l.beat.Load()
 }
 
 // Leave removes this instance's heartbeat row, and with it the lead; call

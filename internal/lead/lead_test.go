@@ -330,7 +330,7 @@ func TestClockStepsDoNotDecideWhoIsDead(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			other := newLease(t)
 			other.scope = "" // in another container: no pid to look at
-			db := testenv.AppDB(t, other.db.Path())
+			other.now = func() int64 { return sqlitedb.NowMs() + tc.skew.Milliseconds() }
 			standby := openLease(t, other.db.Path())
 			beat := func(l *Lease) {
 				t.Helper()
@@ -339,10 +339,6 @@ func TestClockStepsDoNotDecideWhoIsDead(t *testing.T) {
 				}
 			}
 			beat(other)
-			skew := func() {
-				testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = heartbeat_at + ? WHERE instance_id = ?`, tc.skew.Milliseconds(), other.Instance())
-			}
-			skew()
 			start := time.Now()
 			for time.Since(start) < 4*stale {
 				beat(standby)
@@ -351,7 +347,6 @@ func TestClockStepsDoNotDecideWhoIsDead(t *testing.T) {
 				}
 				if tc.alive {
 					beat(other)
-					skew()
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -388,5 +383,41 @@ VALUES ('foreign', 0, ?1, 'elsewhere', 1, 'other') ON CONFLICT (instance_id) DO 
 	}
 	if l.Leads() {
 		t.Fatal("the relay leads beside the longest-running one")
+	}
+}
+
+// TestHeartbeatRowGoneBack: a backup written into the file in place
+// brings this relay's heartbeat row back to an earlier heartbeat. The
+// next heartbeat finds it so, joins again with a new started_at and does
+// not lead, as a relay judged dead does; the one after leads anew.
+func TestHeartbeatRowGoneBack(t *testing.T) {
+	ctx := context.Background()
+	l := newLease(t)
+	db := testenv.AppDB(t, l.db.Path())
+	beat := func() {
+		t.Helper()
+		if _, err := l.Heartbeat(ctx, "t", 0, time.Hour, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat()
+	beat()
+	if !l.Leads() {
+		t.Fatal("a relay alone does not lead")
+	}
+	started := testenv.Strings(t, db, `SELECT started_at FROM `+schema.InstancesTable)
+	_, fence := l.ClaimFence()
+	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ? WHERE instance_id = ?`, fence-1000, l.Instance())
+	time.Sleep(2 * time.Millisecond) // the new started_at differs
+	beat()
+	if l.Leads() {
+		t.Fatal("the relay leads on at the heartbeat that found its row gone back")
+	}
+	if now := testenv.Strings(t, db, `SELECT started_at FROM `+schema.InstancesTable); len(now) != 1 || now[0] == started[0] {
+		t.Fatalf("started_at %v after the row went back, %v before; want one row, started again", now, started)
+	}
+	beat()
+	if !l.Leads() {
+		t.Fatal("the relay alone does not lead at the heartbeat after it joined again")
 	}
 }

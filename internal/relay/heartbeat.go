@@ -99,6 +99,7 @@ func (r *Relay) lead() {
 	if leads {
 		r.leaderGauge.Set(1)
 		r.log.Info("leading: this relay claims and publishes the rows")
+		r.wakeClaimer() // idle after a claim its heartbeat row fenced, say
 		return
 	}
 	r.leaderGauge.Set(0)
