@@ -60,10 +60,10 @@ type Options struct {
 // which heartbeat row a claim must find to read rows (*lead.Lease).
 type Fence interface {
 	LeadsIn(ctx context.Context, tx *sql.Tx) (bool, error)
-	// ClaimFence returns the relay's instance id and the least
-	// heartbeat_at its heartbeat row must hold for a claim to read rows;
-	// "" when claims are not fenced.
-	ClaimFence() (instance string, beat int64)
+	// ClaimFence returns the relay's instance id, the started_at and the
+	// least heartbeat_at its heartbeat row must hold for a claim to read
+	// rows; "" when claims are not fenced.
+	ClaimFence() (instance string, started, beat int64)
 }
 
 // maxReads bounds the reads of one claim that find only rows of keys
@@ -98,6 +98,11 @@ type Store struct {
 	// lastRead is how many rows the latest read of a claim found: the
 	// room the next one's result is given at first (see readRows).
 	lastRead atomic.Int64
+	// claimedWith is the started_at of the heartbeat row the latest claim
+	// that took rows was fenced by (Fence.ClaimFence; 0: none, or nothing
+	// in flight): settles write only while the row is still that one (see
+	// leadsIn). Written under mu.
+	claimedWith atomic.Int64
 }
 
 // New returns a Store on db. It does not touch the schema; closing db is
@@ -132,8 +137,8 @@ const pendingRow = `id = ? AND status = 'pending'`
 // payload. The innermost subquery walks the pending index in id order and
 // stops at the limit, so payloads past the budget are never read. Rows of
 // the ordering keys in ?5 (a JSON array) are left alone. Unless ?6 is
-// empty, it reads nothing when the heartbeat row of instance ?6 is gone or
-// holds a heartbeat_at below ?7 (see Fence).
+// empty, it reads nothing unless the heartbeat row of instance ?6 holds
+// started_at ?8 and a heartbeat_at of ?7 or more (see Fence).
 //
 // The limit is +?3, not ?3: SQLite (3.54) reads a bare parameter in LIMIT
 // as a hint to the planner and then compiles the statement again every
@@ -148,7 +153,7 @@ func takeSQL(t, cond string) string {
 	SELECT id, sum(len) OVER (ORDER BY id) - len AS before FROM (
 		SELECT id, coalesce(octet_length(payload), 0) AS len FROM %[1]s
 		WHERE status = 'pending' AND %[3]s AND %[2]s AND (coalesce(ordering_key, '') = '' OR ordering_key NOT IN (SELECT value FROM json_each(?5)))
-			AND (?6 = '' OR EXISTS (SELECT 1 FROM %[4]s WHERE instance_id = ?6 AND heartbeat_at >= ?7))
+			AND (?6 = '' OR EXISTS (SELECT 1 FROM %[4]s WHERE instance_id = ?6 AND started_at = ?8 AND heartbeat_at >= ?7))
 		ORDER BY id LIMIT +?3))
 	WHERE before < ?4)`, t, schema.DueSQL("?2"), cond, schema.InstancesTable))
 }
@@ -326,9 +331,9 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) (_ []event
 		after = s.held.max
 	}
 	s.mu.Unlock()
-	instance, beat := "", int64(0)
+	instance, started, beat := "", int64(0), int64(0)
 	if s.fence != nil {
-		instance, beat = s.fence.ClaimFence()
+		instance, started, beat = s.fence.ClaimFence()
 	}
 	var out []event.Row
 	var noID []int
@@ -339,7 +344,7 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) (_ []event
 		s.mu.Unlock()
 		// A context that cannot be cancelled lets go-sqlite3 read each row
 		// in one cgo call; the read is short and holds no lock.
-		rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, readLimit, maxBytes, skip, instance, beat)
+		rows, err := s.db.Reader().QueryContext(context.WithoutCancel(ctx), query, after, now, readLimit, maxBytes, skip, instance, beat, started)
 		if err != nil {
 			return nil, fmt.Errorf("claim rows: %w", err)
 		}
@@ -375,6 +380,9 @@ func (s *Store) Claim(ctx context.Context, limit int, maxBytes int64) (_ []event
 		return nil, err
 	}
 	s.mu.Lock()
+	if len(out) > 0 && instance != "" {
+		s.claimedWith.Store(started)
+	}
 	for _, r := range out {
 		s.held.ids[r.ID] = struct{}{}
 		s.held.max = max(s.held.max, r.ID)
@@ -979,7 +987,22 @@ func (s *Store) leadsIn(ctx context.Context, tx *sql.Tx) (bool, error) {
 	if s.fence == nil {
 		return true, nil
 	}
-	return s.fence.LeadsIn(ctx, tx)
+	if leads, err := s.fence.LeadsIn(ctx, tx); err != nil || !leads {
+		return leads, err
+	}
+	// The rows in flight were claimed with the heartbeat row as it was
+	// then: one gone back (a backup written into the file in place) or
+	// written again since (a relay that joined again) settles nothing.
+	// The application may have given their ids to new rows meanwhile.
+	instance, _, beat := s.fence.ClaimFence()
+	started := s.claimedWith.Load()
+	if instance == "" || started == 0 {
+		return true, nil
+	}
+	var same bool
+	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema.InstancesTable+` WHERE instance_id = ? AND started_at = ? AND heartbeat_at >= ?)`,
+		instance, started, beat).Scan(&same)
+	return same, err
 }
 
 // letGo forgets settled rows as in flight and remembers when the rows it
@@ -1021,6 +1044,11 @@ func (s *Store) letGo(outs []event.Outcome, stale []int) {
 	h.max = 0
 	for id := range h.ids {
 		h.max = max(h.max, id)
+	}
+	if len(h.ids) == 0 {
+		// Nothing claimed in flight: the next settles (a reconciliation's)
+		// are fenced by the lead alone.
+		s.claimedWith.Store(0)
 	}
 	h.quiet = time.Time{} // what was settled may come due: claim to find out
 }

@@ -208,13 +208,13 @@ func TestClaimCostFollowsTheBatch(t *testing.T) {
 	testenv.MustExec(t, db, `ANALYZE`)
 	now := time.Now().UnixMilli()
 	claimSub := regexp.MustCompile(`(?s)SELECT id, coalesce\(octet_length\(payload\), 0\) AS len FROM .*? LIMIT \+\?3`).FindString(s.q.takeAfter)
-	plan := testenv.QueryPlan(t, s.db, claimSub, 0, now, 100, 0, "[]", "", 0)
+	plan := testenv.QueryPlan(t, s.db, claimSub, 0, now, 100, 0, "[]", "", 0, 0)
 	if !strings.Contains(plan, "INDEX event_queue_pending") || strings.Contains(plan, "TEMP B-TREE") {
 		t.Errorf("claim plan %q: want the pending index and no sort", plan)
 	}
 	// The row of a row's ordering key before it: one seek of the ordering
 	// index, which holds no done rows.
-	plan = testenv.QueryPlan(t, s.db, s.q.takeAfter, 0, now, 100, 1<<20, "[]", "", 0)
+	plan = testenv.QueryPlan(t, s.db, s.q.takeAfter, 0, now, 100, 1<<20, "[]", "", 0, 0)
 	if !strings.Contains(plan, "SEARCH e USING COVERING INDEX event_queue_ordering (ordering_key=? AND id<?)") {
 		t.Errorf("claim plan %q: want the ordering index for the row before", plan)
 	}
@@ -764,7 +764,7 @@ func TestClaimFencedByTheHeartbeatRow(t *testing.T) {
 	if n := claimed(); n != 3 {
 		t.Fatalf("claimed %d rows with the heartbeat row as written; want 3", n)
 	}
-	_, fence := l.ClaimFence()
+	_, _, fence := l.ClaimFence()
 	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ? WHERE instance_id = ?`, fence-1000, l.Instance())
 	if n := claimed(); n != 0 {
 		t.Fatalf("claimed %d rows with the heartbeat row gone back; want none", n)
@@ -776,5 +776,74 @@ func TestClaimFencedByTheHeartbeatRow(t *testing.T) {
 	beat()
 	if n := claimed(); n != 3 {
 		t.Fatalf("claimed %d rows once a heartbeat wrote the row again; want 3", n)
+	}
+}
+
+// betweenFence is the daemon's Lease as the claim store sees it, with
+// between run right after Claim took its fence and before its query: where
+// the heartbeat goroutine's commit may land, nothing orders the two.
+type betweenFence struct {
+	*lead.Lease
+	between func()
+}
+
+func (f *betweenFence) ClaimFence() (string, int64, int64) {
+	id, started, beat := f.Lease.ClaimFence()
+	if f.between != nil {
+		f.between()
+		f.between = nil
+	}
+	return id, started, beat
+}
+
+// TestClaimFenceTakenBeforeTheRejoiningHeartbeat: a backup written into the
+// file in place brings the relay's heartbeat row back to an earlier
+// heartbeat. The claim that follows took its fence (the latest beat) just
+// before the heartbeat that found the row gone back committed: that
+// heartbeat writes a higher heartbeat_at with its rejoin, so the fence
+// (heartbeat_at >= the old beat) holds again, and the claim reads the
+// restored rows although the relay no longer leads. The settle that follows
+// is not fenced either: the relay alone is the leader by leaderSQL.
+func TestClaimFenceTakenBeforeTheRejoiningHeartbeat(t *testing.T) {
+	ctx := context.Background()
+	dbs := testenv.MigratedDB(t)
+	l := lead.New(dbs)
+	f := &betweenFence{Lease: l}
+	s := New(dbs, Options{Fence: f})
+	db := testenv.AppDB(t, dbs.Path())
+	beat := func() {
+		t.Helper()
+		if _, err := l.Heartbeat(ctx, "test", 0, time.Hour, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat()
+	beat()
+	if !l.Leads() {
+		t.Fatal("a relay alone does not lead")
+	}
+	// The restore: rows published since are pending again, and the
+	// heartbeat row holds an earlier heartbeat.
+	testenv.InsertRows(t, db, 3, "pending")
+	_, _, fence := l.ClaimFence()
+	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ? WHERE instance_id = ?`, fence-1000, l.Instance())
+	// The claim woken by the restore's commit takes its fence; the
+	// heartbeat ticking meanwhile finds the row gone back and rejoins.
+	f.between = beat
+	rows, err := s.Claim(ctx, 10, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Leads() {
+		t.Fatal("the relay leads on after the heartbeat that found its row gone back")
+	}
+	if len(rows) > 0 {
+		outs := make([]event.Outcome, len(rows))
+		for i, r := range rows {
+			outs[i] = event.Outcome{Row: r, Settlement: event.Done}
+		}
+		stale, err := s.Settle(ctx, outs, 0)
+		t.Fatalf("a claim read %d restored rows after the heartbeat that found the row gone back (the relay does not lead, has not reconciled); their settle as done: stale %d, err %v",
+			len(rows), len(stale), err)
 	}
 }

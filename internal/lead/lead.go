@@ -36,11 +36,14 @@ type Lease struct {
 	ledWith atomic.Int64
 	// registered: a heartbeat committed, so settles are fenced by the lead.
 	registered atomic.Bool
-	// beat is the heartbeat_at the latest committed heartbeat wrote (see
-	// ClaimFence); each is above the one before.
-	beat         atomic.Int64
-	lastBeat     time.Time // the last committed heartbeat (monotonic)
-	beatingSince time.Time // since when heartbeats have been on time (monotonic)
+	// beat is the heartbeat_at the latest committed heartbeat wrote;
+	// floor is the least heartbeat_at a claim accepts (see ClaimFence):
+	// beat, or lower while a heartbeat that writes a lower one (the clock
+	// stepped back) commits. fenced is the started_at of the row claims
+	// accept.
+	beat, floor, fenced atomic.Int64
+	lastBeat            time.Time // the last committed heartbeat (monotonic)
+	beatingSince        time.Time // since when heartbeats have been on time (monotonic)
 	// seen is what the heartbeat read of the others' heartbeats (see
 	// buryStale); only the heartbeat touches it.
 	seen map[string]sighting
@@ -142,9 +145,10 @@ func (l *Lease) Heartbeat(ctx context.Context, version string, inFlight int, lea
 	if l.batchLimit != nil {
 		batchLimit = l.batchLimit()
 	}
-	// Above the last even if the clock stepped back: ClaimFence.
-	last := l.beat.Load()
-	beat := max(now, last+1)
+	last, beat := l.beat.Load(), now
+	if beat < l.floor.Load() {
+		l.floor.Store(beat) // the clock stepped back: claims accept it before it commits
+	}
 	res, err := tx.ExecContext(ctx, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ?2, in_flight = ?3, atomic_batch_limit = ?4
 WHERE instance_id = ?1 AND (?5 = 0 OR heartbeat_at = ?5)`,
 		l.instance, beat, inFlight, batchLimit, last)
@@ -162,10 +166,13 @@ WHERE instance_id = ?1 AND (?5 = 0 OR heartbeat_at = ?5)`,
 	rejoined, started := false, l.started
 	if n, _ := res.RowsAffected(); n == 0 {
 		started = now
+		if started == l.started {
+			started++ // another row than the one claims accepted (ClaimFence)
+		}
 		rejoined = l.registered.Load()
 		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO `+schema.InstancesTable+` (instance_id, started_at, heartbeat_at, hostname, pid, version, in_flight, outbox_table, process_scope, atomic_batch_limit)
 VALUES (?1, ?2, ?10, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
-			l.instance, now, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope, batchLimit, beat); err != nil {
+			l.instance, started, host, os.Getpid(), version, inFlight, l.db.Table(), l.scope, batchLimit, beat); err != nil {
 			return 0, fmt.Errorf("heartbeat: %w", err)
 		}
 	}
@@ -184,6 +191,8 @@ VALUES (?1, ?2, ?10, ?3, ?4, ?5, ?6, ?7, ?8, ?9)`,
 	}
 	l.lastBeat = time.Now()
 	l.beat.Store(beat)
+	l.floor.Store(beat)
+	l.fenced.Store(started)
 	l.registered.Store(true)
 	l.started = started
 	leads := leader == l.instance && !rejoined
@@ -229,18 +238,20 @@ func (l *Lease) StillLeads(ctx context.Context) (bool, error) {
 	return leads && started == strconv.FormatInt(led, 10), err
 }
 
-// ClaimFence returns this relay's instance id and the heartbeat_at its
-// latest heartbeat wrote, or "" before its first: a claim reads rows only
-// while the heartbeat row holds that heartbeat or a later one. Only this
-// relay's heartbeats write it, each above the one before, so a row gone
-// (judged dead) or holding an earlier heartbeat (the file restored from a
-// backup in place) stops claims until the next heartbeat, which joins
-// again and does not lead at once (see Heartbeat).
-func (l *Lease) ClaimFence() (instance string, beat int64) {
+// ClaimFence returns this relay's instance id, its heartbeat row's
+// started_at and the heartbeat_at its latest heartbeat wrote, or "" before
+// its first: a claim reads rows only while the row holds that started_at
+// and that heartbeat or a later one. Only this relay's heartbeats write
+// the row, so a row gone (judged dead) or holding an earlier heartbeat
+// (the file restored from a backup in place) stops claims; the next
+// heartbeat joins again with another started_at, which the claims that
+// took the fence before it do not accept, and does not lead at once (see
+// Heartbeat).
+func (l *Lease) ClaimFence() (instance string, started, beat int64) {
 	if !l.registered.Load() {
-		return "", 0
+		return "", 0, 0
 	}
-	return l.instance, l.beat.Load()
+	return l.instance, l.fenced.Load(), l.floor.Load()
 }
 
 // Leave removes this instance's heartbeat row, and with it the lead; call

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/admin"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 	"github.com/outbox-relay/outbox-relay/internal/sqlitedb"
 	"github.com/outbox-relay/outbox-relay/internal/testenv"
@@ -406,7 +407,7 @@ func TestHeartbeatRowGoneBack(t *testing.T) {
 		t.Fatal("a relay alone does not lead")
 	}
 	started := testenv.Strings(t, db, `SELECT started_at FROM `+schema.InstancesTable)
-	_, fence := l.ClaimFence()
+	_, _, fence := l.ClaimFence()
 	testenv.MustExec(t, db, `UPDATE `+schema.InstancesTable+` SET heartbeat_at = ? WHERE instance_id = ?`, fence-1000, l.Instance())
 	time.Sleep(2 * time.Millisecond) // the new started_at differs
 	beat()
@@ -419,5 +420,45 @@ func TestHeartbeatRowGoneBack(t *testing.T) {
 	beat()
 	if !l.Leads() {
 		t.Fatal("the relay alone does not lead at the heartbeat after it joined again")
+	}
+}
+
+// TestClockStepBackKeepsHeartbeatsInTheFuture: a relay whose clock ran an
+// hour ahead when it started (a VM resumed, a bad NTP source) and was
+// then stepped back keeps writing heartbeat_at an hour ahead (last+1 ms
+// per beat). Once it crashes, status (and anything judging by
+// heartbeat_at against the wall clock, such as ledger.TableSource's
+// relay check) takes it for alive for that hour instead of staleAfter.
+func TestClockStepBackKeepsHeartbeatsInTheFuture(t *testing.T) {
+	ctx := context.Background()
+	l := newLease(t)
+	skew := time.Hour.Milliseconds()
+	l.now = func() int64 { return sqlitedb.NowMs() + skew }
+	beat := func() {
+		t.Helper()
+		if _, err := l.Heartbeat(ctx, "t", 0, time.Hour, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat()
+	skew = 0 // NTP steps the clock back to the truth
+	for range 5 {
+		beat()
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The relay is killed now: its row stays.
+	time.Sleep(700 * time.Millisecond)
+	st, err := admin.ReadStatus(ctx, testenv.OpenDB(t, l.db.Path()), admin.StatusOptions{StaleAfter: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Relays) != 1 {
+		t.Fatalf("relays %v", st.Relays)
+	}
+	r := st.Relays[0]
+	t.Logf("heartbeat_at %v, wall clock %v", r.HeartbeatAt, time.Now())
+	if !r.PresumedDead {
+		t.Fatalf("a relay silent for 700ms past a 500ms staleness reads alive (leader %v): its heartbeat_at %v is %v ahead of the clock it was written by",
+			r.Leader, r.HeartbeatAt.Format(time.RFC3339), time.Until(r.HeartbeatAt).Round(time.Second))
 	}
 }
